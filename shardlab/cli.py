@@ -1,0 +1,248 @@
+"""The ``shardlab`` command line.
+
+Every command prints rich tables for people or, with ``--format json``, one JSON
+object for machines. A mistake in the input prints one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shardlab.errors import ShardlabError
+from shardlab.problems.catalog import CATALOG, load_model
+from shardlab.problems.cluster import builtin_accelerators
+from shardlab.problems.problem import (
+    DEFAULT_CLUSTER,
+    DEFAULT_MODEL,
+    DEFAULT_WORKLOAD,
+    Problem,
+)
+from shardlab.problems.workload import PRESETS
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Find how to spread an LLM over a GPU cluster for inference.",
+    pretty_exceptions_enable=False,
+)
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class Format(StrEnum):
+    table = "table"
+    json = "json"
+
+
+# -- options shared by the commands that take a problem -------------------------------
+
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Catalog name, HuggingFace id or config.json path.")
+]
+ClusterOpt = Annotated[
+    str, typer.Option("--cluster", "-c", help="GPUxCOUNT (e.g. h100x64) or a cluster YAML file.")
+]
+WorkloadOpt = Annotated[str, typer.Option("--workload", "-w", help="Workload preset.")]
+BatchOpt = Annotated[int | None, typer.Option(help="Batch (static) or most requests in flight.")]
+InputOpt = Annotated[int | None, typer.Option("--input-len", help="Prompt tokens per request.")]
+OutputOpt = Annotated[
+    int | None, typer.Option("--output-len", help="Generated tokens per request.")
+]
+PhaseOpt = Annotated[str | None, typer.Option(help="prefill, decode or request.")]
+ScheduleOpt = Annotated[str | None, typer.Option(help="static or inflight.")]
+TTFTOpt = Annotated[float | None, typer.Option("--ttft-ms", help="SLO on time to first token.")]
+TPOTOpt = Annotated[float | None, typer.Option("--tpot-ms", help="SLO on time per output token.")]
+ObjectiveOpt = Annotated[
+    str | None, typer.Option(help="throughput, throughput_per_gpu or latency.")
+]
+WeightDtypeOpt = Annotated[str | None, typer.Option("--weight-dtype", help="bf16, fp8 or fp4.")]
+KVDtypeOpt = Annotated[str | None, typer.Option("--kv-dtype", help="bf16 or fp8.")]
+TieOpt = Annotated[
+    str, typer.Option(help="'kind': one option per operator and layer kind; 'layer': per layer.")
+]
+FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="table or json.")]
+
+
+def build_problem(
+    model: str,
+    cluster: str,
+    workload: str,
+    *,
+    tie: str = "kind",
+    **overrides: Any,
+) -> Problem:
+    return Problem.build(model=model, cluster=cluster, workload=workload, tie=tie, **overrides)
+
+
+def emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+# -- catalog commands ---------------------------------------------------------------
+
+
+@app.command()
+def models(fmt: FormatOpt = Format.table) -> None:
+    """List the built-in models."""
+    rows = []
+    for entry in CATALOG:
+        m = load_model(entry.name)
+        p = m.num_params()
+        rows.append(
+            {
+                "name": entry.name,
+                "hf_id": entry.hf_id,
+                "layers": m.num_layers,
+                "attention": "MLA"
+                if m.mla
+                else ("MHA" if m.num_kv_heads == m.num_heads else "GQA"),
+                "experts": f"{m.moe.num_experts} top-{m.moe.top_k}" if m.moe else "",
+                "total_params": p.total,
+                "active_params": p.active,
+                "weight_dtype": m.weight_dtype,
+                "note": entry.note,
+            }
+        )
+    if fmt is Format.json:
+        emit_json(rows)
+        return
+    table = Table(title="Built-in models")
+    for col in ("name", "layers", "attention", "experts", "params", "active", "dtype", "note"):
+        table.add_column(col, justify="right" if col in ("layers", "params", "active") else "left")
+    for r in rows:
+        table.add_row(
+            r["name"],
+            str(r["layers"]),
+            r["attention"],
+            r["experts"],
+            f"{r['total_params'] / 1e9:,.1f}B",
+            f"{r['active_params'] / 1e9:,.1f}B",
+            r["weight_dtype"],
+            r["note"],
+        )
+    out.print(table)
+
+
+@app.command()
+def clusters(fmt: FormatOpt = Format.table) -> None:
+    """List the built-in GPUs (write a cluster as GPUxCOUNT, e.g. h100x64)."""
+    accs = builtin_accelerators()
+    if fmt is Format.json:
+        emit_json(
+            [
+                {"key": k, **{f: getattr(a, f) for f in a.__dataclass_fields__}}
+                for k, a in accs.items()
+            ]
+        )
+        return
+    table = Table(title="Built-in GPUs (per GPU; bandwidths one way)")
+    cols = (
+        "key",
+        "name",
+        "BF16 TF/s",
+        "FP8 TF/s",
+        "FP4 TF/s",
+        "HBM GB",
+        "HBM GB/s",
+        "NVLink GB/s",
+        "net GB/s",
+        "GPUs/node",
+    )
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("key", "name") else "right")
+    for key, a in accs.items():
+        table.add_row(
+            key,
+            a.name,
+            f"{a.bf16_tflops:g}",
+            f"{a.fp8_tflops:g}" if a.fp8_tflops else "-",
+            f"{a.fp4_tflops:g}" if a.fp4_tflops else "-",
+            f"{a.hbm_gb:g}",
+            f"{a.hbm_gbps:g}",
+            f"{a.nvlink_gbps:g}",
+            f"{a.net_gbps:g}",
+            str(a.gpus_per_node),
+        )
+    out.print(table)
+
+
+@app.command()
+def workloads(fmt: FormatOpt = Format.table) -> None:
+    """List the workload presets."""
+    from dataclasses import asdict
+
+    if fmt is Format.json:
+        emit_json([asdict(w) for w in PRESETS.values()])
+        return
+    table = Table(title="Workload presets")
+    table.add_column("name")
+    table.add_column("description")
+    for w in PRESETS.values():
+        table.add_row(w.name, w.describe())
+    out.print(table)
+
+
+@app.command()
+def space(
+    model: ModelOpt = DEFAULT_MODEL,
+    cluster: ClusterOpt = DEFAULT_CLUSTER,
+    workload: WorkloadOpt = DEFAULT_WORKLOAD,
+    tie: TieOpt = "kind",
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Size of the search space: degree tuples, variables, plans."""
+    problem = build_problem(model, cluster, workload, tie=tie)
+    s = problem.space
+    p = problem.model.num_params()
+    other = Problem.build(
+        problem.model, problem.cluster, problem.workload, tie="layer" if tie == "kind" else "kind"
+    ).space
+    sizes = {tie: s.log10_size(), other.tie: other.log10_size()}
+    data = {
+        "model": problem.model.name,
+        "cluster": problem.cluster.name,
+        "tie": tie,
+        "total_params": p.total,
+        "active_params": p.active,
+        "weight_gb": problem.weight_bytes() / 1e9,
+        "num_degree_tuples": s.num_degree_tuples,
+        "num_variables": s.n_vars,
+        "log10_space_size": sizes[tie],
+        "log10_space_size_per_kind": sizes["kind"],
+        "log10_space_size_per_layer": sizes["layer"],
+        "degree_tuples": [d.__dict__ for d in s.degree_tuples],
+    }
+    if fmt is Format.json:
+        emit_json(data)
+        return
+    out.print(f"[bold]{problem.model.name}[/] on {problem.cluster.describe()}")
+    out.print(
+        f"  parameters: {p.total / 1e9:,.1f}B total, {p.active / 1e9:,.1f}B active per token; "
+        f"weights {data['weight_gb']:,.0f} GB"
+    )
+    out.print(f"  degree tuples: {s.num_degree_tuples}")
+    out.print(f"  variables ({tie}): {s.n_vars}")
+    out.print(f"  plans, options tied per layer kind: 10^{sizes['kind']:.1f}")
+    out.print(f"  plans, options chosen per layer:    10^{sizes['layer']:.1f}")
+
+
+def main() -> None:
+    try:
+        app()
+    except ShardlabError as exc:
+        err.print(f"error: {exc}", soft_wrap=True)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""What is solved: model, cluster, workload, problem, plan and the search space."""
+
+from shardlab.problems.catalog import CATALOG, load_model
+from shardlab.problems.cluster import Accelerator, Cluster, builtin_accelerators, parse_cluster
+from shardlab.problems.model import Model, ParamCount, model_from_config
+from shardlab.problems.plan import PLAN_SCHEMA, Degrees, Plan
+from shardlab.problems.problem import Problem
+from shardlab.problems.space import SearchSpace
+from shardlab.problems.workload import PRESETS, Workload, get_workload
+
+__all__ = [
+    "CATALOG",
+    "PLAN_SCHEMA",
+    "PRESETS",
+    "Accelerator",
+    "Cluster",
+    "Degrees",
+    "Model",
+    "ParamCount",
+    "Plan",
+    "Problem",
+    "SearchSpace",
+    "Workload",
+    "builtin_accelerators",
+    "get_workload",
+    "load_model",
+    "model_from_config",
+    "parse_cluster",
+]

@@ -1,0 +1,105 @@
+"""Built-in models: real HuggingFace configs shipped with the package, by short name."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from shardlab.errors import ShardlabError
+from shardlab.problems.model import Model, load_config_file, model_from_config
+
+
+@dataclass(frozen=True, kw_only=True)
+class CatalogEntry:
+    name: str
+    hf_id: str
+    file: str
+    note: str = ""
+
+
+CATALOG: tuple[CatalogEntry, ...] = (
+    CatalogEntry(
+        name="llama-3.1-8b",
+        hf_id="meta-llama/Meta-Llama-3.1-8B",
+        file="meta-llama--Meta-Llama-3.1-8B.json",
+    ),
+    CatalogEntry(
+        name="llama-3.1-70b",
+        hf_id="meta-llama/Meta-Llama-3.1-70B",
+        file="meta-llama--Meta-Llama-3.1-70B.json",
+    ),
+    CatalogEntry(
+        name="llama-3.1-405b",
+        hf_id="meta-llama/Meta-Llama-3.1-405B",
+        file="meta-llama--Meta-Llama-3.1-405B.json",
+    ),
+    CatalogEntry(name="qwen3-32b", hf_id="Qwen/Qwen3-32B", file="Qwen--Qwen3-32B.json"),
+    CatalogEntry(
+        name="qwen3-235b-a22b", hf_id="Qwen/Qwen3-235B-A22B", file="Qwen--Qwen3-235B-A22B.json"
+    ),
+    CatalogEntry(
+        name="mixtral-8x7b",
+        hf_id="mistralai/Mixtral-8x7B-v0.1",
+        file="mistralai--Mixtral-8x7B-v0.1.json",
+    ),
+    CatalogEntry(
+        name="mixtral-8x22b",
+        hf_id="mistralai/Mixtral-8x22B-v0.1",
+        file="mistralai--Mixtral-8x22B-v0.1.json",
+    ),
+    CatalogEntry(
+        name="deepseek-v3",
+        hf_id="deepseek-ai/DeepSeek-V3",
+        file="deepseek-ai--DeepSeek-V3.json",
+        note="MTP module not modeled",
+    ),
+    CatalogEntry(
+        name="kimi-k2",
+        hf_id="moonshotai/Kimi-K2-Instruct",
+        file="moonshotai--Kimi-K2-Instruct.json",
+    ),
+    CatalogEntry(
+        name="gpt-oss-120b",
+        hf_id="openai/gpt-oss-120b",
+        file="openai--gpt-oss-120b.json",
+        note="sliding-window layers modeled as attending to <= 128 tokens",
+    ),
+    CatalogEntry(
+        name="moe-1.6t",
+        hf_id="",
+        file="shardlab--MoE-1.6T.json",
+        note="stand-in for Learning-to-Shard's 1.6T MoE: DeepSeek-V3 layers, "
+        "64 layers (2 dense), 512 experts of width 2304, top-8",
+    ),
+)
+
+
+def _lookup(name: str) -> CatalogEntry | None:
+    key = name.lower()
+    for entry in CATALOG:
+        if key in (entry.name, entry.hf_id.lower()):
+            return entry
+    return None
+
+
+@cache
+def _load_entry(entry: CatalogEntry) -> Model:
+    text = (resources.files("shardlab.problems") / "data" / "models" / entry.file).read_text()
+    return model_from_config(json.loads(text), name=entry.name, source=f"catalog:{entry.name}")
+
+
+def load_model(name_or_path: str | Path) -> Model:
+    """A catalog name (``deepseek-v3``), a HuggingFace id, or a config.json path."""
+    entry = _lookup(str(name_or_path))
+    if entry is not None:
+        return _load_entry(entry)
+    path = Path(name_or_path)
+    if path.exists() or str(name_or_path).endswith(".json"):
+        return load_config_file(path)
+    raise ShardlabError(
+        f"model {str(name_or_path)!r}: not in the catalog and no such file; catalog: "
+        + ", ".join(e.name for e in CATALOG)
+    )

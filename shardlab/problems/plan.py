@@ -1,0 +1,241 @@
+"""The decision: parallelism degrees, one option per operator, the pipeline partition.
+
+A plan is serialized as JSON with a versioned schema (``PLAN_SCHEMA``)::
+
+    {"schema": "shardlab.plan/1", "model": "...", "cluster": "...",
+     "degrees": {"replicas": 1, "pp": 1, "tp": 8, "dp_attn": 1, "ep": 8, "etp": 1},
+     "stage_layers": [61],
+     "options": {"head": {"embedding": "vocab_sharded", ...},
+                 "dense": {"qkv_proj": "column", ...}, "moe": {...}},
+     "layers": [{"qkv_proj": "column", ...}, ...]}
+
+``options`` holds one entry per layer kind when every layer of a kind has the same
+options; otherwise ``layers`` lists every layer's options and ``options`` holds only
+``head``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from shardlab.errors import ShardlabError
+from shardlab.problems.model import Model
+from shardlab.problems.operators import HEAD_OPS, layer_ops
+
+PLAN_SCHEMA = "shardlab.plan/1"
+
+
+@dataclass(frozen=True, kw_only=True, order=True)
+class Degrees:
+    """How many GPUs each parallel axis spans.
+
+    ``replicas * pp * tp * dp_attn`` GPUs in all. The MoE block regroups a stage's
+    ``tp * dp_attn`` GPUs as ``ep * etp``; on a dense model ``ep == 1`` and ``etp ==
+    tp * dp_attn`` (the FFN sees the whole group).
+    """
+
+    replicas: int = 1
+    pp: int = 1
+    tp: int = 1
+    dp_attn: int = 1
+    ep: int = 1
+    etp: int = 1
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ShardlabError(f"degrees {self.short()}: {f.name} must be an integer >= 1")
+        if self.ep * self.etp != self.tp * self.dp_attn:
+            raise ShardlabError(
+                f"degrees {self.short()}: ep * etp ({self.ep} * {self.etp}) must equal "
+                f"tp * dp_attn ({self.tp} * {self.dp_attn}): the MoE block regroups the "
+                "same GPUs"
+            )
+
+    @property
+    def group(self) -> int:
+        """GPUs of one pipeline stage of one replica."""
+        return self.tp * self.dp_attn
+
+    @property
+    def num_gpus(self) -> int:
+        return self.replicas * self.pp * self.tp * self.dp_attn
+
+    def short(self) -> str:
+        return (
+            f"replicas={self.replicas} pp={self.pp} tp={self.tp} dp_attn={self.dp_attn} "
+            f"ep={self.ep} etp={self.etp}"
+        )
+
+    def axis_size(self, axis: str) -> int:
+        return {"dp": self.dp_attn, "tp": self.tp}[axis]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """One point of the search space.
+
+    ``layer_options[i]`` lists layer ``i``'s option per operator, in the order of
+    :func:`shardlab.problems.operators.layer_ops` for that layer's kind;
+    ``head_options`` does the same for :data:`HEAD_OPS`.
+    """
+
+    degrees: Degrees
+    stage_layers: tuple[int, ...]
+    layer_options: tuple[tuple[str, ...], ...]
+    head_options: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.stage_layers) != self.degrees.pp:
+            raise ShardlabError(
+                f"plan: {len(self.stage_layers)} pipeline stages listed but pp={self.degrees.pp}"
+            )
+        if any(n < 1 for n in self.stage_layers):
+            raise ShardlabError(f"plan: every pipeline stage needs a layer: {self.stage_layers}")
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self.stage_layers)
+
+    def stage_of_layer(self) -> tuple[int, ...]:
+        return tuple(s for s, n in enumerate(self.stage_layers) for _ in range(n))
+
+    def option(self, model: Model, layer: int, op: str) -> str:
+        names = [o.name for o in layer_ops(model, model.layer_kinds[layer])]
+        return self.layer_options[layer][names.index(op)]
+
+    def head_option(self, op: str) -> str:
+        return self.head_options[[o.name for o in HEAD_OPS].index(op)]
+
+    def is_tied(self, model: Model) -> bool:
+        """Whether every layer of a kind has the same options."""
+        first: dict[str, tuple[str, ...]] = {}
+        for kind, opts in zip(model.layer_kinds, self.layer_options, strict=True):
+            if first.setdefault(kind, opts) != opts:
+                return False
+        return True
+
+    # -- JSON --------------------------------------------------------------------
+
+    def to_dict(self, model: Model, *, cluster: str = "") -> dict[str, Any]:
+        head = dict(zip((o.name for o in HEAD_OPS), self.head_options, strict=True))
+        data: dict[str, Any] = {
+            "schema": PLAN_SCHEMA,
+            "model": model.name,
+            "cluster": cluster,
+            "degrees": asdict(self.degrees),
+            "stage_layers": list(self.stage_layers),
+            "options": {"head": head},
+        }
+        per_layer = [
+            dict(zip((o.name for o in layer_ops(model, kind)), opts, strict=True))
+            for kind, opts in zip(model.layer_kinds, self.layer_options, strict=True)
+        ]
+        if self.is_tied(model):
+            for kind, opts in zip(model.layer_kinds, per_layer, strict=True):
+                data["options"].setdefault(kind, opts)
+        else:
+            data["layers"] = per_layer
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], model: Model, *, where: str = "plan") -> Plan:
+        if not isinstance(data, Mapping):
+            raise ShardlabError(f"{where}: a plan must be a JSON object")
+        schema = data.get("schema")
+        if schema != PLAN_SCHEMA:
+            raise ShardlabError(
+                f"{where}: schema {schema!r} is not {PLAN_SCHEMA!r}; re-export the plan with "
+                "this version of shardlab"
+            )
+        if data.get("model") not in (None, "", model.name):
+            raise ShardlabError(
+                f"{where}: the plan is for model {data.get('model')!r}, not {model.name!r}"
+            )
+        raw_degrees = data.get("degrees")
+        if not isinstance(raw_degrees, Mapping):
+            raise ShardlabError(f"{where}: missing key 'degrees'")
+        unknown = sorted(set(raw_degrees) - {f.name for f in fields(Degrees)})
+        if unknown:
+            raise ShardlabError(f"{where}: unknown degree(s) {', '.join(unknown)}")
+        degrees = Degrees(**raw_degrees)
+        stages = data.get("stage_layers")
+        if not isinstance(stages, list) or not all(isinstance(n, int) for n in stages):
+            raise ShardlabError(f"{where}: key 'stage_layers' must be a list of integers")
+        if sum(stages) != model.num_layers:
+            raise ShardlabError(
+                f"{where}: stage_layers {stages} sum to {sum(stages)}, the model has "
+                f"{model.num_layers} layers"
+            )
+        options = data.get("options")
+        if not isinstance(options, Mapping) or "head" not in options:
+            raise ShardlabError(f"{where}: missing key 'options.head'")
+        head = _read_options(options["head"], HEAD_OPS, f"{where}: options.head")
+        layers = data.get("layers")
+        if layers is not None:
+            if not isinstance(layers, list) or len(layers) != model.num_layers:
+                raise ShardlabError(
+                    f"{where}: key 'layers' must list {model.num_layers} layers' options"
+                )
+            rows = tuple(
+                _read_options(entry, layer_ops(model, kind), f"{where}: layers[{i}]")
+                for i, (kind, entry) in enumerate(zip(model.layer_kinds, layers, strict=True))
+            )
+        else:
+            per_kind = {}
+            for kind in model.kinds:
+                if kind not in options:
+                    raise ShardlabError(f"{where}: missing key 'options.{kind}'")
+                per_kind[kind] = _read_options(
+                    options[kind], layer_ops(model, kind), f"{where}: options.{kind}"
+                )
+            rows = tuple(per_kind[kind] for kind in model.layer_kinds)
+        return cls(
+            degrees=degrees, stage_layers=tuple(stages), layer_options=rows, head_options=head
+        )
+
+    def to_json(self, model: Model, *, cluster: str = "") -> str:
+        return json.dumps(self.to_dict(model, cluster=cluster), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str, model: Model, *, where: str = "plan") -> Plan:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ShardlabError(
+                f"{where}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+            ) from None
+        return cls.from_dict(data, model, where=where)
+
+    @classmethod
+    def load(cls, path: str | Path, model: Model) -> Plan:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ShardlabError(f"{path}: cannot read the plan ({exc.strerror})") from None
+        return cls.from_json(text, model, where=str(path))
+
+
+def _read_options(entry: Any, ops: tuple, where: str) -> tuple[str, ...]:
+    if not isinstance(entry, Mapping):
+        raise ShardlabError(f"{where} must map operator names to option names")
+    names = [op.name for op in ops]
+    unknown = sorted(set(entry) - set(names))
+    if unknown:
+        raise ShardlabError(f"{where}: unknown operator(s) {', '.join(unknown)}")
+    out = []
+    for op in ops:
+        if op.name not in entry:
+            raise ShardlabError(f"{where}: missing operator {op.name!r}")
+        if entry[op.name] not in op.option_names:
+            raise ShardlabError(
+                f"{where}: {op.name} option {entry[op.name]!r} is not one of "
+                + ", ".join(op.option_names)
+            )
+        out.append(entry[op.name])
+    return tuple(out)

@@ -1,0 +1,98 @@
+"""A problem: one model on one cluster under one workload, and its search space."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from shardlab.errors import ShardlabError
+from shardlab.problems.catalog import load_model
+from shardlab.problems.cluster import Cluster, parse_cluster
+from shardlab.problems.dtypes import BYTES_PER_VALUE
+from shardlab.problems.model import Model
+from shardlab.problems.space import SearchSpace, Tie
+from shardlab.problems.workload import Workload, get_workload
+
+DEFAULT_MODEL = "llama-3.1-70b"
+DEFAULT_CLUSTER = "h100x8"
+DEFAULT_WORKLOAD = "chat"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Problem:
+    model: Model
+    cluster: Cluster
+    workload: Workload
+    tie: Tie = "kind"
+
+    def __post_init__(self) -> None:
+        need = self.weight_bytes() / 1e9
+        have = self.cluster.total_hbm_gb
+        if need > have:
+            raise ShardlabError(
+                f"model {self.model.name} needs {need:,.0f} GB for its weights "
+                f"({self.weight_dtype('experts')} experts/FFN) but {self.cluster.name} has "
+                f"{have:,.0f} GB of HBM in all; use more GPUs or --weight-dtype fp8/fp4"
+            )
+
+    @classmethod
+    def build(
+        cls,
+        model: str | Path | Model = DEFAULT_MODEL,
+        cluster: str | Cluster = DEFAULT_CLUSTER,
+        workload: str | Workload = DEFAULT_WORKLOAD,
+        *,
+        tie: Tie = "kind",
+        **overrides: Any,
+    ) -> Problem:
+        """Build from catalog names or paths; ``overrides`` are :class:`Workload` fields."""
+        m = model if isinstance(model, Model) else load_model(model)
+        c = cluster if isinstance(cluster, Cluster) else parse_cluster(cluster)
+        w = workload if isinstance(workload, Workload) else get_workload(workload)
+        return cls(model=m, cluster=c, workload=w.with_overrides(**overrides), tie=tie)
+
+    @property
+    def name(self) -> str:
+        return f"{self.model.name} on {self.cluster.name}, {self.workload.name}"
+
+    @cached_property
+    def space(self) -> SearchSpace:
+        return SearchSpace(self.model, self.cluster, tie=self.tie)
+
+    # -- precision -----------------------------------------------------------------
+
+    def weight_dtype(self, family: str) -> str:
+        """Stored format of a weight family (attention, ffn, experts; others are bf16)."""
+        if family not in ("attention", "ffn", "experts"):
+            return "bf16"
+        if self.workload.weight_dtype is not None:
+            return self.workload.weight_dtype
+        if family in self.model.quantized_families:
+            return self.model.weight_dtype
+        return "bf16"
+
+    @property
+    def kv_dtype(self) -> str:
+        return self.workload.kv_dtype or "bf16"
+
+    def weight_bytes(self) -> float:
+        """All weights of one copy of the model, in bytes."""
+        m = self.model
+        b = BYTES_PER_VALUE
+        attn = (m.qkv_params() + m.o_params()) * m.num_layers
+        total = attn * b[self.weight_dtype("attention")]
+        total += 2 * m.norm_params() * m.num_layers * b["bf16"]
+        dense = m.layers_of("dense")
+        total += (m.ffn_up_params() + m.ffn_down_params()) * dense * b[self.weight_dtype("ffn")]
+        if m.moe is not None:
+            moe = m.layers_of("moe")
+            experts = m.moe.num_experts * m.expert_params() * moe
+            shared = (m.shared_up_params() + m.shared_down_params()) * moe
+            total += experts * b[self.weight_dtype("experts")]
+            total += shared * b[self.weight_dtype("ffn")]
+            total += m.router_params() * moe * b["bf16"]
+        embed = 0 if m.tie_word_embeddings else m.embedding_params()
+        total += (embed + m.lm_head_params() + m.norm_params()) * b["bf16"]
+        return total

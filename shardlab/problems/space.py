@@ -1,0 +1,373 @@
+"""Every plan a solver may propose, and its integer encoding.
+
+A plan is encoded as a vector of ``n_vars`` integers:
+
+- variable 0 picks the degree tuple (an index into :attr:`SearchSpace.degree_tuples`);
+- then one variable per (operator group, operator): the option index. Groups are the
+  layer kinds (``tie="kind"``: every layer of a kind shares its options) or the layers
+  themselves (``tie="layer"``), followed by the ``head`` group (embedding, final norm,
+  LM head, sampler);
+- then ``max_pp - 1`` cut variables: cut ``j`` moves the boundary after stage ``j``
+  by ``value - MAX_SHIFT`` layers from the balanced partition.
+
+Which values are valid depends only on the degree tuple (variable 0). The validity
+table :meth:`SearchSpace.mask` is what Optuna, the genetic algorithm and the RL policy
+sample from; an option that would shard an axis of size 1 is invalid because the
+operator's first (canonical) option is the same plan.
+
+Degree tuples use every GPU of the cluster (``replicas * pp * tp * dp_attn == N``),
+with ``tp`` dividing the attention heads (and a multiple or divisor of the KV heads),
+``pp`` at most the number of layers, and for MoE models ``ep * etp == tp * dp_attn``
+with ``ep`` dividing the routed experts and ``etp`` the expert FFN width.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from shardlab.errors import ShardlabError
+from shardlab.problems.cluster import Cluster
+from shardlab.problems.model import LayerKind, Model
+from shardlab.problems.operators import HEAD_OPS, OpSpec, OptionSpec, layer_ops
+from shardlab.problems.plan import Degrees, Plan
+
+Tie = Literal["kind", "layer"]
+TIES: tuple[str, ...] = ("kind", "layer")
+
+# How far (in layers) a pipeline boundary may move from the balanced partition.
+MAX_SHIFT = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class Variable:
+    name: str
+    cardinality: int
+    role: Literal["degrees", "option", "cut"]
+    group: str = ""  # option variables: "dense", "moe", "layer3", "head"
+    op: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpGroup:
+    """Operators whose options one set of variables decides."""
+
+    key: str  # "dense" | "moe" | "layer7" | "head"
+    kind: LayerKind | Literal["head"]
+    layers: tuple[int, ...]  # layers the group covers (empty for head)
+    ops: tuple[OpSpec, ...]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_degrees(model: Model, cluster: Cluster) -> tuple[Degrees, ...]:
+    """Every valid degree tuple that uses all of ``cluster``'s GPUs."""
+    n = cluster.num_gpus
+    gqa = model.mla is None
+    out = []
+    for tp in _divisors(n):
+        if model.num_heads % tp:
+            continue
+        if gqa and model.num_kv_heads % tp and tp % model.num_kv_heads:
+            continue
+        for dp in _divisors(n // tp):
+            group = tp * dp
+            for pp in _divisors(n // group):
+                if pp > model.num_layers:
+                    continue
+                replicas = n // (group * pp)
+                if not model.is_moe:
+                    out.append(Degrees(replicas=replicas, pp=pp, tp=tp, dp_attn=dp, etp=group))
+                    continue
+                assert model.moe is not None
+                for ep in _divisors(group):
+                    etp = group // ep
+                    if model.moe.num_experts % ep or model.moe.expert_ffn_size % etp:
+                        continue
+                    out.append(Degrees(replicas=replicas, pp=pp, tp=tp, dp_attn=dp, ep=ep, etp=etp))
+    return tuple(sorted(out, key=lambda d: (d.pp, d.tp, d.dp_attn, d.ep)))
+
+
+def option_valid(op: OpSpec, opt: OptionSpec, degrees: Degrees) -> bool:
+    """Whether ``opt`` is a distinct, realizable choice for ``op`` under ``degrees``."""
+    for req in opt.requires:
+        if req == "tp" and degrees.tp == 1:
+            return False
+        if req == "dp" and degrees.dp_attn == 1:
+            return False
+        if req == "group" and degrees.group == 1:
+            return False
+    if op.split_size and opt.weight_axes and op.family != "experts":
+        ways = math.prod(degrees.axis_size(a) for a in opt.weight_axes)
+        if op.split_size % ways:
+            return False
+    return True
+
+
+def balanced_boundaries(num_layers: int, pp: int) -> list[int]:
+    """Layer index where each stage after the first starts, for equal stages."""
+    return [round(j * num_layers / pp) for j in range(1, pp)]
+
+
+def max_shift(num_layers: int, pp: int) -> int:
+    """Largest boundary move that keeps every stage non-empty whatever the other moves."""
+    if pp == 1:
+        return 0
+    return max(0, min(MAX_SHIFT, (num_layers // pp - 1) // 2))
+
+
+class SearchSpace:
+    """The degree tuples, operator options and pipeline partitions of one problem."""
+
+    def __init__(self, model: Model, cluster: Cluster, *, tie: Tie = "kind") -> None:
+        if tie not in TIES:
+            raise ShardlabError(f"tie {tie!r}: use 'kind' or 'layer'")
+        self.model = model
+        self.cluster = cluster
+        self.tie: Tie = tie
+        self.degree_tuples = enumerate_degrees(model, cluster)
+        if not self.degree_tuples:
+            raise ShardlabError(
+                f"cluster {cluster.name}: no way to split {model.name} ({model.num_heads} "
+                f"heads, {model.num_kv_heads} KV heads) over {cluster.num_gpus} GPUs; use a "
+                "GPU count whose factors divide the head counts (e.g. a power of two)"
+            )
+        self.groups = self._groups()
+        self.max_pp = max(d.pp for d in self.degree_tuples)
+        variables = [Variable(name="degrees", cardinality=len(self.degree_tuples), role="degrees")]
+        for g in self.groups:
+            for op in g.ops:
+                variables.append(
+                    Variable(
+                        name=f"{g.key}.{op.name}",
+                        cardinality=len(op.options),
+                        role="option",
+                        group=g.key,
+                        op=op.name,
+                    )
+                )
+        self.first_cut = len(variables)
+        for j in range(self.max_pp - 1):
+            variables.append(
+                Variable(name=f"cut{j + 1}", cardinality=2 * MAX_SHIFT + 1, role="cut")
+            )
+        self.variables: tuple[Variable, ...] = tuple(variables)
+        self.cardinalities = np.array([v.cardinality for v in variables], dtype=np.int64)
+        self._masks = self._build_masks()
+
+    # -- structure -----------------------------------------------------------------
+
+    def _groups(self) -> tuple[OpGroup, ...]:
+        m = self.model
+        if self.tie == "kind":
+            groups = [
+                OpGroup(
+                    key=kind,
+                    kind=kind,
+                    layers=tuple(i for i, k in enumerate(m.layer_kinds) if k == kind),
+                    ops=layer_ops(m, kind),
+                )
+                for kind in m.kinds
+            ]
+        else:
+            groups = [
+                OpGroup(key=f"layer{i}", kind=kind, layers=(i,), ops=layer_ops(m, kind))
+                for i, kind in enumerate(m.layer_kinds)
+            ]
+        groups.append(OpGroup(key="head", kind="head", layers=(), ops=HEAD_OPS))
+        return tuple(groups)
+
+    @property
+    def n_vars(self) -> int:
+        return len(self.variables)
+
+    @property
+    def num_degree_tuples(self) -> int:
+        return len(self.degree_tuples)
+
+    def degree_index(self, degrees: Degrees) -> int:
+        try:
+            return self.degree_tuples.index(degrees)
+        except ValueError:
+            raise ShardlabError(
+                f"degrees {degrees.short()} are not valid for {self.model.name} on "
+                f"{self.cluster.name} (GPU count, head, expert or layer divisibility); "
+                "`shardlab space --format json` lists the valid ones"
+            ) from None
+
+    def option_slots(self) -> Iterator[tuple[int, OpGroup, OpSpec]]:
+        """(variable index, group, operator) for every option variable."""
+        v = 1
+        for g in self.groups:
+            for op in g.ops:
+                yield v, g, op
+                v += 1
+
+    # -- validity --------------------------------------------------------------------
+
+    def _build_masks(self) -> np.ndarray:
+        width = int(self.cardinalities.max())
+        masks = np.zeros((len(self.degree_tuples), self.n_vars, width), dtype=bool)
+        masks[:, 0, : len(self.degree_tuples)] = True
+        # Layers of one kind share their operators: decide each operator once per tuple.
+        slots_of: dict[OpSpec, list[int]] = {}
+        for v, _, op in self.option_slots():
+            slots_of.setdefault(op, []).append(v)
+        for d, degrees in enumerate(self.degree_tuples):
+            for op, slots in slots_of.items():
+                valid = [option_valid(op, opt, degrees) for opt in op.options]
+                masks[d, slots, : len(valid)] = valid
+            shift = max_shift(self.model.num_layers, degrees.pp)
+            for j in range(self.max_pp - 1):
+                v = self.first_cut + j
+                if j < degrees.pp - 1:
+                    masks[d, v, MAX_SHIFT - shift : MAX_SHIFT + shift + 1] = True
+                else:
+                    masks[d, v, MAX_SHIFT] = True
+        masks.flags.writeable = False
+        return masks
+
+    def mask(self, degree_index: int) -> np.ndarray:
+        """``(n_vars, max_cardinality)`` booleans: the valid values under a degree tuple."""
+        return self._masks[degree_index]
+
+    def is_valid(self, codes: np.ndarray) -> np.ndarray:
+        """Per row of ``codes`` (``(n, n_vars)`` ints): is it a valid encoded plan?"""
+        codes = np.atleast_2d(np.asarray(codes))
+        if codes.shape[1] != self.n_vars:
+            return np.zeros(len(codes), dtype=bool)
+        in_range = np.all((codes >= 0) & (codes < self.cardinalities), axis=1)
+        out = np.zeros(len(codes), dtype=bool)
+        rows = np.flatnonzero(in_range)
+        if len(rows):
+            sub = codes[rows]
+            m = self._masks[sub[:, 0]]  # (k, n_vars, width)
+            ok = np.take_along_axis(m, sub[:, :, None], axis=2)[:, :, 0]
+            out[rows] = ok.all(axis=1)
+        return out
+
+    def repair(self, codes: np.ndarray) -> np.ndarray:
+        """Map every invalid value to the nearest valid one (options: the canonical one)."""
+        codes = np.array(np.atleast_2d(codes), dtype=np.int64)
+        codes[:, 0] = np.clip(codes[:, 0], 0, len(self.degree_tuples) - 1)
+        codes[:, 1:] = np.clip(codes[:, 1:], 0, self.cardinalities[1:] - 1)
+        m = self._masks[codes[:, 0]]
+        ok = np.take_along_axis(m, codes[:, :, None], axis=2)[:, :, 0]
+        bad_rows, bad_vars = np.nonzero(~ok)
+        for r, v in zip(bad_rows, bad_vars, strict=True):
+            if self.variables[v].role == "cut":
+                valid = np.flatnonzero(m[r, v])
+                codes[r, v] = valid[np.argmin(np.abs(valid - codes[r, v]))]
+            else:
+                codes[r, v] = 0
+        return codes
+
+    # -- sampling, decoding, encoding ------------------------------------------------
+
+    def sample(self, n: int, seed: int = 0) -> np.ndarray:
+        """``(n, n_vars)`` valid encodings: degree tuple uniform, then each value uniform."""
+        rng = np.random.default_rng(seed)
+        degrees = rng.integers(0, len(self.degree_tuples), size=n)
+        m = self._masks[degrees]
+        scores = rng.random(m.shape) * m
+        codes = scores.argmax(axis=2)
+        codes[:, 0] = degrees
+        return codes.astype(np.int64)
+
+    def stage_layers(self, pp: int, cuts: np.ndarray) -> tuple[int, ...]:
+        bounds = [
+            b + int(c) - MAX_SHIFT
+            for b, c in zip(balanced_boundaries(self.model.num_layers, pp), cuts, strict=False)
+        ]
+        edges = [0, *bounds, self.model.num_layers]
+        return tuple(b - a for a, b in itertools.pairwise(edges))
+
+    def decode(self, row: np.ndarray) -> Plan:
+        row = np.asarray(row, dtype=np.int64)
+        if row.shape != (self.n_vars,) or not self.is_valid(row[None])[0]:
+            raise ShardlabError(
+                f"encoded plan is not valid for this space (expected {self.n_vars} values "
+                "inside the validity mask); use SearchSpace.repair() first"
+            )
+        degrees = self.degree_tuples[int(row[0])]
+        layer_opts: list[tuple[str, ...] | None] = [None] * self.model.num_layers
+        head: tuple[str, ...] = ()
+        v = 1
+        for g in self.groups:
+            opts = tuple(op.options[int(row[v + k])].name for k, op in enumerate(g.ops))
+            v += len(g.ops)
+            if g.kind == "head":
+                head = opts
+            for layer in g.layers:
+                layer_opts[layer] = opts
+        stages = self.stage_layers(degrees.pp, row[self.first_cut :])
+        return Plan(
+            degrees=degrees,
+            stage_layers=stages,
+            layer_options=tuple(o for o in layer_opts if o is not None),
+            head_options=head,
+        )
+
+    def encode(self, plan: Plan) -> np.ndarray:
+        """The encoding of ``plan``; raises if the plan is outside this space."""
+        row = np.zeros(self.n_vars, dtype=np.int64)
+        row[0] = self.degree_index(plan.degrees)
+        if len(plan.layer_options) != self.model.num_layers:
+            raise ShardlabError(
+                f"plan lists {len(plan.layer_options)} layers, {self.model.name} has "
+                f"{self.model.num_layers}"
+            )
+        for v, g, op in self.option_slots():
+            k = [o.name for o in g.ops].index(op.name)
+            if g.kind == "head":
+                chosen = {plan.head_options[k]}
+            else:
+                chosen = {plan.layer_options[layer][k] for layer in g.layers}
+            if len(chosen) != 1:
+                raise ShardlabError(
+                    f"plan chooses different options for {op.name} within {g.key}; "
+                    "solve with tie='layer' to encode per-layer plans"
+                )
+            name = chosen.pop()
+            row[v] = op.option_names.index(name)
+        pp = plan.degrees.pp
+        bounds = np.cumsum(plan.stage_layers)[:-1]
+        shift = max_shift(self.model.num_layers, pp)
+        for j, (b, base) in enumerate(
+            zip(bounds, balanced_boundaries(self.model.num_layers, pp), strict=True)
+        ):
+            if abs(int(b) - base) > shift:
+                raise ShardlabError(
+                    f"pipeline partition {list(plan.stage_layers)} moves stage boundary {j + 1} "
+                    f"by {int(b) - base} layers; this space allows at most {shift}"
+                )
+            row[self.first_cut + j] = int(b) - base + MAX_SHIFT
+        row[self.first_cut + pp - 1 :] = MAX_SHIFT
+        if not self.is_valid(row[None])[0]:
+            bad = [
+                self.variables[v].name
+                for v in range(self.n_vars)
+                if not self._masks[row[0], v, row[v]]
+            ]
+            raise ShardlabError(
+                f"plan is not valid under degrees {plan.degrees.short()}: "
+                + ", ".join(bad)
+                + " shard an axis of size 1 or a dimension that does not divide"
+            )
+        return row
+
+    # -- size ----------------------------------------------------------------------
+
+    def log10_size(self) -> float:
+        """log10 of the number of distinct valid plans (degree tuples x options x cuts)."""
+        counts = self._masks.sum(axis=2)[:, 1:]  # (degrees, vars)
+        per_degree = np.log10(counts).sum(axis=1)
+        top = per_degree.max()
+        return float(top + np.log10(np.power(10.0, per_degree - top).sum()))

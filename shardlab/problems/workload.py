@@ -1,0 +1,175 @@
+"""What the cluster is asked to serve: phase, scheduling, sizes, SLOs, objective, precision.
+
+Scheduling regimes (the cost model prices each as defined here):
+
+- ``static``: the batch of ``batch`` requests is prefilled together, then decoded
+  together to the end. TTFT is the prefill of the whole batch; TPOT is the mean decode
+  step while the context grows from ``input_len`` to ``input_len + output_len``.
+- ``inflight``: continuous batching in steady state. Up to ``batch`` requests are in
+  flight (fewer if the KV cache cannot hold them); every step decodes one token for
+  each running request and prefills the prompts of the requests that replace finished
+  ones.
+
+Phase: ``prefill`` serves prompts only (throughput in input tokens/s), ``decode``
+serves generation only (output tokens/s, prompts already cached), ``request`` serves
+whole requests (output tokens/s, prefill included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal, get_args
+
+from shardlab.errors import ShardlabError
+from shardlab.problems.dtypes import KVDtype, WeightDtype, check_kv_dtype, check_weight_dtype
+
+Phase = Literal["prefill", "decode", "request"]
+Schedule = Literal["static", "inflight"]
+Objective = Literal["throughput", "throughput_per_gpu", "latency"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    name: str = "custom"
+    phase: Phase = "request"
+    schedule: Schedule = "inflight"
+    batch: int = 256  # static: batch size; inflight: most requests in flight
+    input_len: int = 1024
+    output_len: int = 256
+    ttft_ms: float | None = None  # SLO on time to first token; None: no SLO
+    tpot_ms: float | None = None  # SLO on time per output token; None: no SLO
+    objective: Objective = "throughput"
+    weight_dtype: WeightDtype | None = None  # None: what the model's config declares
+    kv_dtype: KVDtype | None = None  # None: bf16
+
+    def __post_init__(self) -> None:
+        where = f"workload {self.name!r}"
+        for key, allowed in (
+            ("phase", Phase),
+            ("schedule", Schedule),
+            ("objective", Objective),
+        ):
+            if getattr(self, key) not in get_args(allowed):
+                raise ShardlabError(
+                    f"{where}: {key} {getattr(self, key)!r} is not one of "
+                    + ", ".join(get_args(allowed))
+                )
+        for key in ("batch", "input_len", "output_len"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ShardlabError(f"{where}: {key} must be a positive integer, got {value!r}")
+        for key in ("ttft_ms", "tpot_ms"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int | float) or value <= 0):
+                raise ShardlabError(
+                    f"{where}: {key} must be a positive number of ms, got {value!r}"
+                )
+        if self.weight_dtype is not None:
+            check_weight_dtype(self.weight_dtype, where=where)
+        if self.kv_dtype is not None:
+            check_kv_dtype(self.kv_dtype, where=where)
+
+    def with_overrides(self, **overrides: Any) -> Workload:
+        known = {f.name for f in fields(self)}
+        unknown = sorted(k for k in overrides if k not in known)
+        if unknown:
+            raise ShardlabError(
+                f"workload: unknown field(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if not given:
+            return self
+        return replace(self, name=self.name if self.name == "custom" else f"{self.name}*", **given)
+
+    def describe(self) -> str:
+        slo = []
+        if self.ttft_ms is not None:
+            slo.append(f"TTFT <= {self.ttft_ms:g} ms")
+        if self.tpot_ms is not None:
+            slo.append(f"TPOT <= {self.tpot_ms:g} ms")
+        goal = "minimize latency" if self.objective == "latency" else f"maximize {self.objective}"
+        parts = [
+            self.phase,
+            self.schedule,
+            f"batch {self.batch}",
+            f"{self.input_len} in / {self.output_len} out",
+            *slo,
+            goal,
+        ]
+        return ", ".join(parts)
+
+
+PRESETS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload(
+            name="chat",
+            phase="request",
+            schedule="inflight",
+            batch=256,
+            input_len=1024,
+            output_len=256,
+        ),
+        Workload(
+            name="interactive",
+            phase="request",
+            schedule="inflight",
+            batch=32,
+            input_len=1024,
+            output_len=256,
+            ttft_ms=1000.0,
+            tpot_ms=25.0,
+        ),
+        Workload(
+            name="long-context",
+            phase="request",
+            schedule="inflight",
+            batch=32,
+            input_len=32768,
+            output_len=512,
+        ),
+        Workload(
+            name="batch-offline",
+            phase="request",
+            schedule="static",
+            batch=1024,
+            input_len=1024,
+            output_len=1024,
+        ),
+        Workload(
+            name="prefill",
+            phase="prefill",
+            schedule="static",
+            batch=16,
+            input_len=4096,
+            output_len=1,
+        ),
+        Workload(
+            name="decode",
+            phase="decode",
+            schedule="static",
+            batch=128,
+            input_len=2048,
+            output_len=256,
+        ),
+        Workload(
+            name="latency",
+            phase="request",
+            schedule="static",
+            batch=1,
+            input_len=1024,
+            output_len=256,
+            objective="latency",
+        ),
+    )
+}
+
+
+def get_workload(name: str) -> Workload:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ShardlabError(
+            f"workload {name!r}: unknown preset; presets: {', '.join(PRESETS)}"
+        ) from None
