@@ -6,25 +6,31 @@ object for machines. A mistake in the input prints one line and exits with statu
 
 from __future__ import annotations
 
-import json
-import sys
+from dataclasses import asdict
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from shardlab.cli_options import plan_command, problem_command
+from shardlab.costmodel import evaluate as cost_evaluate
 from shardlab.errors import ShardlabError
 from shardlab.problems.catalog import CATALOG, load_model
 from shardlab.problems.cluster import builtin_accelerators
-from shardlab.problems.problem import (
-    DEFAULT_CLUSTER,
-    DEFAULT_MODEL,
-    DEFAULT_WORKLOAD,
-    Problem,
-)
+from shardlab.problems.plan import Plan
+from shardlab.problems.problem import Problem
 from shardlab.problems.workload import PRESETS
+from shardlab.render import (
+    emit_json,
+    err,
+    out,
+    plan_json,
+    print_breakdown,
+    print_metrics,
+    print_plan,
+    problem_json,
+)
 
 app = typer.Typer(
     add_completion=False,
@@ -32,8 +38,6 @@ app = typer.Typer(
     help="Find how to spread an LLM over a GPU cluster for inference.",
     pretty_exceptions_enable=False,
 )
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 
 class Format(StrEnum):
@@ -41,48 +45,7 @@ class Format(StrEnum):
     json = "json"
 
 
-# -- options shared by the commands that take a problem -------------------------------
-
-ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="Catalog name, HuggingFace id or config.json path.")
-]
-ClusterOpt = Annotated[
-    str, typer.Option("--cluster", "-c", help="GPUxCOUNT (e.g. h100x64) or a cluster YAML file.")
-]
-WorkloadOpt = Annotated[str, typer.Option("--workload", "-w", help="Workload preset.")]
-BatchOpt = Annotated[int | None, typer.Option(help="Batch (static) or most requests in flight.")]
-InputOpt = Annotated[int | None, typer.Option("--input-len", help="Prompt tokens per request.")]
-OutputOpt = Annotated[
-    int | None, typer.Option("--output-len", help="Generated tokens per request.")
-]
-PhaseOpt = Annotated[str | None, typer.Option(help="prefill, decode or request.")]
-ScheduleOpt = Annotated[str | None, typer.Option(help="static or inflight.")]
-TTFTOpt = Annotated[float | None, typer.Option("--ttft-ms", help="SLO on time to first token.")]
-TPOTOpt = Annotated[float | None, typer.Option("--tpot-ms", help="SLO on time per output token.")]
-ObjectiveOpt = Annotated[
-    str | None, typer.Option(help="throughput, throughput_per_gpu or latency.")
-]
-WeightDtypeOpt = Annotated[str | None, typer.Option("--weight-dtype", help="bf16, fp8 or fp4.")]
-KVDtypeOpt = Annotated[str | None, typer.Option("--kv-dtype", help="bf16 or fp8.")]
-TieOpt = Annotated[
-    str, typer.Option(help="'kind': one option per operator and layer kind; 'layer': per layer.")
-]
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="table or json.")]
-
-
-def build_problem(
-    model: str,
-    cluster: str,
-    workload: str,
-    *,
-    tie: str = "kind",
-    **overrides: Any,
-) -> Problem:
-    return Problem.build(model=model, cluster=cluster, workload=workload, tie=tie, **overrides)
-
-
-def emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
 # -- catalog commands ---------------------------------------------------------------
@@ -176,8 +139,6 @@ def clusters(fmt: FormatOpt = Format.table) -> None:
 @app.command()
 def workloads(fmt: FormatOpt = Format.table) -> None:
     """List the workload presets."""
-    from dataclasses import asdict
-
     if fmt is Format.json:
         emit_json([asdict(w) for w in PRESETS.values()])
         return
@@ -190,34 +151,27 @@ def workloads(fmt: FormatOpt = Format.table) -> None:
 
 
 @app.command()
-def space(
-    model: ModelOpt = DEFAULT_MODEL,
-    cluster: ClusterOpt = DEFAULT_CLUSTER,
-    workload: WorkloadOpt = DEFAULT_WORKLOAD,
-    tie: TieOpt = "kind",
-    fmt: FormatOpt = Format.table,
-) -> None:
+@problem_command
+def space(problem: Problem, fmt: FormatOpt = Format.table) -> None:
     """Size of the search space: degree tuples, variables, plans."""
-    problem = build_problem(model, cluster, workload, tie=tie)
     s = problem.space
     p = problem.model.num_params()
-    other = Problem.build(
-        problem.model, problem.cluster, problem.workload, tie="layer" if tie == "kind" else "kind"
-    ).space
-    sizes = {tie: s.log10_size(), other.tie: other.log10_size()}
+    other_tie = "layer" if problem.tie == "kind" else "kind"
+    other = Problem.build(problem.model, problem.cluster, problem.workload, tie=other_tie)
+    sizes = {problem.tie: s.log10_size(), other_tie: other.space.log10_size()}
     data = {
         "model": problem.model.name,
         "cluster": problem.cluster.name,
-        "tie": tie,
+        "tie": problem.tie,
         "total_params": p.total,
         "active_params": p.active,
         "weight_gb": problem.weight_bytes() / 1e9,
         "num_degree_tuples": s.num_degree_tuples,
         "num_variables": s.n_vars,
-        "log10_space_size": sizes[tie],
+        "log10_space_size": sizes[problem.tie],
         "log10_space_size_per_kind": sizes["kind"],
         "log10_space_size_per_layer": sizes["layer"],
-        "degree_tuples": [d.__dict__ for d in s.degree_tuples],
+        "degree_tuples": [asdict(d) for d in s.degree_tuples],
     }
     if fmt is Format.json:
         emit_json(data)
@@ -228,9 +182,55 @@ def space(
         f"weights {data['weight_gb']:,.0f} GB"
     )
     out.print(f"  degree tuples: {s.num_degree_tuples}")
-    out.print(f"  variables ({tie}): {s.n_vars}")
+    out.print(f"  variables ({problem.tie}): {s.n_vars}")
     out.print(f"  plans, options tied per layer kind: 10^{sizes['kind']:.1f}")
     out.print(f"  plans, options chosen per layer:    10^{sizes['layer']:.1f}")
+
+
+@app.command()
+@problem_command
+@plan_command
+def evaluate(problem: Problem, plan: Plan, fmt: FormatOpt = Format.table) -> None:
+    """Score one plan: throughput, latency, memory, feasibility."""
+    metrics = cost_evaluate(problem, plan)
+    if fmt is Format.json:
+        emit_json(
+            {
+                "problem": problem_json(problem),
+                "plan": plan_json(problem, plan),
+                **metrics.to_dict(),
+            }
+        )
+        return
+    out.print(f"[bold]{problem.name}[/]: {problem.workload.describe()}")
+    print_plan(problem, plan)
+    print_metrics(metrics)
+
+
+@app.command()
+@problem_command
+@plan_command
+def explain(
+    problem: Problem,
+    plan: Plan,
+    fmt: FormatOpt = Format.table,
+    top: Annotated[int, typer.Option(help="Rows per table.")] = 15,
+) -> None:
+    """Where one plan's time and memory go, operator by operator, largest first."""
+    metrics = cost_evaluate(problem, plan)
+    if fmt is Format.json:
+        emit_json(
+            {
+                "problem": problem_json(problem),
+                "plan": plan_json(problem, plan),
+                **metrics.to_dict(breakdown=True),
+            }
+        )
+        return
+    out.print(f"[bold]{problem.name}[/]: {problem.workload.describe()}")
+    print_plan(problem, plan)
+    print_metrics(metrics)
+    print_breakdown(metrics, top=top)
 
 
 def main() -> None:

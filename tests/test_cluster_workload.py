@@ -17,7 +17,7 @@ def test_builtin_accelerators_have_datasheet_numbers() -> None:
     assert (h100.bf16_tflops, h100.fp8_tflops, h100.hbm_gb, h100.hbm_gbps) == (989, 1979, 80, 3350)
     assert accs["a100"].peak_tflops("fp8") == accs["a100"].bf16_tflops  # no FP8 tensor cores
     assert accs["b200"].peak_tflops("fp4") == 9000
-    assert accs["h100"].peak_tflops("fp4") == 1979  # FP4 weights run through FP8 units
+    assert accs["h100"].peak_tflops("fp4") == 989  # mxfp4 weights are upcast on Hopper
 
 
 def test_cluster_spec() -> None:

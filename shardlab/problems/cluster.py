@@ -57,14 +57,15 @@ class Accelerator:
             )
 
     def peak_tflops(self, dtype: str) -> float:
-        """Dense tensor-core peak for a GEMM whose narrower operand is ``dtype``.
+        """Dense tensor-core peak for a GEMM whose weights are stored as ``dtype``.
 
-        A format without tensor-core support runs at the next wider supported rate
-        (weight-only quantization: the weights are upcast before the multiply).
+        A format without tensor-core support on this GPU runs at the bf16 rate: the
+        weights are upcast before the multiply (weight-only quantization, as vLLM's
+        Marlin and Triton MoE kernels do for fp8 on A100 and mxfp4 on Hopper).
         """
         if dtype == "fp4" and self.fp4_tflops:
             return self.fp4_tflops
-        if dtype in ("fp4", "fp8") and self.fp8_tflops:
+        if dtype == "fp8" and self.fp8_tflops:
             return self.fp8_tflops
         return self.bf16_tflops
 

@@ -23,7 +23,6 @@ with ``ep`` dividing the routed experts and ``etp`` the expert FFN width.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,6 +38,19 @@ from shardlab.problems.plan import Degrees, Plan
 
 Tie = Literal["kind", "layer"]
 TIES: tuple[str, ...] = ("kind", "layer")
+
+# Megatron-style option of each operator (see SearchSpace.megatron_plan).
+MEGATRON_OPTIONS: dict[str, str] = {
+    "qkv_proj": "column",
+    "attention": "head_sharded",
+    "o_proj": "row",
+    "ffn_up": "column",
+    "ffn_down": "row",
+    "shared_up": "column",
+    "shared_down": "row",
+    "embedding": "vocab_sharded",
+    "lm_head": "column",
+}
 
 # How far (in layers) a pipeline boundary may move from the balanced partition.
 MAX_SHIFT = 4
@@ -161,6 +173,7 @@ class SearchSpace:
         self.variables: tuple[Variable, ...] = tuple(variables)
         self.cardinalities = np.array([v.cardinality for v in variables], dtype=np.int64)
         self._masks = self._build_masks()
+        self._var_offsets = np.arange(self.n_vars, dtype=np.int64) * self._masks.shape[2]
 
     # -- structure -----------------------------------------------------------------
 
@@ -248,9 +261,9 @@ class SearchSpace:
         rows = np.flatnonzero(in_range)
         if len(rows):
             sub = codes[rows]
-            m = self._masks[sub[:, 0]]  # (k, n_vars, width)
-            ok = np.take_along_axis(m, sub[:, :, None], axis=2)[:, :, 0]
-            out[rows] = ok.all(axis=1)
+            flat = self._masks.reshape(len(self.degree_tuples), -1)
+            cols = sub + self._var_offsets[None, :]
+            out[rows] = flat[sub[:, :1], cols].all(axis=1)
         return out
 
     def repair(self, codes: np.ndarray) -> np.ndarray:
@@ -282,12 +295,18 @@ class SearchSpace:
         return codes.astype(np.int64)
 
     def stage_layers(self, pp: int, cuts: np.ndarray) -> tuple[int, ...]:
-        bounds = [
-            b + int(c) - MAX_SHIFT
-            for b, c in zip(balanced_boundaries(self.model.num_layers, pp), cuts, strict=False)
-        ]
-        edges = [0, *bounds, self.model.num_layers]
-        return tuple(b - a for a, b in itertools.pairwise(edges))
+        """Layers per stage for ``pp`` stages and the cut values of one encoding."""
+        return tuple(int(n) for n in self.stage_layers_batch(pp, np.asarray(cuts)[None])[0])
+
+    def stage_layers_batch(self, pp: int, cuts: np.ndarray) -> np.ndarray:
+        """``(n, pp)`` layers per stage for ``(n, >= pp - 1)`` cut values."""
+        n = len(cuts)
+        base = np.array(balanced_boundaries(self.model.num_layers, pp), dtype=np.int64)
+        bounds = base[None, :] + cuts[:, : pp - 1] - MAX_SHIFT
+        edges = np.concatenate(
+            [np.zeros((n, 1), np.int64), bounds, np.full((n, 1), self.model.num_layers)], axis=1
+        )
+        return np.diff(edges, axis=1)
 
     def decode(self, row: np.ndarray) -> Plan:
         row = np.asarray(row, dtype=np.int64)
@@ -362,6 +381,29 @@ class SearchSpace:
                 + " shard an axis of size 1 or a dimension that does not divide"
             )
         return row
+
+    def megatron_plan(self, degrees: Degrees) -> Plan:
+        """The plan Megatron-LM / vLLM would run under ``degrees``.
+
+        Column-parallel QKV and FFN up, head-sharded attention, row-parallel output and
+        FFN down, replicated norms and residual stream, vocabulary-parallel embedding
+        and LM head; MoE experts dispatched with all-to-all when split over ``ep``,
+        else computed on every token with partial sums (tensor-parallel experts); equal
+        pipeline stages. Options that would shard an axis of size 1 fall back to the
+        canonical option (the same plan).
+        """
+        d = self.degree_index(degrees)
+        row = np.zeros(self.n_vars, dtype=np.int64)
+        row[0] = d
+        mask = self._masks[d]
+        for v, _, op in self.option_slots():
+            name = MEGATRON_OPTIONS.get(op.name, "replicated")
+            if op.name == "experts":
+                name = "alltoall" if degrees.ep > 1 else "allgather"
+            idx = op.option_names.index(name) if name in op.option_names else 0
+            row[v] = idx if mask[v, idx] else 0
+        row[self.first_cut :] = MAX_SHIFT
+        return self.decode(row)
 
     # -- size ----------------------------------------------------------------------
 

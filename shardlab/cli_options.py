@@ -1,0 +1,208 @@
+"""Command-line options shared by several commands: the problem and the plan.
+
+``problem_command`` gives a command every option that defines a problem and calls it
+with the built :class:`Problem`; ``plan_command`` adds ``--plan FILE`` or the degree
+flags and calls it with the chosen :class:`Plan`. One definition, every command.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any, get_type_hints
+
+import typer
+
+from shardlab.errors import ShardlabError
+from shardlab.problems.plan import Degrees, Plan
+from shardlab.problems.problem import DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_WORKLOAD, Problem
+
+PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    (
+        "model",
+        str,
+        typer.Option(
+            DEFAULT_MODEL, "--model", "-m", help="Catalog name, HuggingFace id or config.json path."
+        ),
+    ),
+    (
+        "cluster",
+        str,
+        typer.Option(
+            DEFAULT_CLUSTER,
+            "--cluster",
+            "-c",
+            help="GPUxCOUNT (e.g. h100x64) or a cluster YAML file.",
+        ),
+    ),
+    (
+        "workload",
+        str,
+        typer.Option(
+            DEFAULT_WORKLOAD, "--workload", "-w", help="Workload preset (see `shardlab workloads`)."
+        ),
+    ),
+    ("batch", int | None, typer.Option(None, help="Batch (static) or most requests in flight.")),
+    ("input_len", int | None, typer.Option(None, "--input-len", help="Prompt tokens.")),
+    ("output_len", int | None, typer.Option(None, "--output-len", help="Generated tokens.")),
+    ("phase", str | None, typer.Option(None, help="prefill, decode or request.")),
+    ("schedule", str | None, typer.Option(None, help="static or inflight.")),
+    ("ttft_ms", float | None, typer.Option(None, "--ttft-ms", help="SLO on time to first token.")),
+    ("tpot_ms", float | None, typer.Option(None, "--tpot-ms", help="SLO on time per token.")),
+    ("objective", str | None, typer.Option(None, help="throughput, throughput_per_gpu, latency.")),
+    ("weight_dtype", str | None, typer.Option(None, "--weight-dtype", help="bf16, fp8 or fp4.")),
+    ("kv_dtype", str | None, typer.Option(None, "--kv-dtype", help="bf16 or fp8.")),
+    ("tie", str, typer.Option("kind", help="'kind': options per layer kind; 'layer': per layer.")),
+)
+
+DEGREE_NAMES = ("tp", "pp", "dp_attn", "ep", "etp", "replicas")
+
+
+def _extend(
+    func: Callable[..., None],
+    wrapper: Callable[..., None],
+    drop: str,
+    extra: list[inspect.Parameter],
+) -> None:
+    """Give ``wrapper`` the signature of ``func`` minus ``drop`` plus ``extra``.
+
+    Annotations are resolved here: typer reads them from the wrapper, whose module
+    does not define the names the command's module uses.
+    """
+    hints = get_type_hints(func, include_extras=True)
+    own = [
+        p.replace(annotation=hints.get(p.name, p.annotation))
+        for p in inspect.signature(func).parameters.values()
+        if p.name != drop
+    ]
+    params = own + extra
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+
+
+def problem_command(func: Callable[..., None]) -> Callable[..., None]:
+    """Give a command the problem options; it receives the built ``problem``."""
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=typ)
+        for name, typ, default in PROBLEM_OPTIONS
+    ]
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> None:
+        options = {name: kwargs.pop(name) for name, _, _ in PROBLEM_OPTIONS}
+        model, cluster = options.pop("model"), options.pop("cluster")
+        workload, tie = options.pop("workload"), options.pop("tie")
+        problem = Problem.build(model=model, cluster=cluster, workload=workload, tie=tie, **options)
+        func(problem=problem, **kwargs)
+
+    _extend(func, wrapper, "problem", extra)
+    return wrapper
+
+
+def plan_command(func: Callable[..., None]) -> Callable[..., None]:
+    """Give a problem command ``--plan FILE`` or degree flags; it receives the ``plan``."""
+    extra = [
+        inspect.Parameter(
+            "plan_file",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[
+                str | None, typer.Option("--plan", help="A plan JSON file (shardlab solve --out).")
+            ],
+        ),
+        *(
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=Annotated[
+                    int | None,
+                    typer.Option(
+                        f"--{name.replace('_', '-')}",
+                        min=1,
+                        help=f"Degree {name} (Megatron-style operator sharding).",
+                    ),
+                ],
+            )
+            for name in DEGREE_NAMES
+        ),
+    ]
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> None:
+        plan_file = kwargs.pop("plan_file")
+        degrees = {name: kwargs.pop(name) for name in DEGREE_NAMES}
+        func(plan=plan_from_options(kwargs["problem"], plan_file, degrees), **kwargs)
+
+    _extend(func, wrapper, "plan", extra)
+    return wrapper
+
+
+def plan_from_options(problem: Problem, plan: str | None, degrees: dict[str, int | None]) -> Plan:
+    """A plan from a JSON file, or Megatron-style sharding under the given degrees."""
+    if plan is not None:
+        if any(v is not None for v in degrees.values()):
+            raise ShardlabError("give either --plan or degree flags (--tp, --pp, ...), not both")
+        loaded = Plan.load(plan, problem.model)
+        problem.space.degree_index(loaded.degrees)  # the degrees must suit this cluster
+        return loaded
+    return problem.space.megatron_plan(resolve_degrees(problem, **degrees))
+
+
+def resolve_degrees(
+    problem: Problem,
+    *,
+    tp: int | None = None,
+    pp: int | None = None,
+    dp_attn: int | None = None,
+    ep: int | None = None,
+    etp: int | None = None,
+    replicas: int | None = None,
+) -> Degrees:
+    """Fill unspecified degrees: tp = one node, pp = dp_attn = 1, replicas = the rest.
+
+    On MoE models ``ep`` defaults to the whole group (``tp * dp_attn``, vLLM's expert
+    parallel) and ``etp`` to what remains; on dense models the expert flags are
+    accepted when consistent (``ep * etp == tp * dp_attn``) and ignored.
+    """
+    n = problem.cluster.num_gpus
+    tp = tp or min(problem.cluster.node_size, n)
+    pp = pp or 1
+    dp_attn = dp_attn or 1
+    group = tp * dp_attn
+    if replicas is None:
+        if n % (group * pp):
+            raise ShardlabError(
+                f"tp*dp_attn*pp = {group * pp} does not divide the {n} GPUs of "
+                f"{problem.cluster.name}; choose degrees whose product divides it"
+            )
+        replicas = n // (group * pp)
+    if problem.model.is_moe:
+        if ep is None and etp is None:
+            ep, etp = group, 1
+        elif ep is None:
+            ep = group // etp if etp and group % etp == 0 else 0
+        elif etp is None:
+            etp = group // ep if group % ep == 0 else 0
+        if not ep or not etp or ep * etp != group:
+            raise ShardlabError(
+                f"--ep {ep} x --etp {etp} must equal tp*dp_attn = {group}: the MoE block "
+                "regroups the same GPUs"
+            )
+    else:
+        given_ep = ep if ep is not None else 1
+        given_etp = etp if etp is not None else group // given_ep
+        if given_ep * given_etp != group:
+            raise ShardlabError(
+                f"--ep {ep} x --etp {etp} must equal tp*dp_attn = {group}; on a dense model "
+                "the expert flags are ignored when consistent"
+            )
+        ep, etp = 1, group
+    degrees = Degrees(replicas=replicas, pp=pp, tp=tp, dp_attn=dp_attn, ep=ep, etp=etp)
+    if degrees.num_gpus != n:
+        raise ShardlabError(
+            f"degrees {degrees.short()} use {degrees.num_gpus} GPUs; {problem.cluster.name} has {n}"
+        )
+    problem.space.degree_index(degrees)
+    return degrees

@@ -1,0 +1,12 @@
+"""How good a plan is: time, throughput, memory, feasibility, and where they come from."""
+
+from shardlab.costmodel.evaluate import (
+    VIOLATIONS,
+    BatchMetrics,
+    Metrics,
+    OpBreakdown,
+    evaluate,
+    evaluate_batch,
+)
+
+__all__ = ["VIOLATIONS", "BatchMetrics", "Metrics", "OpBreakdown", "evaluate", "evaluate_batch"]

@@ -1,0 +1,378 @@
+"""Roofline cost of one operator option on the busiest GPU of a stage, and the cost of
+redistributing a tensor between two layouts.
+
+Everything is a function of ``b``, the requests per attention-data-parallel rank in
+one micro-batch, and is evaluated for a whole numpy array of ``b`` at once.
+
+Per operator and option (per layer, per micro-batch step)::
+
+    time = max(FLOPs / (peak * gemm_efficiency), bytes / (HBM * hbm_efficiency))
+           + kernels * KERNEL_US + communication inside the operator (MoE dispatch)
+
+Tokens on a GPU follow the option's token axes: split over ``dp`` (whole requests),
+over ``tp`` too for ``seq_sharded`` (tokens; whole requests for attention), or
+gathered over ``dp`` for the ``*_full``/``allgather`` options. Weights on a GPU follow
+its weight axes. MLA attention keeps the whole latent cache on every tensor-parallel
+rank (it has no KV heads to split); GQA splits KV heads down to one per rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardlab.costmodel.collectives import axis_span, collective_time
+from shardlab.costmodel.constants import (
+    ACT_BYTES,
+    ATTENTION_EFFICIENCY,
+    EXPERT_SKEW,
+    GEMM_EFFICIENCY,
+    HBM_EFFICIENCY,
+    KERNEL_US,
+)
+from shardlab.costmodel.steps import Step, kv_context
+from shardlab.problems.dtypes import BYTES_PER_VALUE
+from shardlab.problems.operators import OpSpec, OptionSpec
+from shardlab.problems.placements import Layout, redistribute
+from shardlab.problems.plan import Degrees
+from shardlab.problems.problem import Problem
+
+
+@dataclass(frozen=True)
+class OptionCost:
+    """Cost of one operator option per layer and micro-batch; arrays are over ``b``."""
+
+    compute_s: np.ndarray  # FLOP-bound time
+    memory_s: np.ndarray  # HBM-bound time
+    comm_s: np.ndarray  # communication inside the operator (MoE dispatch and combine)
+    kernel_s: float
+    weight_bytes: float  # resident per GPU
+    kv_bytes_per_req: float  # resident KV cache per GPU per request (its whole context)
+    kv_split_tp: bool  # the requests' KV is split over tp (seq_sharded attention)
+    act_bytes: np.ndarray  # activation workspace per GPU
+
+    @property
+    def time_s(self) -> np.ndarray:
+        return np.maximum(self.compute_s, self.memory_s) + self.kernel_s + self.comm_s
+
+
+class CostContext:
+    """Shapes and rates shared by every option cost of one degree tuple."""
+
+    def __init__(self, problem: Problem, degrees: Degrees, b: np.ndarray) -> None:
+        self.problem = problem
+        self.model = problem.model
+        self.cluster = problem.cluster
+        self.acc = problem.cluster.accelerator
+        self.d = degrees
+        self.b = b.astype(float)
+        self.hbm_rate = self.acc.hbm_gbps * 1e9 * HBM_EFFICIENCY
+        self.kv_context = kv_context(problem.workload)
+
+    # -- rates -------------------------------------------------------------------
+
+    def gemm_rate(self, family: str) -> float:
+        dtype = self.problem.weight_dtype(family)
+        peak = self.acc.peak_tflops(dtype)
+        fmt = dtype if peak != self.acc.bf16_tflops else "bf16"
+        return peak * 1e12 * GEMM_EFFICIENCY[fmt]
+
+    def weight_bytes_per_value(self, family: str) -> float:
+        return BYTES_PER_VALUE[self.problem.weight_dtype(family)]
+
+    # -- how work divides ----------------------------------------------------------
+
+    def ways(self, axes: tuple[str, ...]) -> int:
+        return math.prod(self.d.axis_size(a) for a in axes)
+
+    def tokens(
+        self, per_req: float, opt: OptionSpec, *, whole_requests: bool = False
+    ) -> np.ndarray:
+        """Tokens (or requests, with ``per_req=1``) on the busiest GPU for this option."""
+        if "dp" not in opt.token_axes:  # gathered over the dp axis
+            return self.b * per_req * self.d.dp_attn
+        if "tp" not in opt.token_axes or self.d.tp == 1:
+            return self.b * per_req
+        if whole_requests:
+            return np.ceil(self.b / self.d.tp) * per_req
+        return np.ceil(self.b * per_req / self.d.tp)
+
+    def local_width(self, width: float, layout: Layout) -> float:
+        """Feature width held per GPU under ``layout`` (split where it is Shard(hid))."""
+        for axis, p in zip(("dp", "tp"), layout, strict=True):
+            if p.kind == "S" and p.dim == "hid":
+                width /= self.d.axis_size(axis)
+        return width
+
+    def roofline(
+        self, flops: np.ndarray, nbytes: np.ndarray, rate: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return flops / rate, nbytes / self.hbm_rate
+
+    # -- redistribution --------------------------------------------------------------
+
+    def redistribution_steps(
+        self, src: Layout, dst: Layout, full_bytes: np.ndarray
+    ) -> list[tuple[str, str, np.ndarray]]:
+        """The collectives DTensor issues to turn ``src`` into ``dst``, in order.
+
+        Each is ``(kind, mesh axis, per-rank message bytes)`` with the message as in
+        :mod:`shardlab.costmodel.collectives`; ``full_bytes`` is the whole tensor of
+        the stage (all dp ranks). Reductions run first (they shrink the data),
+        gathers last.
+        """
+        order = {"reduce_scatter": 0, "all_reduce": 1, "all_to_all": 2, "all_gather": 3}
+        local = np.array(full_bytes, dtype=float)
+        for axis, p in zip(("dp", "tp"), src, strict=True):
+            if p.kind == "S":
+                local = local / self.d.axis_size(axis)
+        todo = []
+        for axis, a, c in zip(("dp", "tp"), src, dst, strict=True):
+            kind = redistribute(a, c)
+            if kind is not None and self.d.axis_size(axis) > 1:
+                todo.append((order[kind], axis, kind))
+        steps = []
+        for _, axis, kind in sorted(todo):
+            n = self.d.axis_size(axis)
+            if kind == "all_gather":
+                local = local * n
+                steps.append((kind, axis, local))
+            else:
+                steps.append((kind, axis, local))
+                if kind == "reduce_scatter":
+                    local = local / n
+        return steps
+
+    def redistribution_s(self, src: Layout, dst: Layout, full_bytes: np.ndarray) -> np.ndarray:
+        """Time of :meth:`redistribution_steps`."""
+        total = np.zeros_like(np.asarray(full_bytes, dtype=float))
+        for kind, axis, message in self.redistribution_steps(src, dst, full_bytes):
+            group = axis_span(axis, self.d, self.cluster)
+            total = total + collective_time(kind, group, message, self.cluster)
+        return total
+
+
+# -- widths of the tensors operators produce (values per token) ------------------------
+
+
+def output_width(op: OpSpec, problem: Problem) -> float:
+    m = problem.model
+    if op.name in ("qkv_proj",):
+        if m.mla is not None:
+            qk = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim
+            return m.num_heads * qk + m.mla.kv_lora_rank + m.mla.qk_rope_head_dim
+        return (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
+    if op.name == "attention":
+        return m.q_dim
+    if op.name == "ffn_up":
+        return m.ffn_size
+    if op.name == "shared_up":
+        assert m.moe is not None
+        return m.moe.shared_ffn_size
+    if op.name == "router":
+        assert m.moe is not None
+        return m.moe.num_experts
+    if op.name == "lm_head":
+        return 2.0 * m.vocab_size  # fp32 logits: twice the bytes of a bf16 row
+    if op.name == "sampler":
+        return 0.0
+    return m.hidden_size
+
+
+def input_width(op: OpSpec, problem: Problem) -> float:
+    m = problem.model
+    if op.name == "o_proj":
+        return m.q_dim
+    if op.name == "ffn_down":
+        return m.ffn_size
+    if op.name == "shared_down":
+        assert m.moe is not None
+        return m.moe.shared_ffn_size
+    if op.name == "attention":
+        return output_width(op, problem)  # reads q, k, v
+    if op.name == "sampler":
+        return 2.0 * m.vocab_size
+    return m.hidden_size
+
+
+def _params(op: OpSpec, problem: Problem) -> float:
+    m = problem.model
+    return {
+        "qkv_proj": m.qkv_params,
+        "o_proj": m.o_params,
+        "ffn_up": m.ffn_up_params,
+        "ffn_down": m.ffn_down_params,
+        "shared_up": m.shared_up_params,
+        "shared_down": m.shared_down_params,
+        "router": m.router_params,
+        "lm_head": m.lm_head_params,
+        "embedding": m.embedding_params,
+    }[op.name]()
+
+
+# -- option costs --------------------------------------------------------------------
+
+
+def option_cost(
+    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, window: int
+) -> OptionCost:
+    zeros = np.zeros_like(ctx.b)
+    if op.family == "residual":
+        # Residual adds are fused into the next norm (vLLM's fused_add_rms_norm).
+        return OptionCost(zeros, zeros, zeros, 0.0, 0.0, 0.0, False, zeros)
+    if op.family == "norm":
+        return _norm_cost(ctx, op, opt, step)
+    if op.family == "kv_cache":
+        return _attention_cost(ctx, op, opt, step, window)
+    if op.family == "experts":
+        return _experts_cost(ctx, opt, step)
+    if op.family == "embedding":
+        return _embedding_cost(ctx, op, opt, step)
+    if op.family == "sampler":
+        rows = ctx.tokens(step.logits, opt)
+        vocab = ctx.model.vocab_size
+        nbytes = rows * vocab * 4.0
+        return OptionCost(
+            zeros, nbytes / ctx.hbm_rate, zeros, 2 * KERNEL_US * 1e-6, 0.0, 0.0, False, nbytes
+        )
+    return _linear_cost(ctx, op, opt, step)
+
+
+def _norm_cost(ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step) -> OptionCost:
+    h = ctx.model.hidden_size
+    tokens = ctx.tokens(step.tokens, opt)
+    nbytes = 4.0 * tokens * h * ACT_BYTES + h * 2.0  # read x and residual, write both
+    zeros = np.zeros_like(ctx.b)
+    return OptionCost(
+        zeros,
+        nbytes / ctx.hbm_rate,
+        zeros,
+        KERNEL_US * 1e-6,
+        h * 2.0,
+        0.0,
+        False,
+        2.0 * tokens * h * ACT_BYTES,
+    )
+
+
+def _linear_cost(ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step) -> OptionCost:
+    per_req = step.logits if op.family == "lm_head" else step.tokens
+    tokens = ctx.tokens(per_req, opt)
+    ways = ctx.ways(opt.weight_axes)
+    params = _params(op, ctx.problem) / ways
+    wbytes = params * ctx.weight_bytes_per_value(op.family)
+    width_in = ctx.local_width(input_width(op, ctx.problem), opt.inp)
+    width_out = ctx.local_width(output_width(op, ctx.problem), opt.out)
+    act = tokens * (width_in + width_out) * ACT_BYTES
+    compute, memory = ctx.roofline(2.0 * tokens * params, wbytes + act, ctx.gemm_rate(op.family))
+    kernels = 2 if op.family == "router" else 1  # the router adds a top-k kernel
+    return OptionCost(
+        compute, memory, np.zeros_like(ctx.b), kernels * KERNEL_US * 1e-6, wbytes, 0.0, False, act
+    )
+
+
+def _embedding_cost(ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step) -> OptionCost:
+    h = ctx.model.hidden_size
+    tokens = ctx.tokens(step.tokens, opt)
+    wbytes = math.ceil(_params(op, ctx.problem) / ctx.ways(opt.weight_axes)) * 2.0
+    act = 2.0 * tokens * h * ACT_BYTES  # gather rows, write them
+    zeros = np.zeros_like(ctx.b)
+    return OptionCost(zeros, act / ctx.hbm_rate, zeros, KERNEL_US * 1e-6, wbytes, 0.0, False, act)
+
+
+def _kv_values_per_token(ctx: CostContext, opt: OptionSpec) -> float:
+    """KV-cache values per token per layer held by one GPU under ``opt``."""
+    m = ctx.model
+    if m.mla is not None or "tp" not in opt.weight_axes:
+        return float(m.kv_cache_values_per_token())
+    heads_per_gpu = max(m.num_kv_heads / ctx.d.tp, 1.0)
+    return 2.0 * heads_per_gpu * m.head_dim
+
+
+def _attention_cost(
+    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, window: int
+) -> OptionCost:
+    m = ctx.model
+    kv_bytes = BYTES_PER_VALUE[ctx.problem.kv_dtype]
+    reqs = ctx.tokens(1.0, opt, whole_requests=True)
+    heads = m.num_heads / ctx.ways(opt.weight_axes)
+    dec_pairs, pre_pairs = step.pairs(window)
+    if m.mla is not None:
+        # Decode runs absorbed MLA over the latent; prefill expands per-head K and V.
+        dec_dims = 2 * m.mla.kv_lora_rank + m.mla.qk_rope_head_dim
+        pre_dims = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim
+    else:
+        dec_dims = pre_dims = 2 * m.head_dim
+    flops = 2.0 * reqs * heads * (dec_pairs * dec_dims + pre_pairs * pre_dims)
+    kv_token = _kv_values_per_token(ctx, opt) * kv_bytes
+    q_width = ctx.local_width(input_width(op, ctx.problem), opt.inp)
+    o_width = ctx.local_width(output_width(op, ctx.problem), opt.out)
+    tokens = reqs * step.tokens
+    act = tokens * (q_width + o_width) * ACT_BYTES
+    nbytes = reqs * (step.kv_read(window) + step.tokens) * kv_token + act
+    rate = ctx.acc.bf16_tflops * 1e12 * ATTENTION_EFFICIENCY
+    compute, memory = ctx.roofline(flops, nbytes, rate)
+    context = ctx.kv_context
+    if window > 0:
+        context = min(context, float(window))
+    return OptionCost(
+        compute,
+        memory,
+        np.zeros_like(ctx.b),
+        KERNEL_US * 1e-6,
+        0.0,
+        context * kv_token,
+        "tp" in opt.token_axes and ctx.d.tp > 1,
+        act,
+    )
+
+
+def expert_imbalance(ep: int, mean_load: np.ndarray) -> np.ndarray:
+    """Load of the busiest expert-parallel rank over the mean (see constants)."""
+    if ep == 1:
+        return np.ones_like(mean_load)
+    skew = 1.0 + (EXPERT_SKEW - 1.0) * (1.0 - 1.0 / ep)
+    return skew * (1.0 + np.sqrt(2.0 * math.log(ep) / np.maximum(mean_load, 1e-9)))
+
+
+def _experts_cost(ctx: CostContext, opt: OptionSpec, step: Step) -> OptionCost:
+    m, d = ctx.model, ctx.d
+    assert m.moe is not None
+    moe = m.moe
+    h = m.hidden_size
+    group_tokens = ctx.b * step.tokens * d.dp_attn  # tokens entering the stage's MoE block
+    mean = group_tokens * moe.top_k / d.ep
+    assignments = mean * expert_imbalance(d.ep, mean)
+    expert_params = m.expert_params() / d.etp
+    local_experts = moe.num_experts / d.ep
+    touched = local_experts * (1.0 - (1.0 - moe.top_k / moe.num_experts) ** group_tokens)
+    wb = ctx.weight_bytes_per_value("experts")
+    width = 2.0 * moe.expert_ffn_size / d.etp + h
+    act = assignments * width * ACT_BYTES
+    flops = 2.0 * assignments * expert_params
+    nbytes = touched * expert_params * wb + act
+    compute, memory = ctx.roofline(flops, nbytes, ctx.gemm_rate("experts"))
+    comm = np.zeros_like(ctx.b)
+    buffers = np.zeros_like(ctx.b)
+    if opt.name == "alltoall":
+        ep_span = axis_span("ep", d, ctx.cluster)
+        send = group_tokens / d.group * moe.top_k * h * ACT_BYTES
+        comm = 2.0 * collective_time("all_to_all", ep_span, send, ctx.cluster)  # dispatch, combine
+        if d.etp > 1:
+            etp_span = axis_span("etp", d, ctx.cluster)
+            recv = assignments * h * ACT_BYTES
+            comm = comm + collective_time("all_gather", etp_span, recv, ctx.cluster)
+            comm = comm + collective_time("reduce_scatter", etp_span, recv, ctx.cluster)
+        buffers = 2.0 * np.maximum(send, assignments * h * ACT_BYTES)
+    return OptionCost(
+        compute,
+        memory,
+        comm,
+        3 * KERNEL_US * 1e-6,
+        local_experts * expert_params * wb,
+        0.0,
+        False,
+        act + buffers,
+    )

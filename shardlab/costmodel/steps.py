@@ -1,0 +1,103 @@
+"""What one pipeline micro-batch computes in each kind of step of a workload.
+
+A step processes ``b`` requests on each attention-data-parallel rank. Per request it
+carries ``tokens`` query tokens, produces ``logits`` logit rows, writes ``tokens``
+new KV entries per layer and, per attention layer, multiplies query-key pairs and
+reads cached KV entries. Steps by workload:
+
+- static prefill: every request's whole prompt (``input_len`` tokens, causal);
+- decode: one token per request at the mean context of its generation; the first
+  output token comes from the prefill, the other ``output_len - 1`` from decode steps
+  at contexts ``input_len + 1 .. input_len + output_len - 1`` (the mean is exact for
+  every cost linear in the context; sliding windows are averaged token by token);
+- inflight mixed step: one decode token per running request plus the prompt tokens
+  of the requests that replace finished ones, ``input_len / output_len`` per running
+  request on average (chunked prefill at the steady-state token budget); a prompt
+  token attends on average to half its prompt. A new request's TTFT adds one
+  prefill of its prompt (one request per dp rank, ``single`` below) to a round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from shardlab.problems.workload import Workload
+
+StepKind = Literal["prefill", "decode", "mixed"]
+
+
+def causal_pairs(length: int, window: int) -> float:
+    """Query-key pairs of causal attention over ``length`` tokens (window 0: none)."""
+    if window <= 0 or window >= length:
+        return length * (length + 1) / 2.0
+    # The first `window` queries see 1..window keys, the rest see `window` each.
+    return window * (window + 1) / 2.0 + (length - window) * window
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    kind: StepKind
+    tokens: float  # query tokens per request
+    logits: float  # logit rows per request
+    input_len: int
+    output_len: int
+    single: bool = False  # one request per dp rank, whatever the concurrency
+
+    def decode_context(self, window: int) -> float:
+        """Mean keys a decode token attends to (and KV entries it reads)."""
+        ctx = self.input_len + np.arange(1, max(self.output_len, 2), dtype=float)
+        if window > 0:
+            ctx = np.minimum(ctx, window)
+        return float(ctx.mean())
+
+    def pairs(self, window: int) -> tuple[float, float]:
+        """(decode pairs, prefill pairs) per request for a layer with ``window``."""
+        if self.kind == "prefill":
+            return 0.0, causal_pairs(self.input_len, window)
+        if self.kind == "decode":
+            return self.decode_context(window), 0.0
+        share = self.input_len / self.output_len
+        per_prompt = causal_pairs(self.input_len, window) / self.input_len
+        return self.decode_context(window), share * per_prompt
+
+    def kv_read(self, window: int) -> float:
+        """Cached KV entries read per request per layer."""
+        if self.kind == "prefill":
+            return 0.0
+        return self.decode_context(window)
+
+
+def steps_of(workload: Workload) -> tuple[Step, ...]:
+    """Step kinds: (prefill,), (decode,), (prefill, decode) or (mixed, single prefill)."""
+    i, o = workload.input_len, workload.output_len
+    prefill = Step(kind="prefill", tokens=float(i), logits=1.0, input_len=i, output_len=o)
+    decode = Step(kind="decode", tokens=1.0, logits=1.0, input_len=i, output_len=o)
+    if workload.phase == "prefill":
+        return (prefill,)
+    if workload.phase == "decode":
+        return (decode,)
+    if workload.schedule == "static":
+        return (prefill, decode)
+    mixed = Step(kind="mixed", tokens=1.0 + i / o, logits=1.0 + 1.0 / o, input_len=i, output_len=o)
+    first = Step(
+        kind="prefill", tokens=float(i), logits=1.0, input_len=i, output_len=o, single=True
+    )
+    return (mixed, first)
+
+
+def kv_context(workload: Workload) -> float:
+    """Context tokens whose KV a request keeps, at the moment memory is tightest.
+
+    Static: the batch ends with ``input + output`` tokens each. In flight: requests are
+    spread uniformly over their generation, holding ``input + (output - 1) / 2`` on
+    average (paged KV cache allocates what is used). Prefill only: the prompt.
+    """
+    i, o = workload.input_len, workload.output_len
+    if workload.phase == "prefill":
+        return float(i)
+    if workload.schedule == "static":
+        return float(i + o)
+    return i + (o - 1) / 2.0

@@ -1,0 +1,207 @@
+"""Cost tables of one degree tuple: every operator option, every edge, every hop.
+
+Once the degrees are fixed the cost of a plan is a sum of table entries (the additive
+decomposition that exact search relies on):
+
+- per layer: the chosen option of each operator (``op_time``) plus the
+  redistribution on each edge between operators (``edge_time``) plus the
+  redistribution from the previous layer's residual stream (``inter_time``);
+- per stage: its layers, the model's ends on the first and last stage (``head_*``),
+  and the point-to-point send of the residual stream to the next stage (``p2p``);
+- memory: weights and KV cache per option (sums), activation workspace (the largest
+  operator of the stage).
+
+Tables are arrays over ``b`` (requests per attention-data-parallel rank per
+micro-batch), so the same tables serve every concurrency of an in-flight workload.
+Layers are grouped into classes (layer kind, attention window): layers of one class
+have identical tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import numpy as np
+
+from shardlab.costmodel.collectives import hop_is_inter_node, p2p_time
+from shardlab.costmodel.constants import ACT_BYTES
+from shardlab.costmodel.opcosts import (
+    CostContext,
+    OptionCost,
+    option_cost,
+    output_width,
+)
+from shardlab.costmodel.steps import Step, steps_of
+from shardlab.problems.model import LayerKind, Model
+from shardlab.problems.operators import HEAD_OPS, OpSpec, layer_edges, layer_ops
+from shardlab.problems.plan import Degrees
+from shardlab.problems.problem import Problem
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How a replica's requests are spread: per dp rank, in micro-batches."""
+
+    per_replica: int  # requests a replica is offered
+    per_dp_max: int  # most requests a dp rank is offered
+    inflight: bool
+
+    def microbatches(self, per_dp: int | np.ndarray, pp: int) -> np.ndarray:
+        return np.minimum(pp, per_dp)
+
+    def b_of(self, per_dp: int | np.ndarray, pp: int) -> np.ndarray:
+        """Requests per dp rank in one micro-batch."""
+        per_dp = np.asarray(per_dp)
+        m = self.microbatches(per_dp, pp)
+        return -(-per_dp // m)
+
+
+def batching(problem: Problem, degrees: Degrees) -> Batching:
+    w = problem.workload
+    per_replica = -(-w.batch // degrees.replicas)
+    per_dp = -(-per_replica // degrees.dp_attn)
+    return Batching(per_replica, per_dp, w.schedule == "inflight")
+
+
+def layer_classes_of(model: Model) -> tuple[tuple[LayerKind, int], ...]:
+    """(layer kind, attention window) pairs: layers of one class share their tables."""
+    return tuple(dict.fromkeys(zip(model.layer_kinds, model.attention_windows, strict=True)))
+
+
+class DegreeTables:
+    """All cost tables of one problem under one degree tuple."""
+
+    def __init__(self, problem: Problem, degrees: Degrees) -> None:
+        self.problem = problem
+        self.degrees = degrees
+        self.batching = batching(problem, degrees)
+        bt = self.batching
+        if bt.inflight:
+            b_max = int(bt.b_of(bt.per_dp_max, degrees.pp))
+            self.b = np.arange(1, b_max + 1)
+        else:
+            self.b = np.array([int(bt.b_of(bt.per_dp_max, degrees.pp))])
+        self.steps: tuple[Step, ...] = steps_of(problem.workload)
+        ctx = CostContext(problem, degrees, self.b)
+        self.ctx = ctx
+        m = problem.model
+        self.classes = layer_classes_of(m)
+        self.kinds: tuple[LayerKind, ...] = m.kinds
+        self.ops: dict[LayerKind, tuple[OpSpec, ...]] = {k: layer_ops(m, k) for k in self.kinds}
+        self.n_ops = max(len(v) for v in self.ops.values())
+        self.n_opts = max(len(op.options) for ops in (*self.ops.values(), HEAD_OPS) for op in ops)
+        nb, nc, k, o = len(self.b), len(self.classes), self.n_ops, self.n_opts
+        ns = len(self.steps)
+
+        # -- operators of the layers --------------------------------------------------
+        self.op_costs: list[list[list[list[OptionCost | None]]]] = []
+        self.op_time = np.zeros((ns, nc, k, o, nb))
+        self.op_act = np.zeros((ns, nc, k, o, nb))
+        self.op_weight = np.zeros((nc, k, o))
+        self.op_kv = np.zeros((nc, k, o))
+        self.op_kv_split = np.zeros((nc, k, o), dtype=bool)
+        for si, step in enumerate(self.steps):
+            per_class = []
+            for ci, (kind, window) in enumerate(self.classes):
+                per_op = []
+                for ki, op in enumerate(self.ops[kind]):
+                    per_opt: list[OptionCost | None] = []
+                    for oi, opt in enumerate(op.options):
+                        c = option_cost(ctx, op, opt, step, window)
+                        per_opt.append(c)
+                        self.op_time[si, ci, ki, oi] = c.time_s
+                        self.op_act[si, ci, ki, oi] = c.act_bytes
+                        self.op_weight[ci, ki, oi] = c.weight_bytes
+                        self.op_kv[ci, ki, oi] = c.kv_bytes_per_req
+                        self.op_kv_split[ci, ki, oi] = c.kv_split_tp
+                    per_op.append(per_opt)
+                per_class.append(per_op)
+            self.op_costs.append(per_class)
+
+        # -- edges inside a layer --------------------------------------------------------
+        self.edges: dict[LayerKind, tuple[tuple[int, int], ...]] = {}
+        n_edges = max(len(layer_edges(m, kind)) for kind in self.kinds)
+        self.n_edges = n_edges
+        self.edge_time = np.zeros((ns, len(self.kinds), n_edges, o, o, nb))
+        for kind_i, kind in enumerate(self.kinds):
+            ops = self.ops[kind]
+            names = [op.name for op in ops]
+            pairs = []
+            for ei, (src, dst) in enumerate(layer_edges(m, kind)):
+                si_, di_ = names.index(src), names.index(dst)
+                pairs.append((si_, di_))
+                for st, step in enumerate(self.steps):
+                    self.edge_time[st, kind_i, ei] = self._edge_table(
+                        ops[si_], ops[di_], step.tokens, output_width(ops[si_], problem)
+                    )
+            self.edges[kind] = tuple(pairs)
+
+        # -- residual stream from one layer to the next, and the model's ends ------------
+        first_kind = self.kinds[0]
+        residual = self.ops[first_kind][0]
+        self.res_index = 0  # "residual" is every layer's first operator
+        self.inter_time = np.zeros((ns, o, o, nb))
+        self.head_time = np.zeros((ns, len(HEAD_OPS), o, nb))
+        self.head_act = np.zeros((ns, len(HEAD_OPS), o, nb))
+        self.head_weight = np.zeros((len(HEAD_OPS), o))
+        self.head_costs: list[list[list[OptionCost]]] = []
+        emb, fnorm, lm, sampler = HEAD_OPS
+        h = float(m.hidden_size)
+        self.emb_first = np.zeros((ns, o, o, nb))
+        self.last_fnorm = np.zeros((ns, o, o, nb))
+        self.fnorm_lm = np.zeros((ns, o, o, nb))
+        self.lm_sampler = np.zeros((ns, o, o, nb))
+        pp = degrees.pp
+        self.p2p = np.zeros((ns, max(pp - 1, 0), o, nb))
+        for st, step in enumerate(self.steps):
+            self.inter_time[st] = self._edge_table(residual, residual, step.tokens, h)
+            per_op = []
+            for ki, op in enumerate(HEAD_OPS):
+                per_opt = []
+                for oi, opt in enumerate(op.options):
+                    c = option_cost(ctx, op, opt, _rows_step(op, step), 0)
+                    per_opt.append(c)
+                    self.head_time[st, ki, oi] = c.time_s
+                    self.head_act[st, ki, oi] = c.act_bytes
+                    self.head_weight[ki, oi] = c.weight_bytes
+                per_op.append(per_opt)
+            self.head_costs.append(per_op)
+            self.emb_first[st] = self._edge_table(emb, residual, step.tokens, h)
+            self.last_fnorm[st] = self._edge_table(residual, fnorm, step.logits, h)
+            self.fnorm_lm[st] = self._edge_table(fnorm, lm, step.logits, h)
+            self.lm_sampler[st] = self._edge_table(
+                lm, sampler, step.logits, output_width(lm, problem)
+            )
+            for s in range(pp - 1):
+                inter = hop_is_inter_node(s, degrees, problem.cluster)
+                for oi, opt in enumerate(residual.options):
+                    full = self.b * step.tokens * degrees.dp_attn * h * ACT_BYTES
+                    local = full / degrees.dp_attn
+                    if opt.out[1].kind == "S":
+                        local = local / degrees.tp
+                    self.p2p[st, s, oi] = p2p_time(local, inter, problem.cluster)
+
+    def _edge_table(self, src: OpSpec, dst: OpSpec, per_req: float, width: float) -> np.ndarray:
+        o = self.n_opts
+        table = np.zeros((o, o, len(self.b)))
+        full = self.b * per_req * self.degrees.dp_attn * width * ACT_BYTES
+        for i, a in enumerate(src.options):
+            for j, c in enumerate(dst.options):
+                table[i, j] = self.ctx.redistribution_s(a.out, c.inp, full)
+        return table
+
+    def b_index(self, b: int | np.ndarray) -> np.ndarray:
+        return np.asarray(b) - int(self.b[0])
+
+
+def _rows_step(op: OpSpec, step: Step) -> Step:
+    """Operators of the output end work on logit rows only (the last token of a prompt)."""
+    if op.name == "final_norm":
+        return replace(step, tokens=step.logits)
+    return step
+
+
+@lru_cache(maxsize=4096)
+def degree_tables(problem: Problem, degrees: Degrees) -> DegreeTables:
+    return DegreeTables(problem, degrees)
