@@ -82,3 +82,114 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, capsys, monkeypatch) ->
         assert needle in err, (args, err)
         assert err.strip().count("\n") == 0, err
         assert "Traceback" not in err
+
+
+def test_evaluate_json_and_plan_round_trip(tmp_path: Path, capsys, monkeypatch) -> None:
+    args = [
+        "evaluate",
+        "--model",
+        "deepseek-v3",
+        "--cluster",
+        "h100x64",
+        "--tp",
+        "8",
+        "--dp-attn",
+        "8",
+        "--format",
+        "json",
+    ]
+    code, out, _ = run_cli(args, capsys, monkeypatch)
+    assert code == 0
+    data = json.loads(out)
+    for key in (
+        "feasible",
+        "violations",
+        "ttft_ms",
+        "tpot_ms",
+        "throughput_tok_s",
+        "throughput_tok_s_per_gpu",
+        "memory_gb_per_gpu",
+        "num_gpus",
+        "plan",
+    ):
+        assert key in data
+    assert data["plan"]["degrees"] == {
+        "replicas": 1,
+        "pp": 1,
+        "tp": 8,
+        "dp_attn": 8,
+        "ep": 64,
+        "etp": 1,
+    }
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(data["plan"]))
+    code, out2, _ = run_cli(
+        [
+            "evaluate",
+            "--model",
+            "deepseek-v3",
+            "--cluster",
+            "h100x64",
+            "--plan",
+            str(plan_file),
+            "--format",
+            "json",
+        ],
+        capsys,
+        monkeypatch,
+    )
+    assert code == 0
+    assert json.loads(out2)["throughput_tok_s"] == data["throughput_tok_s"]
+
+
+def test_explain_lists_operators_largest_first(capsys, monkeypatch) -> None:
+    code, out, _ = run_cli(
+        [
+            "explain",
+            "--model",
+            "llama-3.1-8b",
+            "--cluster",
+            "h100x2",
+            "--tp",
+            "2",
+            "--format",
+            "json",
+        ],
+        capsys,
+        monkeypatch,
+    )
+    assert code == 0
+    rows = [b for b in json.loads(out)["breakdown"] if b["step"] == "mixed"]
+    assert {"dense.qkv_proj", "dense.ffn_up", "head.lm_head"} <= {b["name"] for b in rows}
+    code, out, _ = run_cli(
+        ["explain", "--model", "llama-3.1-8b", "--cluster", "h100x2", "--tp", "2"],
+        capsys,
+        monkeypatch,
+    )
+    assert code == 0 and "dense.ffn_up" in out and "memory on the fullest GPU" in out
+
+
+def test_dense_model_accepts_consistent_expert_flags(capsys, monkeypatch) -> None:
+    base = ["evaluate", "--model", "llama-3.1-8b", "--cluster", "h100x8", "--format", "json"]
+    code, out, _ = run_cli([*base, "--tp", "4", "--ep", "2", "--etp", "2"], capsys, monkeypatch)
+    assert code == 0
+    assert json.loads(out)["plan"]["degrees"]["ep"] == 1
+    code, _, err = run_cli([*base, "--tp", "4", "--ep", "3"], capsys, monkeypatch)
+    assert code == 2 and "ep" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--tp", "3"], "does not divide"),
+        (["--tp", "8", "--pp", "2", "--replicas", "2"], "use 32 GPUs"),
+        (["--plan", "/nonexistent/plan.json"], "cannot read the plan"),
+        (["--plan", "x.json", "--tp", "8"], "either --plan"),
+    ],
+)
+def test_evaluate_bad_degrees_exit_2(extra: list[str], needle: str, capsys, monkeypatch) -> None:
+    code, _, err = run_cli(
+        ["evaluate", "--model", "llama-3.1-70b", "--cluster", "h100x8", *extra], capsys, monkeypatch
+    )
+    assert code == 2, err
+    assert needle in err

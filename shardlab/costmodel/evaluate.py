@@ -30,6 +30,7 @@ from functools import lru_cache
 import numpy as np
 
 from shardlab.costmodel.constants import RUNTIME_RESERVE_GB
+from shardlab.costmodel.regimes import judge, timing
 from shardlab.costmodel.tables import DegreeTables, degree_tables, layer_classes_of
 from shardlab.problems.operators import HEAD_OPS, layer_edges, layer_ops
 from shardlab.problems.plan import Plan
@@ -247,7 +248,7 @@ class _Assembled:
 
 
 def _assemble(problem: Problem, t: DegreeTables, u: Units) -> _Assembled:
-    d, w = t.degrees, problem.workload
+    d = t.degrees
     n = len(u.opts)
     n_units = len(u.unit_class)
     cls = u.unit_class[None, :, None]
@@ -310,7 +311,6 @@ def _assemble(problem: Problem, t: DegreeTables, u: Units) -> _Assembled:
     # -- time per step -----------------------------------------------------------------
     b = bt.b_of(per_dp, d.pp)
     bi = t.b_index(b)
-    m = bt.microbatches(per_dp, d.pp)
     edge_src = np.zeros((n_units, t.n_edges), dtype=np.int64)
     edge_dst = np.zeros_like(edge_src)
     for ui, kind_i in enumerate(u.unit_kind):
@@ -352,70 +352,26 @@ def _assemble(problem: Problem, t: DegreeTables, u: Units) -> _Assembled:
         maxes.append(st.max(1))
 
     # -- regimes ---------------------------------------------------------------------------
-    i_len, o_len = w.input_len, w.output_len
-    in_flight = np.minimum(
-        w.batch, d.replicas * np.minimum(bt.per_replica, per_dp * d.dp_attn)
-    ).astype(float)
-    kinds = [s.kind for s in t.steps]
-    zeros = np.zeros(n)
-    if kinds == ["prefill"] and not bt.inflight:
-        ttft = sums[0] + (m - 1) * maxes[0]
-        tpot = zeros
-        latency = ttft
-        thr = w.batch * i_len / ttft
-    elif kinds == ["prefill"]:
-        ttft = np.maximum(sums[0], m * maxes[0])
-        tpot = zeros
-        latency = ttft
-        thr = in_flight * i_len / ttft
-    elif kinds == ["decode"]:
-        tpot = np.maximum(sums[0], m * maxes[0])
-        ttft = zeros
-        latency = tpot
-        thr = (w.batch if not bt.inflight else in_flight) / tpot
-    elif kinds == ["prefill", "decode"]:
-        ttft = sums[0] + (m - 1) * maxes[0]
-        tpot = np.maximum(sums[1], m * maxes[1])
-        latency = ttft + (o_len - 1) * tpot
-        thr = w.batch * o_len / latency
-    else:  # mixed in-flight rounds; a new prompt adds its own prefill to a round
-        tpot = np.maximum(sums[0], m * maxes[0])
-        ttft = tpot + sums[1]
-        latency = ttft + (o_len - 1) * tpot
-        thr = in_flight / tpot
-    concurrency = in_flight if bt.inflight else np.full(n, float(w.batch))
-
-    ttft_bad = np.zeros(n, dtype=bool)
-    tpot_bad = np.zeros(n, dtype=bool)
-    if w.ttft_ms is not None and w.phase != "decode":
-        ttft_bad = ttft * 1e3 > w.ttft_ms
-    if w.tpot_ms is not None and w.phase != "prefill":
-        tpot_bad = tpot * 1e3 > w.tpot_ms
-    feasible = memory_ok & ~ttft_bad & ~tpot_bad
+    tm = timing(problem, d, t.steps, bt.per_replica, per_dp, sums, maxes)
+    j = judge(problem, tm, memory_ok)
     gpus = problem.cluster.num_gpus
-    if w.objective == "latency":
-        objective = -latency * 1e3
-    elif w.objective == "throughput_per_gpu":
-        objective = thr / gpus
-    else:
-        objective = thr
     metrics = BatchMetrics(
-        feasible=feasible,
-        objective=objective,
-        ttft_ms=ttft * 1e3,
-        tpot_ms=tpot * 1e3,
-        latency_ms=latency * 1e3,
-        throughput_tok_s=thr,
-        throughput_tok_s_per_gpu=thr / gpus,
+        feasible=j.feasible,
+        objective=j.objective,
+        ttft_ms=tm.ttft_s * 1e3,
+        tpot_ms=tm.tpot_s * 1e3,
+        latency_ms=tm.latency_s * 1e3,
+        throughput_tok_s=tm.throughput,
+        throughput_tok_s_per_gpu=tm.throughput / gpus,
         memory_gb_per_gpu=memory / 1e9,
         num_gpus=np.full(n, gpus),
-        concurrency=concurrency.astype(np.int64),
+        concurrency=tm.concurrency.astype(np.int64),
         weights_gb=w_stage[rows, fullest] / 1e9,
         kv_cache_gb=kv_gb,
         activations_gb=act / 1e9,
         memory_violation=~memory_ok,
-        ttft_violation=ttft_bad,
-        tpot_violation=tpot_bad,
+        ttft_violation=j.ttft_violation,
+        tpot_violation=j.tpot_violation,
     )
     return _Assembled(metrics, bi, per_dp, stage_times, fullest)
 

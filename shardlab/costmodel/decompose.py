@@ -1,0 +1,212 @@
+"""The cost of a plan as integer tables, for exact search (CP-SAT).
+
+For a fixed degree tuple and a fixed number of requests per attention-data-parallel
+rank (``per_dp``: the static batch, or one candidate concurrency in flight), the time
+of every step is, per pipeline stage, a sum of table entries:
+
+    stage time = sum over its layers of (chosen option of each operator
+                                         + redistribution on each edge of the layer
+                                         + residual redistribution from the layer before)
+                 + the model's ends (first stage: embedding and its edge; last stage:
+                   final norm, LM head, sampler and their edges)
+                 + the send of the residual stream to the next stage
+
+and memory per GPU is ``weights + KV per request * requests + workspace + reserve``
+with weights and KV sums of option entries and the workspace the largest entry among
+the chosen options. :func:`shardlab.costmodel.regimes.timing` turns the per-step sums
+and maxima over stages into TTFT, TPOT and throughput.
+
+Rounding: times are integer nanoseconds, memory integer bytes, each entry rounded to
+the nearest unit. A plan's stage time is off by at most half a nanosecond per entry
+it sums (a few hundred entries: well under a microsecond, against steps of
+milliseconds); memory by at most half a byte per entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardlab.costmodel.constants import RUNTIME_RESERVE_GB
+from shardlab.costmodel.evaluate import _assemble, units_of_plan
+from shardlab.costmodel.regimes import Timing, timing
+from shardlab.costmodel.tables import degree_tables
+from shardlab.problems.operators import HEAD_OPS, layer_ops
+from shardlab.problems.plan import Degrees, Plan
+from shardlab.problems.problem import Problem
+
+
+def _ns(seconds: np.ndarray) -> np.ndarray:
+    return np.rint(np.asarray(seconds) * 1e9).astype(np.int64)
+
+
+def _bytes(values: np.ndarray) -> np.ndarray:
+    return np.rint(np.asarray(values)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class IntegerTables:
+    """Integer cost tables of one degree tuple at ``per_dp`` requests per dp rank.
+
+    Indices: ``step`` into :attr:`steps`; ``cls`` into :attr:`classes` (layer kind,
+    window); ``kind`` into :attr:`kinds`; ``op`` into that kind's operators
+    (:func:`layer_ops`); ``opt`` into the operator's options; ``edge`` into
+    :attr:`edges` of the kind; ``stage`` into the pipeline's boundaries.
+    """
+
+    degrees: Degrees
+    per_dp: int
+    steps: tuple  # the workload's Step objects
+    classes: tuple
+    kinds: tuple
+    edges: dict  # kind -> ((producer op index, consumer op index), ...)
+    op_ns: np.ndarray  # (step, cls, op, opt)
+    edge_ns: np.ndarray  # (step, kind, edge, opt, opt)
+    inter_ns: np.ndarray  # (step, residual opt of layer l-1, residual opt of layer l)
+    head_ns: np.ndarray  # (step, head op, opt)
+    emb_first_ns: np.ndarray  # (step, embedding opt, residual opt of layer 0)
+    last_fnorm_ns: np.ndarray  # (step, residual opt of the last layer, final_norm opt)
+    fnorm_lm_ns: np.ndarray  # (step, final_norm opt, lm_head opt)
+    lm_sampler_ns: np.ndarray  # (step, lm_head opt, sampler opt)
+    p2p_ns: np.ndarray  # (step, stage boundary, residual opt of the stage's last layer)
+    weight_bytes: np.ndarray  # (cls, op, opt) per GPU
+    kv_bytes: np.ndarray  # (cls, op, opt) per GPU for the requests it holds
+    act_bytes: np.ndarray  # (cls, op, opt) workspace
+    head_weight_bytes: np.ndarray  # (head op, opt)
+    head_act_bytes: np.ndarray  # (head op, opt)
+    reserve_bytes: int
+    hbm_bytes: int
+
+
+def integer_tables(problem: Problem, degrees: Degrees, per_dp: int) -> IntegerTables:
+    """Tables of ``degrees`` with ``per_dp`` requests on each dp rank."""
+    t = degree_tables(problem, degrees)
+    bt = t.batching
+    if not 1 <= per_dp <= bt.per_dp_max or (not bt.inflight and per_dp != bt.per_dp_max):
+        raise ValueError(f"per_dp={per_dp} is outside 1..{bt.per_dp_max} for this workload")
+    bi = int(t.b_index(bt.b_of(per_dp, degrees.pp)))
+    reqs_split = -(-per_dp // degrees.tp)
+    last_b = len(t.b) - 1
+
+    def at(table: np.ndarray) -> np.ndarray:
+        """Slice the b axis: the run's micro-batch, or one request for single steps."""
+        out = np.empty(table.shape[:-1])
+        for si, step in enumerate(t.steps):
+            out[si] = table[si, ..., 0 if step.single else bi]
+        return out
+
+    act = np.zeros(t.op_act.shape[1:-1])
+    head_act = np.zeros(t.head_act.shape[1:-1])
+    for si, step in enumerate(t.steps):
+        b_act = 0 if step.single else last_b
+        act = np.maximum(act, t.op_act[si, ..., b_act])
+        head_act = np.maximum(head_act, t.head_act[si, ..., b_act])
+    kv = t.op_kv * np.where(t.op_kv_split, reqs_split, per_dp)
+    return IntegerTables(
+        degrees=degrees,
+        per_dp=per_dp,
+        steps=t.steps,
+        classes=t.classes,
+        kinds=t.kinds,
+        edges=t.edges,
+        op_ns=_ns(at(t.op_time)),
+        edge_ns=_ns(at(t.edge_time)),
+        inter_ns=_ns(at(t.inter_time)),
+        head_ns=_ns(at(t.head_time)),
+        emb_first_ns=_ns(at(t.emb_first)),
+        last_fnorm_ns=_ns(at(t.last_fnorm)),
+        fnorm_lm_ns=_ns(at(t.fnorm_lm)),
+        lm_sampler_ns=_ns(at(t.lm_sampler)),
+        p2p_ns=_ns(at(t.p2p)),
+        weight_bytes=_bytes(t.op_weight),
+        kv_bytes=_bytes(kv),
+        act_bytes=_bytes(act),
+        head_weight_bytes=_bytes(t.head_weight),
+        head_act_bytes=_bytes(head_act),
+        reserve_bytes=int(RUNTIME_RESERVE_GB * 1e9),
+        hbm_bytes=int(problem.cluster.accelerator.hbm_gb * 1e9),
+    )
+
+
+@dataclass(frozen=True)
+class TableCost:
+    """A plan priced from the integer tables."""
+
+    stage_ns: np.ndarray  # (step, stage)
+    stage_bytes: np.ndarray  # (stage,) memory per GPU
+    hbm_bytes: int
+    timing: Timing
+
+    @property
+    def fits(self) -> bool:
+        return bool((self.stage_bytes <= self.hbm_bytes).all())
+
+
+def requests_per_rank(problem: Problem, plan: Plan) -> int:
+    """Requests per dp rank that :func:`shardlab.evaluate` runs ``plan`` with."""
+    t = degree_tables(problem, plan.degrees)
+    return int(_assemble(problem, t, units_of_plan(problem, t, plan)).per_dp[0])
+
+
+def price(problem: Problem, tables: IntegerTables, plan: Plan) -> TableCost:
+    """Sum ``plan``'s table entries; what an exact solver's objective adds up."""
+    m = problem.model
+    d = tables.degrees
+    classes = {c: i for i, c in enumerate(tables.classes)}
+    opts = [
+        [op.option_names.index(name) for op, name in zip(layer_ops(m, kind), names, strict=True)]
+        for kind, names in zip(m.layer_kinds, plan.layer_options, strict=True)
+    ]
+    head = [op.option_names.index(n) for op, n in zip(HEAD_OPS, plan.head_options, strict=True)]
+    stage_of = plan.stage_of_layer()
+    ns = len(tables.steps)
+    stage_ns = np.zeros((ns, d.pp), dtype=np.int64)
+    weight = np.zeros(d.pp, dtype=np.int64)
+    kv = np.zeros(d.pp, dtype=np.int64)
+    workspace = 0
+    for layer, kind in enumerate(m.layer_kinds):
+        c = classes[(kind, m.attention_windows[layer])]
+        k = tables.kinds.index(kind)
+        s = stage_of[layer]
+        o = opts[layer]
+        for op_i, opt in enumerate(o):
+            stage_ns[:, s] += tables.op_ns[:, c, op_i, opt]
+            weight[s] += tables.weight_bytes[c, op_i, opt]
+            kv[s] += tables.kv_bytes[c, op_i, opt]
+            workspace = max(workspace, int(tables.act_bytes[c, op_i, opt]))
+        for e, (src, dst) in enumerate(tables.edges[kind]):
+            stage_ns[:, s] += tables.edge_ns[:, k, e, o[src], o[dst]]
+        if layer > 0:
+            stage_ns[:, s] += tables.inter_ns[:, opts[layer - 1][0], o[0]]
+    first_res, last_res = opts[0][0], opts[-1][0]
+    stage_ns[:, 0] += tables.head_ns[:, 0, head[0]] + tables.emb_first_ns[:, head[0], first_res]
+    stage_ns[:, -1] += (
+        tables.head_ns[:, 1, head[1]]
+        + tables.head_ns[:, 2, head[2]]
+        + tables.head_ns[:, 3, head[3]]
+        + tables.last_fnorm_ns[:, last_res, head[1]]
+        + tables.fnorm_lm_ns[:, head[1], head[2]]
+        + tables.lm_sampler_ns[:, head[2], head[3]]
+    )
+    ends = np.cumsum(plan.stage_layers)
+    for s in range(d.pp - 1):
+        stage_ns[:, s] += tables.p2p_ns[:, s, opts[ends[s] - 1][0]]
+    weight[0] += tables.head_weight_bytes[0, head[0]]
+    weight[-1] += sum(int(tables.head_weight_bytes[i, head[i]]) for i in (1, 2, 3))
+    workspace = max(workspace, *(int(tables.head_act_bytes[i, head[i]]) for i in range(4)))
+    stage_bytes = weight + kv + workspace + tables.reserve_bytes
+    seconds = stage_ns.astype(float) / 1e9
+    per_replica = -(-problem.workload.batch // d.replicas)
+    tm = timing(
+        problem,
+        d,
+        tables.steps,
+        per_replica,
+        np.array([tables.per_dp]),
+        [seconds[i : i + 1].sum(1) for i in range(ns)],
+        [seconds[i : i + 1].max(1) for i in range(ns)],
+    )
+    return TableCost(
+        stage_ns=stage_ns, stage_bytes=stage_bytes, hbm_bytes=tables.hbm_bytes, timing=tm
+    )

@@ -1,0 +1,107 @@
+"""From stage times to TTFT, TPOT, latency and throughput, per scheduling regime.
+
+With stage times ``t_s`` of one micro-batch and ``m`` micro-batches per dp rank:
+
+- a static prefill takes ``sum(t_s) + (m - 1) * max(t_s)`` (pipeline fill and drain);
+- a steady-state round, in which every request advances one step, takes
+  ``max(sum(t_s), m * max(t_s))``.
+
+Then, by phase and schedule (see :mod:`shardlab.problems.workload`):
+
+- static prefill: TTFT = the batch's prefill; throughput = batch * input / TTFT;
+- static decode: TPOT = the mean round; throughput = batch / TPOT;
+- static request: TTFT = prefill, TPOT = decode round, latency = TTFT + (output - 1)
+  * TPOT, throughput = batch * output / latency;
+- in flight: TPOT = the round (mixed prefill + decode for whole requests); TTFT = a
+  round plus one prompt's prefill through the pipeline (prefill phase: the round);
+  throughput = requests in flight / TPOT (input tokens per round for prefill).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardlab.costmodel.steps import Step
+from shardlab.problems.plan import Degrees
+from shardlab.problems.problem import Problem
+
+
+@dataclass(frozen=True)
+class Timing:
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+    latency_s: np.ndarray
+    throughput: np.ndarray  # tokens/s of the whole cluster
+    concurrency: np.ndarray  # requests in flight in the whole cluster
+
+
+@dataclass(frozen=True)
+class Judgement:
+    objective: np.ndarray  # higher is better
+    ttft_violation: np.ndarray
+    tpot_violation: np.ndarray
+    feasible: np.ndarray
+
+
+def timing(
+    problem: Problem,
+    degrees: Degrees,
+    steps: tuple[Step, ...],
+    per_replica: int,
+    per_dp: np.ndarray,
+    sums: list[np.ndarray],
+    maxes: list[np.ndarray],
+) -> Timing:
+    """TTFT, TPOT, latency, throughput from per-step stage-time sums and maxima."""
+    w = problem.workload
+    d = degrees
+    m = np.minimum(d.pp, per_dp)
+    inflight = w.schedule == "inflight"
+    in_flight = np.minimum(
+        w.batch, d.replicas * np.minimum(per_replica, per_dp * d.dp_attn)
+    ).astype(float)
+    kinds = [s.kind for s in steps]
+    zeros = np.zeros_like(sums[0])
+    i_len, o_len = w.input_len, w.output_len
+    if kinds == ["prefill"] and not inflight:
+        ttft = sums[0] + (m - 1) * maxes[0]
+        tpot, latency, thr = zeros, ttft, w.batch * i_len / ttft
+    elif kinds == ["prefill"]:
+        ttft = np.maximum(sums[0], m * maxes[0])
+        tpot, latency, thr = zeros, ttft, in_flight * i_len / ttft
+    elif kinds == ["decode"]:
+        tpot = np.maximum(sums[0], m * maxes[0])
+        ttft, latency = zeros, tpot
+        thr = (in_flight if inflight else w.batch) / tpot
+    elif kinds == ["prefill", "decode"]:
+        ttft = sums[0] + (m - 1) * maxes[0]
+        tpot = np.maximum(sums[1], m * maxes[1])
+        latency = ttft + (o_len - 1) * tpot
+        thr = w.batch * o_len / latency
+    else:  # mixed in-flight rounds; a new prompt adds its own prefill to a round
+        tpot = np.maximum(sums[0], m * maxes[0])
+        ttft = tpot + sums[1]
+        latency = ttft + (o_len - 1) * tpot
+        thr = in_flight / tpot
+    concurrency = in_flight if inflight else np.full_like(in_flight, float(w.batch))
+    return Timing(ttft, tpot, latency, thr, concurrency)
+
+
+def judge(problem: Problem, t: Timing, memory_ok: np.ndarray) -> Judgement:
+    """Objective (higher is better) and SLO violations."""
+    w = problem.workload
+    ttft_bad = np.zeros(len(memory_ok), dtype=bool)
+    tpot_bad = np.zeros(len(memory_ok), dtype=bool)
+    if w.ttft_ms is not None and w.phase != "decode":
+        ttft_bad = t.ttft_s * 1e3 > w.ttft_ms
+    if w.tpot_ms is not None and w.phase != "prefill":
+        tpot_bad = t.tpot_s * 1e3 > w.tpot_ms
+    if w.objective == "latency":
+        objective = -t.latency_s * 1e3
+    elif w.objective == "throughput_per_gpu":
+        objective = t.throughput / problem.cluster.num_gpus
+    else:
+        objective = t.throughput
+    return Judgement(objective, ttft_bad, tpot_bad, memory_ok & ~ttft_bad & ~tpot_bad)

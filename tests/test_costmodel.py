@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardlab import Degrees, Problem
+from shardlab.costmodel import evaluate, evaluate_batch
+from shardlab.costmodel.decompose import integer_tables, price, requests_per_rank
+from shardlab.costmodel.tables import degree_tables
+from shardlab.problems.cluster import Cluster
+
+CASES = {
+    "ds-chat-kind": ("deepseek-v3", "h100x64", "chat", "kind", {}),
+    "ds-prefill-layer": ("deepseek-v3", "h100x32", "prefill", "layer", {}),
+    "llama70-offline": ("llama-3.1-70b", "h100x16", "batch-offline", "kind", {}),
+    "llama8-decode-layer": ("llama-3.1-8b", "a100x8", "decode", "layer", {}),
+    "oss-interactive": ("gpt-oss-120b", "b200x8", "interactive", "kind", {}),
+    "qwen-long": ("qwen3-235b-a22b", "h200x16", "long-context", "kind", {"kv_dtype": "fp8"}),
+    "mixtral-latency": ("mixtral-8x7b", "h100x8", "latency", "layer", {}),
+    "kimi-inflight-prefill": (
+        "kimi-k2",
+        "h200x16",
+        "chat",
+        "kind",
+        {"phase": "prefill", "batch": 64},
+    ),
+}
+PROBLEMS = {
+    key: Problem.build(m, c, w, tie=tie, **over) for key, (m, c, w, tie, over) in CASES.items()
+}
+
+
+@pytest.mark.parametrize("key", PROBLEMS)
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_scalar_batched_and_tables_agree(key: str, seed: int) -> None:
+    problem = PROBLEMS[key]
+    space = problem.space
+    codes = space.sample(8, seed=seed)
+    batch = evaluate_batch(problem, codes)
+    for i, row in enumerate(codes):
+        plan = space.decode(row)
+        m = evaluate(problem, plan)
+        for name in ("objective", "ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gb_per_gpu"):
+            assert getattr(m, name) == pytest.approx(getattr(batch, name)[i], rel=1e-9, abs=1e-12)
+        assert m.feasible == bool(batch.feasible[i])
+        assert m.concurrency == int(batch.concurrency[i])
+        # Integer tables: nanoseconds and bytes, rounded per entry (see decompose.py).
+        tables = integer_tables(problem, plan.degrees, requests_per_rank(problem, plan))
+        cost = price(problem, tables, plan)
+        assert cost.timing.throughput[0] == pytest.approx(m.throughput_tok_s, rel=1e-4)
+        assert cost.timing.tpot_s[0] * 1e3 == pytest.approx(m.tpot_ms, rel=1e-4, abs=1e-6)
+        assert cost.timing.ttft_s[0] * 1e3 == pytest.approx(m.ttft_ms, rel=1e-4, abs=1e-6)
+        assert cost.stage_bytes.max() / 1e9 == pytest.approx(m.memory_gb_per_gpu, rel=1e-9)
+        assert cost.fits == ("memory" not in m.violations)
+
+
+def _scaled_cluster(cluster: Cluster, factor: float, fields: tuple[str, ...]) -> Cluster:
+    acc = dataclasses.replace(
+        cluster.accelerator, **{f: getattr(cluster.accelerator, f) * factor for f in fields}
+    )
+    return dataclasses.replace(cluster, accelerator=acc)
+
+
+@pytest.mark.parametrize("key", ["ds-chat-kind", "llama70-offline", "oss-interactive"])
+@pytest.mark.parametrize(
+    "fields", [("nvlink_gbps",), ("net_gbps",), ("hbm_gbps",), ("bf16_tflops", "fp8_tflops")]
+)
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), factor=st.floats(1.0, 8.0))
+def test_more_bandwidth_or_compute_is_never_slower(
+    key: str, fields: tuple[str, ...], seed: int, factor: float
+) -> None:
+    base = PROBLEMS[key]
+    faster = dataclasses.replace(base, cluster=_scaled_cluster(base.cluster, factor, fields))
+    codes = base.space.sample(24, seed=seed)
+    slow, fast = evaluate_batch(base, codes), evaluate_batch(faster, codes)
+    assert np.all(fast.tpot_ms <= slow.tpot_ms * (1 + 1e-12))
+    assert np.all(fast.ttft_ms <= slow.ttft_ms * (1 + 1e-12))
+    assert np.all(fast.throughput_tok_s >= slow.throughput_tok_s * (1 - 1e-12))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    batch=st.integers(1, 64),
+    input_len=st.integers(16, 8192),
+    output_len=st.integers(1, 2048),
+    model=st.sampled_from(["llama-3.1-70b", "deepseek-v3", "qwen3-235b-a22b"]),
+)
+def test_kv_cache_is_linear_in_batch_and_context(
+    batch: int, input_len: int, output_len: int, model: str
+) -> None:
+    def kv(b: int, i: int, o: int) -> float:
+        p = Problem.build(model, "h200x64", "batch-offline", batch=b, input_len=i, output_len=o)
+        # One replica, no attention data parallel: every request sits on every stage.
+        plan = p.space.megatron_plan(
+            Degrees(pp=8, tp=8, ep=8, etp=1) if p.model.is_moe else Degrees(pp=8, tp=8, etp=8)
+        )
+        return evaluate(p, plan).kv_cache_gb
+
+    base = kv(batch, input_len, output_len)
+    assert kv(2 * batch, input_len, output_len) == pytest.approx(2 * base, rel=1e-9)
+    assert kv(batch, 2 * input_len, 2 * output_len) == pytest.approx(2 * base, rel=1e-9)
+
+
+def test_weights_shrink_under_column_and_row_sharding_only() -> None:
+    problem = PROBLEMS["ds-chat-kind"]
+    for degrees in problem.space.degree_tuples:
+        if degrees.tp == 1:
+            continue
+        t = degree_tables(problem, degrees)
+        for ci, (kind, _) in enumerate(t.classes):
+            for ki, op in enumerate(t.ops[kind]):
+                names = op.option_names
+                if "replicated" not in names or op.family in ("kv_cache", "residual"):
+                    continue
+                full = t.op_weight[ci, ki, names.index("replicated")]
+                for split in ("column", "row"):
+                    if split in names and op.split_size % degrees.tp == 0:
+                        assert t.op_weight[ci, ki, names.index(split)] == pytest.approx(
+                            full / degrees.tp
+                        )
+                if "seq_sharded" in names:
+                    assert t.op_weight[ci, ki, names.index("seq_sharded")] == full
+        break
+
+
+def test_plan_that_does_not_fit_is_infeasible_with_memory_named() -> None:
+    p = Problem.build("llama-3.1-405b", "h100x16", "chat")
+    m = evaluate(p, p.space.megatron_plan(Degrees(replicas=2, tp=8, etp=8)))
+    assert not m.feasible and "memory" in m.violations
+    assert m.memory_gb_per_gpu > m.hbm_gb
+    ok = evaluate(p, p.space.megatron_plan(Degrees(pp=2, tp=8, etp=8)))
+    assert ok.feasible, ok.violations
+
+
+def test_slo_violations_are_named() -> None:
+    p = Problem.build("llama-3.1-70b", "h100x8", "chat", tpot_ms=1.0, ttft_ms=1.0)
+    m = evaluate(p, p.space.megatron_plan(Degrees(tp=8, etp=8)))
+    assert set(m.violations) == {"ttft_slo", "tpot_slo"}
+    assert not m.feasible
+
+
+def test_breakdown_adds_up_to_the_step() -> None:
+    # Static batch-1 decode on one stage: the step is one pass through the ops.
+    p = Problem.build("deepseek-v3", "h200x64", "latency")  # fits on 8 H200
+    plan = p.space.megatron_plan(Degrees(replicas=8, tp=8, ep=8, etp=1))
+    m = evaluate(p, plan)
+    decode = sum(b.time_ms for b in m.breakdown if b.step == "decode")
+    prefill = sum(b.time_ms for b in m.breakdown if b.step == "prefill")
+    assert decode == pytest.approx(m.tpot_ms, rel=1e-9)
+    assert prefill == pytest.approx(m.ttft_ms, rel=1e-9)
+    weights = sum(b.weight_gb for b in m.breakdown if b.step == "prefill")
+    assert weights == pytest.approx(m.weights_gb, rel=1e-9)
+
+
+def test_known_physics() -> None:
+    # Batch-1 decode is weight-streaming: Llama-70B bf16 over 8 H100 ~ 141 GB / (8 x
+    # 3.35 TB/s x 0.78) = 6.7 ms of HBM time, plus 160 all-reduces and kernels.
+    p = Problem.build("llama-3.1-70b", "h100x8", "latency")
+    m = evaluate(p, p.space.megatron_plan(Degrees(tp=8, etp=8)))
+    assert 6.7 < m.tpot_ms < 15
+    # MLA keeps the latent cache on every tensor-parallel rank; attention DP splits it.
+    ds = Problem.build("deepseek-v3", "h200x16", "long-context", batch=4096)
+    tp = evaluate(ds, ds.space.megatron_plan(Degrees(tp=16, ep=16, etp=1)))
+    dp = evaluate(ds, ds.space.megatron_plan(Degrees(tp=1, dp_attn=16, ep=16, etp=1)))
+    assert tp.concurrency < dp.concurrency
