@@ -233,6 +233,45 @@ def explain(
     print_breakdown(metrics, top=top)
 
 
+@app.command()
+def validate(
+    out_path: Annotated[
+        str, typer.Option("--out", help="Markdown report to write.")
+    ] = "results/validation.md",
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Predict every published measurement and compare (writes results/validation.md)."""
+    from pathlib import Path
+
+    from shardlab.validation import predict_all, write_report
+
+    rows = predict_all()
+    summary = write_report(Path(out_path), rows, f"shardlab validate --out {out_path}")
+    if fmt is Format.json:
+        emit_json({"summary": summary, "rows": [{**asdict(r), "ratio": r.ratio} for r in rows]})
+        return
+    table = Table(title="cost model vs published measurements")
+    for col in ("id", "metric", "predicted", "measured", "ratio", "note"):
+        table.add_column(
+            col, justify="right" if col in ("predicted", "measured", "ratio") else "left"
+        )
+    for r in rows:
+        table.add_row(
+            r.id,
+            f"{r.metric} ({r.unit})",
+            f"{r.predicted:,.1f}",
+            f"{r.measured:,.1f}",
+            f"{r.ratio:.2f}",
+            r.note,
+        )
+    out.print(table)
+    out.print(
+        f"median |error| {summary['median_abs_error']:.1%}, within 25%: "
+        f"{summary['within_25pct']}/{summary['rows']}, beyond 2x: {summary['beyond_2x']}, "
+        f"worst {summary['worst_id']} ({summary['worst_factor']:.2f}x); wrote {out_path}"
+    )
+
+
 def main() -> None:
     try:
         app()

@@ -337,6 +337,21 @@ def expert_imbalance(ep: int, mean_load: np.ndarray) -> np.ndarray:
     return skew * (1.0 + np.sqrt(2.0 * math.log(ep) / np.maximum(mean_load, 1e-9)))
 
 
+def dispatch_copies(ep: int, top_k: int) -> float:
+    """Copies of a token the all-to-all dispatch sends: one per distinct destination
+    rank among its ``top_k`` experts (DeepEP sends a token once per rank), expected
+    under uniform routing."""
+    if ep == 1:
+        return 1.0
+    return ep * (1.0 - (1.0 - 1.0 / ep) ** top_k)
+
+
+def dispatch_bytes(expert_dtype: str) -> float:
+    """Bytes per value dispatched: FP8 when the experts' GEMMs take FP8 inputs (DeepEP's
+    FP8 dispatch), else bf16. The combine always returns bf16."""
+    return 1.0 if expert_dtype in ("fp8", "fp4") else ACT_BYTES
+
+
 def _experts_cost(ctx: CostContext, opt: OptionSpec, step: Step) -> OptionCost:
     m, d = ctx.model, ctx.d
     assert m.moe is not None
@@ -358,14 +373,18 @@ def _experts_cost(ctx: CostContext, opt: OptionSpec, step: Step) -> OptionCost:
     buffers = np.zeros_like(ctx.b)
     if opt.name == "alltoall":
         ep_span = axis_span("ep", d, ctx.cluster)
-        send = group_tokens / d.group * moe.top_k * h * ACT_BYTES
-        comm = 2.0 * collective_time("all_to_all", ep_span, send, ctx.cluster)  # dispatch, combine
+        copies = dispatch_copies(d.ep, moe.top_k)
+        tokens_here = group_tokens / d.group
+        dispatch = tokens_here * copies * h * dispatch_bytes(ctx.problem.weight_dtype("experts"))
+        combine = tokens_here * copies * h * ACT_BYTES
+        comm = collective_time("all_to_all", ep_span, dispatch, ctx.cluster)
+        comm = comm + collective_time("all_to_all", ep_span, combine, ctx.cluster)
         if d.etp > 1:
             etp_span = axis_span("etp", d, ctx.cluster)
             recv = assignments * h * ACT_BYTES
             comm = comm + collective_time("all_gather", etp_span, recv, ctx.cluster)
             comm = comm + collective_time("reduce_scatter", etp_span, recv, ctx.cluster)
-        buffers = 2.0 * np.maximum(send, assignments * h * ACT_BYTES)
+        buffers = 2.0 * np.maximum(combine, assignments * h * ACT_BYTES)
     return OptionCost(
         compute,
         memory,

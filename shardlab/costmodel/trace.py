@@ -14,7 +14,7 @@ import numpy as np
 
 from shardlab.costmodel.constants import ACT_BYTES
 from shardlab.costmodel.evaluate import _assemble, units_of_plan
-from shardlab.costmodel.opcosts import output_width
+from shardlab.costmodel.opcosts import dispatch_bytes, dispatch_copies, output_width
 from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.operators import HEAD_OPS, layer_edges, layer_ops
 from shardlab.problems.plan import Plan
@@ -93,10 +93,17 @@ def collectives_of(problem: Problem, plan: Plan, *, step: int = 0) -> list[Colle
         if kind == "moe" and opts["experts"].name == "alltoall" and d.group > 1:
             assert m.moe is not None
             tokens = b * st.tokens * dp
-            send = tokens / d.group * m.moe.top_k * h * ACT_BYTES
-            for phase in ("dispatch", "combine"):
+            per_rank = tokens / d.group * dispatch_copies(d.ep, m.moe.top_k) * h
+            dtype = problem.weight_dtype("experts")
+            for phase, nbytes in (("dispatch", dispatch_bytes(dtype)), ("combine", ACT_BYTES)):
                 calls.append(
-                    CollectiveCall(f"layer{layer}: experts {phase}", "all_to_all", "ep", d.ep, send)
+                    CollectiveCall(
+                        f"layer{layer}: experts {phase}",
+                        "all_to_all",
+                        "ep",
+                        d.ep,
+                        per_rank * nbytes,
+                    )
                 )
             if d.etp > 1:
                 # Mean assignments per rank (without the imbalance the cost adds).
