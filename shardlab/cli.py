@@ -30,6 +30,8 @@ from shardlab.render import (
     print_metrics,
     print_plan,
     problem_json,
+    solve_progress,
+    write_atomic,
 )
 
 app = typer.Typer(
@@ -231,6 +233,228 @@ def explain(
     print_plan(problem, plan)
     print_metrics(metrics)
     print_breakdown(metrics, top=top)
+
+
+# -- solving -----------------------------------------------------------------------------
+
+
+def _solver_options(method: str, **given: object) -> dict[str, object]:
+    """Method-specific options the user gave, checked against what the method takes."""
+    import inspect as _inspect
+
+    from shardlab.solvers.registry import solver_class
+
+    accepted = _inspect.signature(solver_class(method).__init__).parameters
+    options = {k: v for k, v in given.items() if v is not None}
+    for key in options:
+        if key not in accepted:
+            flag = "--" + key.replace("_", "-")
+            raise ShardlabError(f"{flag} does not apply to method {method!r}")
+    return options
+
+
+@app.command()
+@problem_command
+def solve(
+    problem: Problem,
+    method: Annotated[str, typer.Option("--method", help="See `shardlab solvers`.")] = "cpsat",
+    max_evals: Annotated[
+        int | None, typer.Option("--max-evals", min=1, help="Most distinct plans to evaluate.")
+    ] = None,
+    time_limit: Annotated[
+        float | None, typer.Option("--time-limit", min=0.001, help="Wall seconds.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Same seed, same plan.")] = 0,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Search workers (cpsat; default: all cores).")
+    ] = None,
+    out_file: Annotated[
+        str | None, typer.Option("--out", help="Write the best plan here (JSON).")
+    ] = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Search the best plan with one method; prints it and its ratio to megatron."""
+    from shardlab.solvers import Budget
+    from shardlab.solvers.registry import get_solver
+
+    options = _solver_options(method, workers=workers)
+    solver = get_solver(method, **options)
+    if max_evals is None and time_limit is None:
+        budget = Budget() if not solver.exact else Budget(max_evals=None, seconds=600.0)
+    else:
+        budget = Budget(max_evals=max_evals, seconds=time_limit)
+    with solve_progress(method, budget.max_evals, budget.seconds) as callback:
+        result = solver.solve(problem, budget=budget, seed=seed, callback=callback)
+    baseline = get_solver("megatron").solve(problem, seed=seed)
+    if out_file is not None and result.plan is not None:
+        write_atomic(out_file, result.plan.to_json(problem.model, cluster=problem.cluster.name))
+    ratio = None
+    if result.metrics is not None and baseline.metrics is not None and baseline.metrics.feasible:
+        from shardlab.compare import quality
+
+        ratio = quality(result.metrics.objective, baseline.metrics.objective)
+    if fmt is Format.json:
+        data = result.to_dict(problem)
+        data.pop("facts")
+        emit_json(
+            {
+                "problem": problem_json(problem),
+                **data,
+                "facts": result.facts,
+                "baseline": {
+                    "method": "megatron",
+                    "metrics": baseline.metrics.to_dict() if baseline.metrics else None,
+                    "plan": baseline.to_dict(problem)["plan"],
+                    "ratio": ratio,
+                },
+            }
+        )
+    else:
+        out.print(f"[bold]{problem.name}[/]: {problem.workload.describe()}")
+        out.print(
+            f"method {method}, seed {seed}: [bold]{result.status}[/] after {result.n_evals:,} "
+            f"evaluations in {result.wall_s:.1f} s"
+            + (f" ({result.message})" if result.message else "")
+        )
+        for key, value in result.facts.items():
+            if not isinstance(value, list | dict):
+                out.print(f"  {key}: {value}")
+        if result.plan is not None and result.metrics is not None:
+            print_plan(problem, result.plan)
+            print_metrics(result.metrics)
+            if ratio is not None:
+                out.print(f"  ratio to the megatron plan: [bold]{ratio:.3f}[/]")
+        if out_file is not None and result.plan is not None:
+            out.print(f"wrote {out_file}")
+    if result.status == "error":
+        raise SystemExit(1)
+
+
+@app.command()
+def solvers(fmt: FormatOpt = Format.table) -> None:
+    """List the registered methods."""
+    from shardlab.solvers.registry import available_solvers, solver_class
+
+    rows = []
+    for name in available_solvers():
+        try:
+            cls = solver_class(name)
+            rows.append(
+                {
+                    "name": name,
+                    "exact": cls.exact,
+                    "description": cls.description,
+                    "available": True,
+                }
+            )
+        except ImportError as exc:  # an optional dependency is missing
+            rows.append({"name": name, "exact": False, "description": str(exc), "available": False})
+    if fmt is Format.json:
+        emit_json(rows)
+        return
+    table = Table(title="Methods")
+    for col in ("name", "exact", "description"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], "yes" if r["exact"] else "", r["description"])
+    out.print(table)
+
+
+@app.command()
+@problem_command
+def compare(
+    problem: Problem,
+    methods: Annotated[
+        str, typer.Option(help="Comma-separated methods.")
+    ] = "random,anneal,genetic",
+    suite: Annotated[
+        str | None, typer.Option(help="small, medium, large, train, heldout, all, or an instance.")
+    ] = None,
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds per method.")] = 3,
+    max_evals: Annotated[int | None, typer.Option("--max-evals", min=1)] = 2000,
+    time_limit: Annotated[float | None, typer.Option("--time-limit", min=0.001)] = None,
+    jobs: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 2,
+    name: Annotated[str | None, typer.Option(help="Results folder name.")] = None,
+    results_dir: Annotated[str, typer.Option("--results-dir")] = "results",
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Run methods on a suite (or the given problem) over seeds; write results/<name>/."""
+    import sys as _sys
+    from pathlib import Path
+
+    from shardlab.compare import run_comparison, summarize, write_results
+    from shardlab.problems.suite import Instance, get_suite
+    from shardlab.solvers.registry import available_solvers
+
+    wanted = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in wanted if m not in available_solvers()]
+    if unknown:
+        raise ShardlabError(
+            f"unknown method(s) {', '.join(unknown)}; available: {', '.join(available_solvers())}"
+        )
+    if suite is not None:
+        instances = get_suite(suite)
+        label = name or suite
+    else:
+        w = problem.workload
+        instances = (
+            Instance(
+                name=problem.name.replace(" ", "").replace(",", "-"),
+                model=problem.model.source.removeprefix("catalog:"),
+                cluster=problem.cluster.name,
+                workload="chat",
+                size="small",
+                split="train",
+                tie=problem.tie,
+                overrides=tuple((k, v) for k, v in asdict(w).items() if k != "name"),
+            ),
+        )
+        label = name or "custom"
+    command = "shardlab compare " + " ".join(_sys.argv[2:])
+    done = []
+
+    def on_done(r: dict) -> None:
+        done.append(r)
+        err.print(f"  [{len(done)}] {r['instance']} {r['method']} seed {r['seed']}: {r['status']}")
+
+    results = run_comparison(
+        instances,
+        wanted,
+        seeds,
+        max_evals=max_evals,
+        seconds=time_limit,
+        jobs=jobs,
+        on_done=on_done,
+    )
+    rows = summarize(results)
+    out_dir = Path(results_dir) / label
+    write_results(out_dir, label, command, results, rows)
+    if fmt is Format.json:
+        emit_json({"name": label, "summary": rows, "out_dir": str(out_dir)})
+        return
+    table = Table(title=f"comparison {label} (means over {seeds} seeds)")
+    for col in (
+        "instance",
+        "method",
+        "throughput",
+        "ratio to best",
+        "ratio to megatron",
+        "evals to 99%",
+        "wall s",
+    ):
+        table.add_column(col, justify="left" if col in ("instance", "method") else "right")
+    for r in rows:
+        table.add_row(
+            r["instance"] + ("*" if r["best_is_proven"] else ""),
+            r["method"],
+            f"{r['throughput_tok_s']:,.0f}" if r["throughput_tok_s"] else "-",
+            f"{r['ratio_to_best']:.3f}",
+            f"{r['ratio_to_megatron']:.3f}" if r["ratio_to_megatron"] is not None else "-",
+            f"{r['evals_to_99pct']:,}" if r["evals_to_99pct"] is not None else "-",
+            f"{r['wall_s']:.1f}",
+        )
+    out.print(table)
+    out.print(f"wrote {out_dir}/ (results.json, results.csv, summary.md, convergence.png)")
 
 
 @app.command()

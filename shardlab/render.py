@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from shardlab.costmodel import Metrics
 from shardlab.problems.operators import HEAD_OPS, layer_ops
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
+
+if TYPE_CHECKING:
+    from shardlab.solvers.evaluator import Progress
 
 # Wide enough for the tables when piped; a terminal uses its own width.
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
@@ -22,6 +31,45 @@ err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() el
 
 def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file: never half-written."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def solve_progress(
+    method: str, max_evals: int | None, seconds: float | None
+) -> Iterator[Callable[[Progress], None]]:
+    """A progress bar on stderr; yields the callback a solver reports to."""
+    columns = [
+        TextColumn(f"[bold]{method}[/]"),
+        BarColumn(),
+        TextColumn(
+            "{task.completed:,.0f}/{task.total:,.0f}"
+            if max_evals
+            else "{task.fields[evals]:,} evals"
+        ),
+        TextColumn("best {task.fields[best]}"),
+        TimeElapsedColumn(),
+    ]
+    total = float(max_evals) if max_evals else (seconds or None)
+    with RichProgress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task(method, total=total, evals=0, best="-")
+
+        def callback(p: Progress) -> None:
+            done = p.evals if max_evals else p.seconds
+            best = f"{p.best:,.1f}" if p.best is not None else "-"
+            bar.update(task, completed=done, evals=p.evals, best=best)
+
+        yield callback
 
 
 def problem_json(problem: Problem) -> dict:

@@ -247,6 +247,10 @@ class SearchSpace:
         masks.flags.writeable = False
         return masks
 
+    def mask_table(self) -> np.ndarray:
+        """``(num_degree_tuples, n_vars, max_cardinality)`` validity of every value."""
+        return self._masks
+
     def mask(self, degree_index: int) -> np.ndarray:
         """``(n_vars, max_cardinality)`` booleans: the valid values under a degree tuple."""
         return self._masks[degree_index]
@@ -406,6 +410,11 @@ class SearchSpace:
         return self.decode(row)
 
     # -- size ----------------------------------------------------------------------
+
+    def num_plans(self) -> int:
+        """Exact number of distinct valid plans (a Python integer; may be astronomical)."""
+        counts = self._masks.sum(axis=2)[:, 1:]
+        return sum(math.prod(int(c) for c in row) for row in counts)
 
     def log10_size(self) -> float:
         """log10 of the number of distinct valid plans (degree tuples x options x cuts)."""

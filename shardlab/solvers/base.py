@@ -1,0 +1,181 @@
+"""The interface every solver implements, and what a solve returns.
+
+A solver subclasses :class:`Solver` and implements one hook, ``_search``: it proposes
+plans to the shared :class:`~shardlab.solvers.evaluator.Evaluator` (which counts,
+caches, enforces the budget and keeps the best plan and the history) and returns an
+:class:`Outcome` saying what it proved. The public :meth:`Solver.solve` seeds the
+random generators, times the run, turns budget exhaustion and Ctrl-C into a result,
+and re-checks the best plan with the scalar cost model.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from shardlab.costmodel import Metrics, evaluate
+from shardlab.errors import ShardlabError
+from shardlab.problems.plan import Plan
+from shardlab.problems.problem import Problem
+from shardlab.problems.space import SearchSpace
+from shardlab.solvers.evaluator import BudgetExhausted, Evaluator, HistoryPoint, Progress
+
+Status = Literal["optimal", "feasible", "infeasible", "interrupted", "error"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """How much a solver may spend: distinct plans evaluated and/or wall seconds."""
+
+    max_evals: int | None = 2000
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_evals is not None and self.max_evals < 1:
+            raise ShardlabError(f"budget: max_evals must be at least 1, got {self.max_evals}")
+        if self.seconds is not None and self.seconds <= 0:
+            raise ShardlabError(f"budget: seconds must be positive, got {self.seconds}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What a search proved, beyond the plans it evaluated."""
+
+    proven_optimal: bool = False
+    proven_infeasible: bool = False
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchContext:
+    problem: Problem
+    evaluator: Evaluator
+    budget: Budget
+    seed: int
+    rng: np.random.Generator
+
+    @property
+    def space(self) -> SearchSpace:
+        return self.problem.space
+
+
+@dataclass(frozen=True, kw_only=True)
+class SolveResult:
+    method: str
+    seed: int
+    status: Status
+    message: str
+    plan: Plan | None
+    metrics: Metrics | None
+    n_evals: int
+    wall_s: float
+    history: tuple[HistoryPoint, ...]
+    facts: dict[str, Any]
+
+    @property
+    def objective(self) -> float:
+        return self.metrics.objective if self.metrics is not None else float("-inf")
+
+    def to_dict(self, problem: Problem) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "seed": self.seed,
+            "status": self.status,
+            "message": self.message,
+            "n_evals": self.n_evals,
+            "wall_s": self.wall_s,
+            "metrics": self.metrics.to_dict() if self.metrics is not None else None,
+            "plan": self.plan.to_dict(problem.model, cluster=problem.cluster.name)
+            if self.plan is not None
+            else None,
+            "history": [list(h) for h in self.history],
+            "facts": self.facts,
+        }
+
+
+class Solver(ABC):
+    """Base of every method. Subclasses set ``name`` and implement ``_search``."""
+
+    name: ClassVar[str] = ""
+    exact: ClassVar[bool] = False  # can prove optimality
+    description: ClassVar[str] = ""
+
+    def solve(
+        self,
+        problem: Problem,
+        *,
+        budget: Budget | None = None,
+        seed: int = 0,
+        callback: Callable[[Progress], None] | None = None,
+    ) -> SolveResult:
+        budget = budget or Budget()
+        random.seed(seed)
+        rng = np.random.default_rng(seed)
+        start = time.perf_counter()
+        evaluator = Evaluator(problem, budget.max_evals, budget.seconds, callback, start)
+        ctx = SearchContext(problem=problem, evaluator=evaluator, budget=budget, seed=seed, rng=rng)
+        outcome = Outcome()
+        interrupted = False
+        try:
+            outcome = self._search(ctx) or Outcome()
+        except BudgetExhausted:
+            pass
+        except KeyboardInterrupt:
+            interrupted = True
+        wall = time.perf_counter() - start
+        return self._result(ctx, outcome, interrupted, wall)
+
+    @abstractmethod
+    def _search(self, ctx: SearchContext) -> Outcome | None:
+        """Propose plans to ``ctx.evaluator`` until done or the budget runs out."""
+
+    # -- the final check -----------------------------------------------------------
+
+    def _result(
+        self, ctx: SearchContext, outcome: Outcome, interrupted: bool, wall: float
+    ) -> SolveResult:
+        ev = ctx.evaluator
+        plan = ev.best_plan()
+        metrics = evaluate(ctx.problem, plan) if plan is not None else None
+        status: Status
+        message = ""
+        if metrics is not None and abs(metrics.objective - ev.best_objective) > 1e-9 * max(
+            1.0, abs(metrics.objective)
+        ):
+            status = "error"
+            message = (
+                f"the best plan re-evaluates to {metrics.objective} but the search saw "
+                f"{ev.best_objective}: the cost model or the evaluator is inconsistent"
+            )
+        elif interrupted:
+            status = "interrupted"
+            message = "stopped by the user; the best plan found so far is reported"
+        elif metrics is not None and metrics.feasible:
+            proven = outcome.proven_optimal or ev.space_exhausted
+            status = "optimal" if proven else "feasible"
+        else:
+            status = "infeasible"
+            message = ev.infeasibility_message(
+                proven=outcome.proven_infeasible or ev.space_exhausted
+            )
+            if metrics is not None and not metrics.feasible:
+                plan, metrics = ev.least_infeasible_plan(), None
+                metrics = evaluate(ctx.problem, plan) if plan is not None else None
+        return SolveResult(
+            method=self.name,
+            seed=ctx.seed,
+            status=status,
+            message=message,
+            plan=plan,
+            metrics=metrics,
+            n_evals=ev.n_evals,
+            wall_s=wall,
+            history=tuple(ev.history),
+            facts={**outcome.facts, **({"stalled": True} if ev.stalled else {})},
+        )

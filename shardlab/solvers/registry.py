@@ -1,0 +1,72 @@
+"""Solvers by name: the built-in ones (imported only when asked for, so heavy
+dependencies such as torch load lazily) and third-party ones from the entry-point
+group ``shardlab.solvers``. Registering a name twice is refused."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from importlib.metadata import entry_points
+
+from shardlab.errors import ShardlabError
+from shardlab.solvers.base import Solver
+
+ENTRY_POINT_GROUP = "shardlab.solvers"
+
+# Built-in methods: module that registers each when imported.
+BUILTIN: dict[str, str] = {
+    "megatron": "shardlab.solvers.megatron",
+    "random": "shardlab.solvers.random_search",
+    "anneal": "shardlab.solvers.anneal",
+    "genetic": "shardlab.solvers.genetic",
+    "exhaustive": "shardlab.solvers.exhaustive",
+}
+
+_REGISTERED: dict[str, type[Solver]] = {}
+
+
+def register(name: str) -> Callable[[type[Solver]], type[Solver]]:
+    """Class decorator: make a :class:`Solver` available as ``name``."""
+
+    def decorate(cls: type[Solver]) -> type[Solver]:
+        if name in _REGISTERED:
+            raise ValueError(
+                f"solver name {name!r} is already registered by {_REGISTERED[name].__module__}"
+            )
+        if not (isinstance(cls, type) and issubclass(cls, Solver)):
+            raise TypeError(f"{cls!r} is not a shardlab Solver subclass")
+        cls.name = name
+        _REGISTERED[name] = cls
+        return cls
+
+    return decorate
+
+
+def _entry_points() -> dict[str, object]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available_solvers() -> list[str]:
+    """Names of every solver that can be asked for."""
+    return sorted(set(BUILTIN) | set(_REGISTERED) | set(_entry_points()))
+
+
+def get_solver(name: str, **options: object) -> Solver:
+    """A fresh instance of the solver called ``name``, with method-specific options."""
+    if name not in _REGISTERED:
+        if name in BUILTIN:
+            importlib.import_module(BUILTIN[name])
+        else:
+            ep = _entry_points().get(name)
+            if ep is None:
+                raise ShardlabError(
+                    f"unknown method {name!r}; available: {', '.join(available_solvers())}"
+                )
+            loaded = ep.load()  # type: ignore[attr-defined]
+            if name not in _REGISTERED:
+                register(name)(loaded)
+    return _REGISTERED[name](**options)
+
+
+def solver_class(name: str) -> type[Solver]:
+    return type(get_solver(name))
