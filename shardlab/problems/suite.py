@@ -81,6 +81,7 @@ INSTANCES: tuple[Instance, ...] = (
         workload="batch-offline",
         size="small",
         split="train",
+        overrides=(("batch", 256),),
     ),
     Instance(
         name="gptoss-h100x4-interactive",

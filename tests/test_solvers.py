@@ -1,0 +1,140 @@
+"""Tests every registered solver passes; a new method is tested by registering it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from shardlab import Problem, ShardlabError
+from shardlab.costmodel import evaluate
+from shardlab.problems.suite import get_instance, get_suite
+from shardlab.solvers import Budget, Solver, available_solvers, get_solver, register, solve
+from shardlab.solvers import registry as registry_module
+
+METHODS = available_solvers()
+SMALL = get_instance("llama8b-h100x2-chat").problem()
+BUDGET = 300
+
+
+def budget_for(method: str) -> Budget:
+    return Budget(max_evals=200_000 if method == "exhaustive" else BUDGET, seconds=120)
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, object]:
+    return {m: solve(SMALL, m, budget=budget_for(m), seed=3) for m in METHODS}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_returns_feasible_plan_whose_metrics_are_the_cost_model(method: str, results) -> None:
+    r = results[method]
+    assert r.status in ("feasible", "optimal"), r.message
+    assert r.plan is not None and r.metrics is not None
+    assert r.metrics == evaluate(SMALL, r.plan)
+    assert r.metrics.feasible
+    SMALL.space.encode(r.plan)  # the plan belongs to the space
+    if r.history:
+        assert r.history[-1].best == pytest.approx(r.metrics.objective)
+        evals = [h.evals for h in r.history]
+        assert evals == sorted(evals)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_respects_its_budget(method: str) -> None:
+    r = solve(SMALL, method, budget=Budget(max_evals=37), seed=0)
+    assert r.n_evals <= 37
+    assert r.status in ("feasible", "optimal", "infeasible")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_same_seed_same_plan(method: str, results) -> None:
+    again = solve(SMALL, method, budget=budget_for(method), seed=3)
+    assert again.plan == results[method].plan
+    assert again.n_evals == results[method].n_evals
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_infeasible_problem_is_reported(method: str) -> None:
+    problem = Problem.build("llama-3.1-70b", "h100x4", "chat", tpot_ms=0.5)
+    r = solve(problem, method, budget=budget_for(method), seed=0)
+    assert r.status == "infeasible"
+    assert "TPOT" in r.message and "--tpot-ms" in r.message
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "megatron"])
+def test_ctrl_c_returns_the_best_plan_so_far(method: str) -> None:
+    def stop(progress) -> None:
+        if progress.evals >= 5:
+            raise KeyboardInterrupt
+
+    r = get_solver(method).solve(SMALL, budget=budget_for(method), seed=0, callback=stop)
+    assert r.status == "interrupted"
+    assert r.plan is not None and r.metrics == evaluate(SMALL, r.plan)
+
+
+def test_seed_reproduces_in_another_process() -> None:
+    code = (
+        "from shardlab.problems.suite import get_instance; from shardlab.solvers import solve, "
+        "Budget; r = solve(get_instance('llama8b-h100x2-chat').problem(), 'genetic', "
+        "budget=Budget(max_evals=300), seed=3); print(r.metrics.objective)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    here = solve(SMALL, "genetic", budget=Budget(max_evals=300), seed=3)
+    assert float(out.stdout) == here.metrics.objective
+
+
+def test_registry_refuses_duplicates_and_unknown_names() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        register("random")(type("Again", (Solver,), {"_search": lambda self, ctx: None}))
+    with pytest.raises(ShardlabError, match="unknown method"):
+        get_solver("no-such-method")
+
+
+def test_third_party_solver_through_entry_point(monkeypatch) -> None:
+    class FirstPlan(Solver):
+        def _search(self, ctx):
+            ctx.evaluator.evaluate(ctx.space.sample(1, seed=ctx.seed))
+
+    class FakeEntryPoint:
+        name = "first-plan"
+
+        def load(self):
+            return FirstPlan
+
+    monkeypatch.setattr(registry_module, "_entry_points", lambda: {"first-plan": FakeEntryPoint()})
+    monkeypatch.setattr(registry_module, "_REGISTERED", dict(registry_module._REGISTERED))
+    assert "first-plan" in available_solvers()
+    r = solve(SMALL, "first-plan", budget=Budget(max_evals=5))
+    assert r.n_evals == 1 and r.plan is not None
+
+
+def test_exhaustive_refuses_large_spaces() -> None:
+    with pytest.raises(ShardlabError, match="exhaustive"):
+        solve(get_instance("deepseek-v3-h100x64-chat").problem(), "exhaustive")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("instance", [i.name for i in get_suite("small")])
+def test_no_method_beats_the_exhaustive_optimum(instance: str) -> None:
+    problem = get_instance(instance).problem()
+    truth = solve(problem, "exhaustive", budget=Budget(max_evals=None), seed=0)
+    assert truth.status == "optimal"
+    for method in METHODS:
+        if method == "exhaustive":
+            continue
+        r = solve(problem, method, budget=Budget(max_evals=500, seconds=120), seed=1)
+        if r.metrics is not None and r.metrics.feasible:
+            assert r.metrics.objective <= truth.metrics.objective * (1 + 1e-9), method
+
+
+def test_exhaustive_matches_brute_force_on_a_tiny_space() -> None:
+    problem = Problem.build("llama-3.1-8b", "h100x1")
+    space = problem.space
+    all_codes = np.array(list(np.ndindex(*space.cardinalities)))
+    codes = all_codes[space.is_valid(all_codes)]
+    assert len(codes) == space.num_plans()
+    r = solve(problem, "exhaustive", budget=Budget(max_evals=None))
+    assert r.status == "optimal" and r.n_evals == len(codes)
