@@ -35,7 +35,7 @@ from shardlab.costmodel.constants import (
 from shardlab.costmodel.steps import Step, kv_context
 from shardlab.problems.dtypes import BYTES_PER_VALUE
 from shardlab.problems.operators import OpSpec, OptionSpec
-from shardlab.problems.placements import Layout, redistribute
+from shardlab.problems.placements import REPLICATE, Layout, redistribute
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
 
@@ -120,21 +120,32 @@ class CostContext:
 
         Each is ``(kind, mesh axis, per-rank message bytes)`` with the message as in
         :mod:`shardlab.costmodel.collectives`; ``full_bytes`` is the whole tensor of
-        the stage (all dp ranks). Reductions run first (they shrink the data),
-        gathers last.
+        the stage (all dp ranks). As DTensor's ``redistribute`` does: shards of one
+        tensor dimension over both axes nest tp inside dp, so changing the dp placement
+        from or to the dimension tp shards first gathers tp and works on the
+        tp-times larger buffer;
+        reductions come first, then all-to-alls, then gathers, tp before dp.
         """
-        order = {"reduce_scatter": 0, "all_reduce": 1, "all_to_all": 2, "all_gather": 3}
         local = np.array(full_bytes, dtype=float)
         for axis, p in zip(("dp", "tp"), src, strict=True):
             if p.kind == "S":
                 local = local / self.d.axis_size(axis)
+        steps: list[tuple[str, str, np.ndarray]] = []
+        cur = list(src)
+        # tp shards inside dp: a dp change touching the tensor dim tp shards undoes tp first
+        nested = cur[1].kind == "S" and cur[1] in (cur[0], dst[0])
+        if nested and cur[0] != dst[0] and self.d.tp > 1:
+            local = local * self.d.tp
+            steps.append(("all_gather", "tp", local))
+            cur[1] = REPLICATE
+        order = {"reduce_scatter": 0, "all_reduce": 1, "all_to_all": 2, "all_gather": 3}
         todo = []
-        for axis, a, c in zip(("dp", "tp"), src, dst, strict=True):
+        for i, (axis, a, c) in enumerate(zip(("dp", "tp"), cur, dst, strict=True)):
             kind = redistribute(a, c)
             if kind is not None and self.d.axis_size(axis) > 1:
-                todo.append((order[kind], axis, kind))
-        steps = []
-        for _, axis, kind in sorted(todo):
+                axis_rank = -i if kind == "all_gather" else i  # gathers: tp before dp
+                todo.append((order[kind], axis_rank, axis, kind))
+        for _, _, axis, kind in sorted(todo):
             n = self.d.axis_size(axis)
             if kind == "all_gather":
                 local = local * n
@@ -337,13 +348,22 @@ def expert_imbalance(ep: int, mean_load: np.ndarray) -> np.ndarray:
     return skew * (1.0 + np.sqrt(2.0 * math.log(ep) / np.maximum(mean_load, 1e-9)))
 
 
-def dispatch_copies(ep: int, top_k: int) -> float:
+def dispatch_copies(ep: int, top_k: int, num_experts: int) -> float:
     """Copies of a token the all-to-all dispatch sends: one per distinct destination
-    rank among its ``top_k`` experts (DeepEP sends a token once per rank), expected
-    under uniform routing."""
+    rank among its ``top_k`` distinct experts (DeepEP sends a token once per rank),
+    expected under uniform routing: ``ep * (1 - C(E - E/ep, k) / C(E, k))``."""
     if ep == 1:
         return 1.0
-    return ep * (1.0 - (1.0 - 1.0 / ep) ** top_k)
+    local = num_experts // ep
+    if num_experts - local < top_k:
+        return float(ep)
+    miss = math.comb(num_experts - local, top_k) / math.comb(num_experts, top_k)
+    return ep * (1.0 - miss)
+
+
+# Bytes per rank of the count exchange before a dropless dispatch (DeepEP's notify
+# step): one int32 per destination rank.
+COUNT_BYTES = 4.0
 
 
 def dispatch_bytes(expert_dtype: str) -> float:
@@ -373,11 +393,13 @@ def _experts_cost(ctx: CostContext, opt: OptionSpec, step: Step) -> OptionCost:
     buffers = np.zeros_like(ctx.b)
     if opt.name == "alltoall":
         ep_span = axis_span("ep", d, ctx.cluster)
-        copies = dispatch_copies(d.ep, moe.top_k)
+        copies = dispatch_copies(d.ep, moe.top_k, moe.num_experts)
         tokens_here = group_tokens / d.group
         dispatch = tokens_here * copies * h * dispatch_bytes(ctx.problem.weight_dtype("experts"))
         combine = tokens_here * copies * h * ACT_BYTES
-        comm = collective_time("all_to_all", ep_span, dispatch, ctx.cluster)
+        counts = np.full_like(ctx.b, d.ep * COUNT_BYTES)
+        comm = collective_time("all_to_all", ep_span, counts, ctx.cluster)
+        comm = comm + collective_time("all_to_all", ep_span, dispatch, ctx.cluster)
         comm = comm + collective_time("all_to_all", ep_span, combine, ctx.cluster)
         if d.etp > 1:
             etp_span = axis_span("etp", d, ctx.cluster)

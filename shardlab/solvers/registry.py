@@ -20,6 +20,7 @@ BUILTIN: dict[str, str] = {
     "anneal": "shardlab.solvers.anneal",
     "genetic": "shardlab.solvers.genetic",
     "exhaustive": "shardlab.solvers.exhaustive",
+    "cpsat": "shardlab.solvers.cpsat",
 }
 
 _REGISTERED: dict[str, type[Solver]] = {}

@@ -1,0 +1,691 @@
+"""CP-SAT exact search: the plan the cost model rates best, with a proof.
+
+Decomposition. A plan's degree tuple ``d`` and the requests each attention-data-
+parallel rank holds, ``C`` (the static batch; in flight, the most requests whose KV
+cache fits, which evaluation chooses), fix every table of the cost model
+(:mod:`shardlab.costmodel.decompose`). The search therefore splits into subproblems
+``(d, C)`` enumerated outside CP-SAT: inside one, the objective is linear in Boolean
+choices, whereas ``C`` enters every table non-linearly and ``d`` changes which
+options exist. Enumeration also lets cheap bounds discard most subproblems before
+any model is built (measured: see the closing note of the issue and the benchmark).
+
+Subproblems are visited in decreasing order of an upper bound on their objective
+(every operator and edge at its cheapest valid option, ignoring consistency and
+memory) and skipped once the bound cannot beat the incumbent. Memory bounds discard
+the ``(d, C)`` no plan can have: ``C`` requests fit for no plan, or every plan fits
+``C + 1`` (then evaluation would run it with more).
+
+The model of one subproblem, one method per family of constraints:
+
+- ``_options``: one Boolean per (operator group, operator, valid option), exactly one
+  per operator; groups are the layer kinds (options tied) or the layers;
+- ``_pairs``: one Boolean per pair of options on each edge between operators and on
+  the residual stream between consecutive layers of different groups, linked to the
+  option Booleans by the product linearization (row and column sums);
+- ``_partition``: boundary ``j`` is the balanced one moved by at most the space's
+  shift; layer ``l`` belongs to exactly one stage ``s``, with ``B_s <= l < B_{s+1}``;
+- ``_stage_times``: per step and stage, its layers' times (half-reified on
+  membership), the model's ends on the first and last stage, the send of the
+  residual stream after the stage's last layer;
+- ``_memory``: per stage, weights + KV cache of its layers for ``C`` requests + the
+  workspace (at least every chosen option's) + reserve <= HBM; when ``C`` is below the
+  offered requests, some stage overflows at ``C + 1``;
+- ``_objective``: the regime's time (see :mod:`shardlab.costmodel.regimes`) with
+  ``MX >= T_s`` for the bottleneck stage and ``R >= SUM, R >= m * MX`` for rounds;
+  TTFT and TPOT SLOs bound it; minimized (throughput = tokens / time).
+
+Integers are nanoseconds and bytes from the decomposition tables, rounded per entry;
+an optimum is exact within that rounding (relative 1e-5 on the suite). Symmetry:
+options that would shard an axis of size 1 are already absent from the space.
+Status: ``optimal`` only when every subproblem was solved to CP-SAT's proof or
+discarded by a bound; otherwise ``feasible`` with the bound and the relative gap.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from shardlab.costmodel.decompose import IntegerTables, integer_tables
+from shardlab.costmodel.tables import degree_tables
+from shardlab.problems.operators import HEAD_OPS
+from shardlab.problems.plan import Degrees, Plan
+from shardlab.problems.problem import Problem
+from shardlab.problems.space import (
+    MAX_SHIFT,
+    SearchSpace,
+    balanced_boundaries,
+    max_shift,
+    option_valid,
+)
+from shardlab.solvers.base import Outcome, SearchContext, Solver
+from shardlab.solvers.registry import register
+
+ROUNDING = 1e-5  # relative: bounds within this of the incumbent are still solved
+
+CP_STATUS = {
+    cp_model.OPTIMAL: "optimal",
+    cp_model.FEASIBLE: "feasible",
+    cp_model.INFEASIBLE: "infeasible",
+    cp_model.MODEL_INVALID: "model_invalid",
+    cp_model.UNKNOWN: "unknown",
+}
+
+
+# -- regimes as time expressions ----------------------------------------------------
+
+
+def regime_time(
+    problem: Problem,
+    kinds: list[str],
+    m: int,
+    sums: list[Any],
+    maxes: list[Any],
+    maximum: Callable[[Any, Any], Any],
+) -> tuple[Any, Any | None, Any | None]:
+    """(time to minimize, TTFT, TPOT) from per-step stage sums and maxima.
+
+    Mirrors :func:`shardlab.costmodel.regimes.timing`; ``maximum`` is ``max`` for
+    numbers and a fresh bounded variable for CP-SAT expressions.
+    """
+    w = problem.workload
+    o = w.output_len
+    latency = w.objective == "latency"
+    if kinds == ["prefill"] and w.schedule == "static":
+        ttft = sums[0] + (m - 1) * maxes[0]
+        return ttft, ttft, None
+    if kinds == ["prefill"]:
+        ttft = maximum(sums[0], m * maxes[0])
+        return ttft, ttft, None
+    if kinds == ["decode"]:
+        tpot = maximum(sums[0], m * maxes[0])
+        return tpot, None, tpot
+    if kinds == ["prefill", "decode"]:
+        ttft = sums[0] + (m - 1) * maxes[0]
+        tpot = maximum(sums[1], m * maxes[1])
+        return ttft + (o - 1) * tpot, ttft, tpot
+    tpot = maximum(sums[0], m * maxes[0])
+    ttft = tpot + sums[1]
+    return (ttft + (o - 1) * tpot if latency else tpot), ttft, tpot
+
+
+def _tokens(problem: Problem, d: Degrees, per_dp: int) -> float:
+    """K with throughput = K / time in this subproblem (see regimes.timing)."""
+    w = problem.workload
+    bt = degree_tables(problem, d).batching
+    in_flight = min(w.batch, d.replicas * min(bt.per_replica, per_dp * d.dp_attn))
+    inflight = w.schedule == "inflight"
+    if w.phase == "prefill":
+        return (in_flight if inflight else w.batch) * w.input_len
+    if w.phase == "decode":
+        return in_flight if inflight else w.batch
+    return in_flight if inflight else w.batch * w.output_len
+
+
+def objective_of(problem: Problem, d: Degrees, per_dp: int, time_ns: float) -> float:
+    """The workload's objective (higher is better) for a subproblem time in ns."""
+    if time_ns <= 0:
+        return math.inf
+    if problem.workload.objective == "latency":
+        return -time_ns / 1e6
+    thr = _tokens(problem, d, per_dp) / (time_ns / 1e9)
+    if problem.workload.objective == "throughput_per_gpu":
+        return thr / problem.cluster.num_gpus
+    return thr
+
+
+# -- the subproblems and their bounds ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Subproblem:
+    degree_index: int
+    per_dp: int
+    bound: float  # upper bound on the objective of any plan in it
+
+
+def _valid_options(space: SearchSpace, d: Degrees) -> dict[tuple[str, str], list[int]]:
+    """Valid option indices per (layer kind or 'head', operator)."""
+    out: dict[tuple[str, str], list[int]] = {}
+    for g in space.groups:
+        for op in g.ops:
+            key = (g.kind, op.name)
+            if key not in out:
+                out[key] = [i for i, opt in enumerate(op.options) if option_valid(op, opt, d)]
+    return out
+
+
+def _memory_bounds(problem: Problem, d: Degrees, t: IntegerTables) -> tuple[float, float]:
+    """(lowest, highest) memory of the fullest stage over every plan: an equal share of
+    the least memory, and the longest stage of the heaviest layers."""
+    m = problem.model
+    valid = _valid_options(problem.space, d)
+    mem_low = act_low = act_high = 0.0
+    heaviest = 0.0
+    for ci, (kind, _) in enumerate(t.classes):
+        count = sum(
+            1
+            for k, w in zip(m.layer_kinds, m.attention_windows, strict=True)
+            if (k, w) == t.classes[ci]
+        )
+        per_op = [valid[(kind, name)] for name in _op_names(problem.space, kind)]
+        low = high = 0.0
+        for ki, opts in enumerate(per_op):
+            mem = t.weight_bytes[ci, ki, opts] + t.kv_bytes[ci, ki, opts]
+            low += float(mem.min())
+            high += float(mem.max())
+            act_low = max(act_low, float(t.act_bytes[ci, ki, opts].min()))
+            act_high = max(act_high, float(t.act_bytes[ci, ki, opts].max()))
+        mem_low += count * low
+        heaviest = max(heaviest, high)
+    head = [valid[("head", op.name)] for op in HEAD_OPS]
+    for ki, opts in enumerate(head):
+        mem_low += float(t.head_weight_bytes[ki, opts].min())
+        act_low = max(act_low, float(t.head_act_bytes[ki, opts].min()))
+        act_high = max(act_high, float(t.head_act_bytes[ki, opts].max()))
+    head_high = float(sum(t.head_weight_bytes[ki, opts].max() for ki, opts in enumerate(head)))
+    pp = d.pp
+    longest = min(m.num_layers, math.ceil(m.num_layers / pp) + 2 * max_shift(m.num_layers, pp))
+    mem_low_stage = mem_low / pp + act_low + t.reserve_bytes
+    mem_high_stage = longest * heaviest + head_high + act_high + t.reserve_bytes
+    return mem_low_stage, mem_high_stage
+
+
+@lru_cache(maxsize=4096)
+def _combos(lists: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """Every joint choice of options, one row per combination."""
+    return np.array(list(itertools.product(*lists)), dtype=np.int64).reshape(-1, len(lists))
+
+
+def _step_weights(problem: Problem, kinds: list[str]) -> list[float]:
+    """With one pipeline stage the regime's time is linear in the step times."""
+    w = problem.workload
+    if kinds == ["prefill", "decode"]:
+        return [1.0, w.output_len - 1.0]
+    if kinds == ["mixed", "prefill"]:
+        return [float(w.output_len), 1.0] if w.objective == "latency" else [1.0, 0.0]
+    return [1.0]
+
+
+def _time_bound(
+    problem: Problem, d: Degrees, t: IntegerTables, valid: dict[tuple[str, str], list[int]]
+) -> float:
+    """A lower bound on the time of any plan: each layer kind (and the model's ends) at
+    its best joint choice of options, ignoring memory and the pipeline's balance."""
+    m = problem.model
+    kinds = [s.kind for s in t.steps]
+    n_steps = len(kinds)
+    tied = problem.tie == "kind"
+    pp = d.pp
+    weights = np.array(_step_weights(problem, kinds)) if pp == 1 else None
+    layer_units = list(zip(m.layer_kinds, m.attention_windows, strict=True))
+    total = np.zeros(n_steps)
+    for ci, cls in enumerate(t.classes):
+        kind = cls[0]
+        k = t.kinds.index(kind)
+        names = _op_names(problem.space, kind)
+        combos = _combos(tuple(tuple(valid[(kind, n)]) for n in names))
+        cost = np.zeros((n_steps, len(combos)))
+        for ki in range(len(names)):
+            cost += t.op_ns[:, ci, ki][:, combos[:, ki]]
+        for e, (src, dst) in enumerate(t.edges[kind]):
+            cost += t.edge_ns[:, k, e][:, combos[:, src], combos[:, dst]]
+        count = layer_units.count(cls)
+        same = sum(1 for a, b in itertools.pairwise(layer_units) if a == b == cls)
+        if tied:
+            res = combos[:, 0]
+            per_class = count * cost + same * t.inter_ns[:, res, res]
+        else:
+            per_class = count * cost + same * t.inter_ns.reshape(n_steps, -1).min(axis=1)[:, None]
+        if weights is not None:
+            best = int(np.argmin(weights @ per_class))
+            total += per_class[:, best]
+        else:
+            total += per_class.min(axis=1)
+    changes = sum(1 for a, b in itertools.pairwise(layer_units) if a != b)
+    total += changes * t.inter_ns.reshape(n_steps, -1).min(axis=1)
+    heads = _combos(tuple(tuple(valid[("head", op.name)]) for op in HEAD_OPS))
+    cost = np.zeros((n_steps, len(heads)))
+    for ki in range(len(HEAD_OPS)):
+        cost += t.head_ns[:, ki][:, heads[:, ki]]
+    cost += t.emb_first_ns[:, heads[:, 0]].min(axis=2)
+    cost += t.last_fnorm_ns[:, :, heads[:, 1]].min(axis=1)
+    cost += t.fnorm_lm_ns[:, heads[:, 1], heads[:, 2]]
+    cost += t.lm_sampler_ns[:, heads[:, 2], heads[:, 3]]
+    if weights is not None:
+        total += cost[:, int(np.argmin(weights @ cost))]
+    else:
+        total += cost.min(axis=1)
+    time_low, _, _ = regime_time(
+        problem, kinds, min(pp, t.per_dp), list(total), [x / pp for x in total], max
+    )
+    return float(time_low)
+
+
+def _op_names(space: SearchSpace, kind: str) -> list[str]:
+    for g in space.groups:
+        if g.kind == kind:
+            return [op.name for op in g.ops]
+    raise KeyError(kind)
+
+
+def subproblems(problem: Problem) -> tuple[list[Subproblem], int]:
+    """Subproblems that may hold a plan, best bound first; and how many were discarded."""
+    space = problem.space
+    out: list[Subproblem] = []
+    discarded = 0
+    for di, d in enumerate(space.degree_tuples):
+        bt = degree_tables(problem, d).batching
+        top = bt.per_dp_max
+        candidates = list(range(top, 0, -1)) if bt.inflight else [top]
+        valid = _valid_options(space, d)
+        for i, c in enumerate(candidates):
+            t = integer_tables(problem, d, c)
+            mem_low, _ = _memory_bounds(problem, d, t)
+            if mem_low > t.hbm_bytes:
+                discarded += 1
+                continue
+            if c < top:
+                _, mem_high_next = _memory_bounds(problem, d, integer_tables(problem, d, c + 1))
+                if mem_high_next <= t.hbm_bytes:
+                    # Every plan holds c + 1 requests: evaluation never runs one with c.
+                    discarded += len(candidates) - i
+                    break
+            bound = objective_of(problem, d, c, _time_bound(problem, d, t, valid))
+            out.append(Subproblem(di, c, bound))
+    out.sort(key=lambda s: (-s.bound, s.degree_index, -s.per_dp))
+    return out, discarded
+
+
+# -- the model of one subproblem ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubSolution:
+    status: str  # optimal, feasible, infeasible, unknown
+    plan: Plan | None
+    time_ns: float | None  # the objective's time expression at the plan
+    bound_ns: float  # lower bound on the time (CP-SAT's best bound)
+
+
+class SubproblemModel:
+    """The CP-SAT model of one subproblem ``(d, C)`` (see the module docstring)."""
+
+    def __init__(self, problem: Problem, degree_index: int, per_dp: int) -> None:
+        self.problem = problem
+        self.space = problem.space
+        self.m = problem.model
+        self.degree_index = degree_index
+        self.d = self.space.degree_tuples[degree_index]
+        self.per_dp = per_dp
+        bt = degree_tables(problem, self.d).batching
+        self.t = integer_tables(problem, self.d, per_dp)
+        self.t_next = (
+            integer_tables(problem, self.d, per_dp + 1) if per_dp < bt.per_dp_max else None
+        )
+        self.model = cp_model.CpModel()
+        self.steps = len(self.t.steps)
+        self._pair_cache: dict[tuple[int, int], dict[tuple[int, int], cp_model.IntVar]] = {}
+        self._options()
+        self._partition()
+        self._stage_times()
+        self._memory()
+        self._objective()
+
+    # options ----------------------------------------------------------------------------
+
+    def _options(self) -> None:
+        """One Boolean per valid option of each operator of each group; exactly one."""
+        mask = self.space.mask(self.degree_index)
+        self.x: dict[tuple[str, int], dict[int, cp_model.IntVar]] = {}
+        for v, g, op in self.space.option_slots():
+            k = [o.name for o in g.ops].index(op.name)
+            choices = {
+                o: self.model.NewBoolVar(f"x[{g.key}.{op.name}={op.options[o].name}]")
+                for o in np.flatnonzero(mask[v]).tolist()
+            }
+            self.model.AddExactlyOne(choices.values())
+            self.x[(g.key, k)] = choices
+        self.group_of_layer = {}
+        for g in self.space.groups:
+            for layer in g.layers:
+                self.group_of_layer[layer] = g
+        self.classes = {c: i for i, c in enumerate(self.t.classes)}
+
+    def _pairs(
+        self, a: dict[int, cp_model.IntVar], b: dict[int, cp_model.IntVar]
+    ) -> dict[tuple[int, int], cp_model.IntVar]:
+        """Booleans for the pairs of two operators' options, linked by row/column sums."""
+        key = (id(a), id(b))
+        if key in self._pair_cache:
+            return self._pair_cache[key]
+        z = {(i, j): self.model.NewBoolVar("") for i in a for j in b}
+        for i, xi in a.items():
+            self.model.Add(sum(z[(i, j)] for j in b) == xi)
+        for j, xj in b.items():
+            self.model.Add(sum(z[(i, j)] for i in a) == xj)
+        self._pair_cache[key] = z
+        return z
+
+    def _cost(self, x: dict[int, cp_model.IntVar], table: np.ndarray) -> Any:
+        return sum(int(table[o]) * var for o, var in x.items())
+
+    def _pair_cost(self, z: dict[tuple[int, int], cp_model.IntVar], table: np.ndarray) -> Any:
+        return sum(int(table[i, j]) * var for (i, j), var in z.items() if table[i, j])
+
+    # partition ----------------------------------------------------------------------------
+
+    def _partition(self) -> None:
+        """Boundaries within the space's shift; each layer in exactly one stage."""
+        pp, n_layers = self.d.pp, self.m.num_layers
+        base = balanced_boundaries(n_layers, pp)
+        shift = max_shift(n_layers, pp)
+        self.shift_vars = [self.model.NewIntVar(-shift, shift, f"shift{j + 1}") for j in base]
+        bounds = [0, *[b + s for b, s in zip(base, self.shift_vars, strict=True)], n_layers]
+        lo = [0, *[b - shift for b in base], n_layers]
+        hi = [0, *[b + shift for b in base], n_layers]
+        self.bounds = bounds
+        self.member: dict[int, dict[int, Any]] = {}
+        for layer in range(n_layers):
+            stages = [s for s in range(pp) if lo[s] <= layer < hi[s + 1]]
+            if len(stages) == 1:
+                self.member[layer] = {stages[0]: 1}
+                continue
+            ys = {s: self.model.NewBoolVar(f"y[{layer},{s}]") for s in stages}
+            self.model.AddExactlyOne(ys.values())
+            for s, y in ys.items():
+                if s >= 1:
+                    self.model.Add(bounds[s] <= layer).OnlyEnforceIf(y)
+                if s < pp - 1:
+                    self.model.Add(bounds[s + 1] >= layer + 1).OnlyEnforceIf(y)
+            self.member[layer] = ys
+        self.lo, self.hi = lo, hi
+
+    def _on_stage(self, layer: int, stage: int, expr: Any, high: int, name: str) -> Any:
+        """``expr`` if ``layer`` is on ``stage`` else 0 (half-reified when undecided)."""
+        y = self.member[layer].get(stage)
+        if y is None:
+            return 0
+        if isinstance(y, int):
+            return expr
+        w = self.model.NewIntVar(0, max(high, 0), name)
+        self.model.Add(w == expr).OnlyEnforceIf(y)
+        self.model.Add(w == 0).OnlyEnforceIf(y.Not())
+        return w
+
+    # times ----------------------------------------------------------------------------------
+
+    def _residual(self, layer: int) -> dict[int, cp_model.IntVar]:
+        return self.x[(self.group_of_layer[layer].key, 0)]
+
+    def _layer_time(self, layer: int, step: int) -> tuple[Any, int]:
+        """(time expression, an upper bound) of one layer in one step."""
+        g = self.group_of_layer[layer]
+        kind = self.m.layer_kinds[layer]
+        c = self.classes[(kind, self.m.attention_windows[layer])]
+        k = self.t.kinds.index(kind)
+        expr: Any = 0
+        high = 0
+        for ki in range(len(g.ops)):
+            x = self.x[(g.key, ki)]
+            table = self.t.op_ns[step, c, ki]
+            expr += self._cost(x, table)
+            high += int(max(table[o] for o in x))
+        for e, (src, dst) in enumerate(self.t.edges[kind]):
+            z = self._pairs(self.x[(g.key, src)], self.x[(g.key, dst)])
+            table = self.t.edge_ns[step, k, e]
+            expr += self._pair_cost(z, table)
+            high += int(max(table[i, j] for i, j in z))
+        if layer > 0:
+            prev, cur = self._residual(layer - 1), self._residual(layer)
+            table = self.t.inter_ns[step]
+            if prev is cur:
+                expr += sum(int(table[o, o]) * var for o, var in cur.items())
+                high += int(max(table[o, o] for o in cur))
+            else:
+                z = self._pairs(prev, cur)
+                expr += self._pair_cost(z, table)
+                high += int(max(table[i, j] for i, j in z))
+        return expr, high
+
+    def _stage_times(self) -> None:
+        pp, t = self.d.pp, self.t
+        head = [self.x[("head", ki)] for ki in range(len(HEAD_OPS))]
+        first_res, last_res = self._residual(0), self._residual(self.m.num_layers - 1)
+        self.stage_time: list[list[Any]] = []
+        for step in range(self.steps):
+            per_stage: list[Any] = [0] * pp
+            for layer in range(self.m.num_layers):
+                expr, high = self._layer_time(layer, step)
+                for s in self.member[layer]:
+                    per_stage[s] += self._on_stage(layer, s, expr, high, f"t[{step},{layer},{s}]")
+            per_stage[0] += self._cost(head[0], t.head_ns[step, 0])
+            per_stage[0] += self._pair_cost(self._pairs(head[0], first_res), t.emb_first_ns[step])
+            for ki in (1, 2, 3):
+                per_stage[-1] += self._cost(head[ki], t.head_ns[step, ki])
+            per_stage[-1] += self._pair_cost(self._pairs(last_res, head[1]), t.last_fnorm_ns[step])
+            per_stage[-1] += self._pair_cost(self._pairs(head[1], head[2]), t.fnorm_lm_ns[step])
+            per_stage[-1] += self._pair_cost(self._pairs(head[2], head[3]), t.lm_sampler_ns[step])
+            for s in range(pp - 1):
+                per_stage[s] += self._send(s, step)
+            self.stage_time.append(per_stage)
+
+    def _send(self, stage: int, step: int) -> Any:
+        """The p2p send after the stage's last layer, by that layer's residual option."""
+        table = self.t.p2p_ns[step, stage]
+        boundary = self.bounds[stage + 1]
+        candidates = range(self.lo[stage + 1] - 1, self.hi[stage + 1])
+        if len(candidates) == 1:
+            return self._cost(self._residual(candidates[0]), table)
+        key = ("last", stage)
+        if key not in self._pair_cache:  # the same last-layer Booleans serve every step
+            lasts = {}
+            for layer in candidates:
+                last = self.model.NewBoolVar(f"last[{layer},{stage}]")
+                self.model.Add(boundary == layer + 1).OnlyEnforceIf(last)
+                lasts[layer] = last
+            self.model.AddExactlyOne(lasts.values())
+            both = {}
+            for layer, last in lasts.items():
+                for o, x in self._residual(layer).items():
+                    q = self.model.NewBoolVar("")
+                    self.model.AddBoolAnd([last, x]).OnlyEnforceIf(q)
+                    self.model.AddBoolOr([last.Not(), x.Not()]).OnlyEnforceIf(q.Not())
+                    both[(layer, o)] = q
+            self._pair_cache[key] = both  # type: ignore[assignment]
+        both = self._pair_cache[key]  # type: ignore[index]
+        return sum(int(table[o]) * q for (_, o), q in both.items() if table[o])
+
+    # memory ------------------------------------------------------------------------------
+
+    def _memory(self) -> None:
+        t, pp = self.t, self.d.pp
+        head = [self.x[("head", ki)] for ki in range(len(HEAD_OPS))]
+        top_act = int(max(t.act_bytes.max(), t.head_act_bytes.max()))
+        workspace = self.model.NewIntVar(0, top_act, "workspace")
+        stage_mem: list[Any] = [0] * pp
+        stage_more: list[Any] = [0] * pp
+        seen: set[tuple[str, int]] = set()
+        for layer in range(self.m.num_layers):
+            g = self.group_of_layer[layer]
+            kind = self.m.layer_kinds[layer]
+            c = self.classes[(kind, self.m.attention_windows[layer])]
+            mem: Any = 0
+            more: Any = 0
+            high = high_more = 0
+            for ki in range(len(g.ops)):
+                x = self.x[(g.key, ki)]
+                table = t.weight_bytes[c, ki] + t.kv_bytes[c, ki]
+                mem += self._cost(x, table)
+                high += int(max(table[o] for o in x))
+                if self.t_next is not None:
+                    extra = self.t_next.kv_bytes[c, ki] - t.kv_bytes[c, ki]
+                    more += self._cost(x, extra)
+                    high_more += int(max(extra[o] for o in x))
+                if (g.key, c) not in seen:
+                    self.model.Add(workspace >= self._cost(x, t.act_bytes[c, ki]))
+            seen.add((g.key, c))
+            for s in self.member[layer]:
+                stage_mem[s] += self._on_stage(layer, s, mem, high, f"m[{layer},{s}]")
+                if self.t_next is not None:
+                    stage_more[s] += self._on_stage(layer, s, more, high_more, f"dm[{layer},{s}]")
+        for ki, x in enumerate(head):
+            self.model.Add(workspace >= self._cost(x, t.head_act_bytes[ki]))
+        stage_mem[0] += self._cost(head[0], t.head_weight_bytes[0])
+        for ki in (1, 2, 3):
+            stage_mem[-1] += self._cost(head[ki], t.head_weight_bytes[ki])
+        limit = t.hbm_bytes - t.reserve_bytes
+        for s in range(pp):
+            self.model.Add(stage_mem[s] + workspace <= limit)
+        if self.t_next is not None:
+            # C is the most requests the plan holds: some stage overflows with one more.
+            overflow = [self.model.NewBoolVar(f"overflow[{s}]") for s in range(pp)]
+            self.model.AddBoolOr(overflow)
+            for s, flag in enumerate(overflow):
+                self.model.Add(stage_mem[s] + stage_more[s] + workspace >= limit + 1).OnlyEnforceIf(
+                    flag
+                )
+
+    # objective ---------------------------------------------------------------------------
+
+    def _objective(self) -> None:
+        horizon = 10**15
+
+        def maximum(a: Any, b: Any) -> Any:
+            r = self.model.NewIntVar(0, horizon, "")
+            self.model.Add(r >= a)
+            self.model.Add(r >= b)
+            return r
+
+        sums, maxes = [], []
+        for step in range(self.steps):
+            mx = self.model.NewIntVar(0, horizon, f"max_stage[{step}]")
+            for expr in self.stage_time[step]:
+                self.model.Add(mx >= expr)
+            sums.append(sum(self.stage_time[step]))
+            maxes.append(mx)
+        kinds = [s.kind for s in self.t.steps]
+        m = min(self.d.pp, self.per_dp)
+        time_expr, ttft, tpot = regime_time(self.problem, kinds, m, sums, maxes, maximum)
+        w = self.problem.workload
+        if w.ttft_ms is not None and ttft is not None:
+            self.model.Add(ttft <= int(w.ttft_ms * 1e6))
+        if w.tpot_ms is not None and tpot is not None:
+            self.model.Add(tpot <= int(w.tpot_ms * 1e6))
+        self.model.Minimize(time_expr)
+
+    # hints and solutions -------------------------------------------------------------
+
+    def hint(self, plan: Plan) -> None:
+        """Warm-start from ``plan`` (used when it has this subproblem's degrees)."""
+        row = self.space.encode(plan)
+        for v, g, op in self.space.option_slots():
+            k = [o.name for o in g.ops].index(op.name)
+            for o, var in self.x[(g.key, k)].items():
+                self.model.AddHint(var, int(o == row[v]))
+        for j, var in enumerate(self.shift_vars):
+            self.model.AddHint(var, int(row[self.space.first_cut + j]) - MAX_SHIFT)
+
+    def solve(self, seconds: float, workers: int, seed: int) -> SubSolution:
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(seconds, 0.01)
+        solver.parameters.num_workers = workers
+        solver.parameters.random_seed = seed
+        if workers > 1:
+            solver.parameters.interleave_search = True  # deterministic with several workers
+        status = CP_STATUS.get(solver.Solve(self.model), "unknown")
+        if status not in ("optimal", "feasible"):
+            return SubSolution(status, None, None, math.inf if status == "infeasible" else 0.0)
+        row = np.zeros(self.space.n_vars, dtype=np.int64)
+        row[0] = self.degree_index
+        for v, g, op in self.space.option_slots():
+            k = [o.name for o in g.ops].index(op.name)
+            row[v] = next(o for o, var in self.x[(g.key, k)].items() if solver.Value(var))
+        row[self.space.first_cut :] = MAX_SHIFT
+        for j, var in enumerate(self.shift_vars):
+            row[self.space.first_cut + j] = solver.Value(var) + MAX_SHIFT
+        return SubSolution(
+            status, self.space.decode(row), solver.ObjectiveValue(), solver.BestObjectiveBound()
+        )
+
+
+# -- the solver ---------------------------------------------------------------------------
+
+
+@register("cpsat")
+class CpSatSolver(Solver):
+    exact = True
+    description = "CP-SAT over (degrees, concurrency) subproblems: proven optimum"
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = workers or os.cpu_count() or 1
+
+    def _search(self, ctx: SearchContext) -> Outcome:
+        problem, ev = ctx.problem, ctx.evaluator
+        start = time.perf_counter()
+        subs, discarded = subproblems(problem)
+        space = ctx.space
+        hint = self._megatron_hint(ctx)
+        counts = {"solved": 0, "infeasible": 0, "pruned": 0, "unfinished": 0}
+        open_bounds: list[float] = []
+        best = -math.inf
+        for i, sub in enumerate(subs):
+            if sub.bound <= best * (1 + ROUNDING) if best > 0 else sub.bound <= best:
+                counts["pruned"] = len(subs) - i
+                break
+            left = None if ctx.budget.seconds is None else ctx.budget.seconds - ev.elapsed
+            if left is not None and left <= 0:
+                open_bounds += [s.bound for s in subs[i:]]
+                counts["unfinished"] += len(subs) - i
+                break
+            model = SubproblemModel(problem, sub.degree_index, sub.per_dp)
+            if hint is not None and hint.degrees == model.d:
+                model.hint(hint)
+            result = model.solve(left if left is not None else 3600.0, self.workers, ctx.seed)
+            d = space.degree_tuples[sub.degree_index]
+            if result.status == "infeasible":
+                counts["infeasible"] += 1
+                continue
+            if result.status != "optimal":
+                counts["unfinished"] += 1
+                open_bounds.append(
+                    objective_of(problem, d, sub.per_dp, result.bound_ns)
+                    if result.bound_ns
+                    else sub.bound
+                )
+            else:
+                counts["solved"] += 1
+            if result.plan is not None:
+                ev.evaluate_plan(result.plan)
+                best = max(best, ev.best_objective)
+        bound = max([best, *open_bounds]) if open_bounds else best
+        gap = 0.0 if not open_bounds or best <= -math.inf else (bound - best) / abs(bound)
+        proven = not open_bounds
+        return Outcome(
+            proven_optimal=proven and ev.best_code is not None,
+            proven_infeasible=proven and ev.best_code is None,
+            facts={
+                "subproblems": len(subs),
+                "discarded_by_memory_bounds": discarded,
+                **counts,
+                "bound": bound if math.isfinite(bound) else None,
+                "gap": gap,
+                "workers": self.workers,
+                "seconds": time.perf_counter() - start,
+            },
+        )
+
+    def _megatron_hint(self, ctx: SearchContext) -> Plan | None:
+        from shardlab.solvers.megatron import megatron_candidates
+
+        candidates = megatron_candidates(ctx)
+        return ctx.space.megatron_plan(candidates[0]) if candidates else None
