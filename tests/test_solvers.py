@@ -67,7 +67,7 @@ def test_infeasible_problem_is_reported(method: str) -> None:
 @pytest.mark.parametrize("method", [m for m in METHODS if m != "megatron"])
 def test_ctrl_c_returns_the_best_plan_so_far(method: str) -> None:
     def stop(progress) -> None:
-        if progress.evals >= 5:
+        if progress.evals >= 1:
             raise KeyboardInterrupt
 
     r = get_solver(method).solve(SMALL, budget=budget_for(method), seed=0, callback=stop)

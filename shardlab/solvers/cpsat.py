@@ -43,6 +43,7 @@ discarded by a bound; otherwise ``feasible`` with the bound and the relative gap
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -207,7 +208,7 @@ def _combos(lists: tuple[tuple[int, ...], ...]) -> np.ndarray:
 
 
 def _step_weights(problem: Problem, kinds: list[str]) -> list[float]:
-    """With one pipeline stage the regime's time is linear in the step times."""
+    """The regime's time as a weighted sum of step times (exact with one stage)."""
     w = problem.workload
     if kinds == ["prefill", "decode"]:
         return [1.0, w.output_len - 1.0]
@@ -216,19 +217,27 @@ def _step_weights(problem: Problem, kinds: list[str]) -> list[float]:
     return [1.0]
 
 
-def _time_bound(
+def _time_bounds(
     problem: Problem, d: Degrees, t: IntegerTables, valid: dict[tuple[str, str], list[int]]
-) -> float:
-    """A lower bound on the time of any plan: each layer kind (and the model's ends) at
-    its best joint choice of options, ignoring memory and the pipeline's balance."""
+) -> tuple[float, float | None, float | None]:
+    """Lower bounds on (the time to minimize, TTFT, TPOT) of any plan: each layer kind
+    (and the model's ends) at its best joint choice of options, ignoring memory and
+    the pipeline's balance."""
     m = problem.model
     kinds = [s.kind for s in t.steps]
     n_steps = len(kinds)
     tied = problem.tie == "kind"
     pp = d.pp
-    weights = np.array(_step_weights(problem, kinds)) if pp == 1 else None
+    weights = np.array(_step_weights(problem, kinds))
     layer_units = list(zip(m.layer_kinds, m.attention_windows, strict=True))
-    total = np.zeros(n_steps)
+    per_step = np.zeros(n_steps)  # each step at its own best: bounds TTFT and TPOT
+    joint = np.zeros(n_steps)  # one choice for all steps, best for the weighted time
+
+    def add(cost: np.ndarray) -> None:
+        nonlocal per_step, joint
+        per_step = per_step + cost.min(axis=1)
+        joint = joint + cost[:, int(np.argmin(weights @ cost))]
+
     for ci, cls in enumerate(t.classes):
         kind = cls[0]
         k = t.kinds.index(kind)
@@ -243,16 +252,12 @@ def _time_bound(
         same = sum(1 for a, b in itertools.pairwise(layer_units) if a == b == cls)
         if tied:
             res = combos[:, 0]
-            per_class = count * cost + same * t.inter_ns[:, res, res]
+            add(count * cost + same * t.inter_ns[:, res, res])
         else:
-            per_class = count * cost + same * t.inter_ns.reshape(n_steps, -1).min(axis=1)[:, None]
-        if weights is not None:
-            best = int(np.argmin(weights @ per_class))
-            total += per_class[:, best]
-        else:
-            total += per_class.min(axis=1)
+            add(count * cost + same * t.inter_ns.reshape(n_steps, -1).min(axis=1)[:, None])
     changes = sum(1 for a, b in itertools.pairwise(layer_units) if a != b)
-    total += changes * t.inter_ns.reshape(n_steps, -1).min(axis=1)
+    inter = changes * t.inter_ns.reshape(n_steps, -1).min(axis=1)
+    per_step, joint = per_step + inter, joint + inter
     heads = _combos(tuple(tuple(valid[("head", op.name)]) for op in HEAD_OPS))
     cost = np.zeros((n_steps, len(heads)))
     for ki in range(len(HEAD_OPS)):
@@ -261,14 +266,13 @@ def _time_bound(
     cost += t.last_fnorm_ns[:, :, heads[:, 1]].min(axis=1)
     cost += t.fnorm_lm_ns[:, heads[:, 1], heads[:, 2]]
     cost += t.lm_sampler_ns[:, heads[:, 2], heads[:, 3]]
-    if weights is not None:
-        total += cost[:, int(np.argmin(weights @ cost))]
-    else:
-        total += cost.min(axis=1)
-    time_low, _, _ = regime_time(
-        problem, kinds, min(pp, t.per_dp), list(total), [x / pp for x in total], max
-    )
-    return float(time_low)
+    add(cost)
+    m_batches = min(pp, t.per_dp)
+    sums = list(per_step)
+    time_low, ttft, tpot = regime_time(problem, kinds, m_batches, sums, [x / pp for x in sums], max)
+    if pp == 1:  # one stage: the time is linear in the steps, the joint bound is tighter
+        time_low = max(time_low, float(weights @ joint))
+    return float(time_low), ttft, tpot
 
 
 def _op_names(space: SearchSpace, kind: str) -> list[str]:
@@ -278,8 +282,17 @@ def _op_names(space: SearchSpace, kind: str) -> list[str]:
     raise KeyError(kind)
 
 
+def _misses_slo(problem: Problem, ttft_ns: float | None, tpot_ns: float | None) -> bool:
+    w = problem.workload
+    if w.ttft_ms is not None and ttft_ns is not None and ttft_ns > w.ttft_ms * 1e6:
+        return True
+    return w.tpot_ms is not None and tpot_ns is not None and tpot_ns > w.tpot_ms * 1e6
+
+
 def subproblems(problem: Problem) -> tuple[list[Subproblem], int]:
-    """Subproblems that may hold a plan, best bound first; and how many were discarded."""
+    """Subproblems that may hold a plan, best bound first; and how many were discarded
+    (no plan fits the memory, every plan holds more requests, or the SLOs are out of
+    reach even at the time bound)."""
     space = problem.space
     out: list[Subproblem] = []
     discarded = 0
@@ -300,8 +313,11 @@ def subproblems(problem: Problem) -> tuple[list[Subproblem], int]:
                     # Every plan holds c + 1 requests: evaluation never runs one with c.
                     discarded += len(candidates) - i
                     break
-            bound = objective_of(problem, d, c, _time_bound(problem, d, t, valid))
-            out.append(Subproblem(di, c, bound))
+            time_low, ttft_low, tpot_low = _time_bounds(problem, d, t, valid)
+            if _misses_slo(problem, ttft_low, tpot_low):
+                discarded += 1
+                continue
+            out.append(Subproblem(di, c, objective_of(problem, d, c, time_low)))
     out.sort(key=lambda s: (-s.bound, s.degree_index, -s.per_dp))
     return out, discarded
 
@@ -670,12 +686,14 @@ class CpSatSolver(Solver):
         bound = max([best, *open_bounds]) if open_bounds else best
         gap = 0.0 if not open_bounds or best <= -math.inf else (bound - best) / abs(bound)
         proven = not open_bounds
+        if ev.best_code is None:
+            self._diagnose(ctx)
         return Outcome(
             proven_optimal=proven and ev.best_code is not None,
             proven_infeasible=proven and ev.best_code is None,
             facts={
                 "subproblems": len(subs),
-                "discarded_by_memory_bounds": discarded,
+                "discarded_by_bounds": discarded,
                 **counts,
                 "bound": bound if math.isfinite(bound) else None,
                 "gap": gap,
@@ -683,6 +701,17 @@ class CpSatSolver(Solver):
                 "seconds": time.perf_counter() - start,
             },
         )
+
+    def _diagnose(self, ctx: SearchContext) -> None:
+        """No plan exists: price a few (Megatron's and a sample) so the message can say
+        which constraint they all miss, and by how much."""
+        from shardlab.solvers.evaluator import BudgetExhausted
+        from shardlab.solvers.megatron import megatron_candidates
+
+        codes = [ctx.space.encode(ctx.space.megatron_plan(d)) for d in megatron_candidates(ctx)]
+        codes += list(ctx.space.sample(64, seed=ctx.seed))
+        with contextlib.suppress(BudgetExhausted):
+            ctx.evaluator.evaluate(np.array(codes))
 
     def _megatron_hint(self, ctx: SearchContext) -> Plan | None:
         from shardlab.solvers.megatron import megatron_candidates

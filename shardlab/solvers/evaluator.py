@@ -193,7 +193,11 @@ class Evaluator:
         w = self.problem.workload
         if self.n_evals == 0:
             return "no plan was evaluated; raise the budget"
-        scope = "no plan in the space" if proven else f"none of the {self.n_evals} plans tried"
+        scope = (
+            f"no plan in the space (proven; {self.n_evals} priced for this message)"
+            if proven
+            else f"none of the {self.n_evals} plans tried"
+        )
         hints = []
         if self._violation_counts["memory"] == self.n_evals:
             hints.append(
@@ -203,12 +207,14 @@ class Evaluator:
             )
         if w.tpot_ms is not None and self._violation_counts["tpot_slo"] == self.n_evals:
             hints.append(
-                f"meets TPOT <= {w.tpot_ms:g} ms (fastest {self._closest['tpot_ms']:.2f} ms): "
+                f"meets TPOT <= {w.tpot_ms:g} ms "
+                f"(fastest priced {self._closest['tpot_ms']:.2f} ms): "
                 "relax --tpot-ms or lower the batch"
             )
         if w.ttft_ms is not None and self._violation_counts["ttft_slo"] == self.n_evals:
             hints.append(
-                f"meets TTFT <= {w.ttft_ms:g} ms (fastest {self._closest['ttft_ms']:.1f} ms): "
+                f"meets TTFT <= {w.ttft_ms:g} ms "
+                f"(fastest priced {self._closest['ttft_ms']:.1f} ms): "
                 "relax --ttft-ms or shorten the prompt"
             )
         if not hints:
