@@ -261,19 +261,22 @@ def plot_convergence(path: Path, results: list[dict[str, Any]], rows: list[dict[
     fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.4 * nrows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, inst in zip(axes.flat, instances, strict=False):
+        runs_here = [r for r in results if r["instance"] == inst]
+        # Every run is drawn to the panel's last evaluation, so a method that stopped
+        # early (CP-SAT, the one-plan Megatron baseline) shows where it ended.
+        right = max([2, *(r["n_evals"] for r in runs_here)])
         for mi, method in enumerate(methods):
-            for run in (r for r in results if r["instance"] == inst and r["method"] == method):
+            for run in (r for r in runs_here if r["method"] == method):
                 pts = [(e, quality(v, best[inst])) for e, _, v in run["history"]]
                 if not pts:
                     continue
-                xs = [p[0] for p in pts] + [max(run["n_evals"], pts[-1][0])]
-                ys = [p[1] for p in pts] + [pts[-1][1]]
                 ax.step(
-                    xs,
-                    ys,
+                    [p[0] for p in pts] + [right],
+                    [p[1] for p in pts] + [pts[-1][1]],
                     where="post",
                     color=colors[mi % len(colors)],
                     alpha=0.8,
+                    linestyle="--" if method == "megatron" else "-",
                     label=method if run["seed"] == 0 else None,
                 )
         ax.set_xscale("log")

@@ -654,6 +654,7 @@ class CpSatSolver(Solver):
         counts = {"solved": 0, "infeasible": 0, "pruned": 0, "unfinished": 0}
         open_bounds: list[float] = []
         best = -math.inf
+        cp_objective = None  # CP-SAT's own objective value of the best plan
         for i, sub in enumerate(subs):
             if sub.bound <= best * (1 + ROUNDING) if best > 0 else sub.bound <= best:
                 counts["pruned"] = len(subs) - i
@@ -680,9 +681,12 @@ class CpSatSolver(Solver):
                 )
             else:
                 counts["solved"] += 1
-            if result.plan is not None:
+            if result.plan is not None and result.time_ns is not None:
+                before = ev.best_objective
                 ev.evaluate_plan(result.plan)
                 best = max(best, ev.best_objective)
+                if ev.best_objective > before:
+                    cp_objective = objective_of(problem, d, sub.per_dp, result.time_ns)
         bound = max([best, *open_bounds]) if open_bounds else best
         gap = 0.0 if not open_bounds or best <= -math.inf else (bound - best) / abs(bound)
         proven = not open_bounds
@@ -695,6 +699,7 @@ class CpSatSolver(Solver):
                 "subproblems": len(subs),
                 "discarded_by_bounds": discarded,
                 **counts,
+                "cp_objective": cp_objective,
                 "bound": bound if math.isfinite(bound) else None,
                 "gap": gap,
                 "workers": self.workers,

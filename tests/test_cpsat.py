@@ -1,0 +1,78 @@
+"""CP-SAT is the yardstick: its optimum is exact (within the tables' rounding)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardlab import Problem
+from shardlab.problems.suite import get_suite
+from shardlab.solvers import Budget, available_solvers, solve
+
+SMALL = [i.name for i in get_suite("small")]
+MEDIUM = [i.name for i in get_suite("medium")]
+INSTANCES = {i.name: i for i in (*get_suite("small"), *get_suite("medium"))}
+ROUNDING = 1e-4  # documented in shardlab.costmodel.decompose (ns per table entry)
+
+
+def _cpsat(name: str):
+    return solve(INSTANCES[name].problem(), "cpsat", budget=Budget(max_evals=None, seconds=300))
+
+
+@pytest.mark.parametrize("name", SMALL[:3])
+def test_reported_objective_is_the_cost_model(name: str) -> None:
+    r = _cpsat(name)
+    assert r.status == "optimal"
+    assert r.facts["cp_objective"] == pytest.approx(r.metrics.objective, rel=ROUNDING)
+    assert r.facts["gap"] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SMALL)
+def test_equals_exhaustive_on_small_instances(name: str) -> None:
+    problem = INSTANCES[name].problem()
+    exact = solve(problem, "cpsat", budget=Budget(max_evals=None, seconds=300))
+    truth = solve(problem, "exhaustive", budget=Budget(max_evals=None))
+    assert exact.status == truth.status == "optimal"
+    assert exact.metrics.objective == pytest.approx(truth.metrics.objective, rel=ROUNDING)
+    assert exact.facts["cp_objective"] == pytest.approx(exact.metrics.objective, rel=ROUNDING)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SMALL + MEDIUM)
+def test_no_registered_method_beats_cpsat(name: str) -> None:
+    problem = INSTANCES[name].problem()
+    exact = _cpsat(name)
+    assert exact.status == "optimal", exact.facts
+    assert exact.facts["cp_objective"] == pytest.approx(exact.metrics.objective, rel=ROUNDING)
+    for method in available_solvers():
+        if method in ("cpsat", "exhaustive"):
+            continue
+        r = solve(problem, method, budget=Budget(max_evals=500, seconds=120), seed=2)
+        if r.metrics is not None and r.metrics.feasible:
+            assert r.metrics.objective <= exact.metrics.objective * (1 + ROUNDING), method
+
+
+def test_infeasible_slo_is_proven_and_named() -> None:
+    problem = Problem.build("llama-3.1-8b", "h100x2", "chat", tpot_ms=0.2)
+    r = solve(problem, "cpsat")
+    assert r.status == "infeasible"
+    assert r.message.startswith("no plan in the space")
+    assert "TPOT <= 0.2 ms" in r.message
+
+
+def test_same_seed_same_plan_with_two_workers() -> None:
+    from shardlab.solvers import get_solver
+
+    problem = INSTANCES["mixtral8x7b-h100x4-chat"].problem()
+    a = get_solver("cpsat", workers=2).solve(problem, seed=5)
+    b = get_solver("cpsat", workers=2).solve(problem, seed=5)
+    assert a.plan == b.plan and a.status == b.status == "optimal"
+
+
+def test_time_limit_reports_bound_and_gap() -> None:
+    problem = INSTANCES["llama70b-h100x8-chat"].problem()
+    r = solve(problem, "cpsat", budget=Budget(max_evals=None, seconds=0.5))
+    assert r.status in ("feasible", "optimal", "infeasible")
+    if r.status == "feasible":
+        assert r.facts["bound"] >= r.metrics.objective
+        assert 0 <= r.facts["gap"] <= 1
