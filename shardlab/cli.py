@@ -189,24 +189,31 @@ def space(problem: Problem, fmt: FormatOpt = Format.table) -> None:
     out.print(f"  plans, options chosen per layer:    10^{sizes['layer']:.1f}")
 
 
-@app.command()
-@problem_command
-@plan_command
-def evaluate(problem: Problem, plan: Plan, fmt: FormatOpt = Format.table) -> None:
-    """Score one plan: throughput, latency, memory, feasibility."""
+def _report(problem: Problem, plan: Plan, fmt: Format, *, top: int | None) -> None:
+    """A plan's metrics (and, with ``top``, its breakdown) as tables or JSON."""
     metrics = cost_evaluate(problem, plan)
     if fmt is Format.json:
         emit_json(
             {
                 "problem": problem_json(problem),
                 "plan": plan_json(problem, plan),
-                **metrics.to_dict(),
+                **metrics.to_dict(breakdown=top is not None),
             }
         )
         return
     out.print(f"[bold]{problem.name}[/]: {problem.workload.describe()}")
     print_plan(problem, plan)
     print_metrics(metrics)
+    if top is not None:
+        print_breakdown(metrics, top=top)
+
+
+@app.command()
+@problem_command
+@plan_command
+def evaluate(problem: Problem, plan: Plan, fmt: FormatOpt = Format.table) -> None:
+    """Score one plan: throughput, latency, memory, feasibility."""
+    _report(problem, plan, fmt, top=None)
 
 
 @app.command()
@@ -219,20 +226,7 @@ def explain(
     top: Annotated[int, typer.Option(help="Rows per table.")] = 15,
 ) -> None:
     """Where one plan's time and memory go, operator by operator, largest first."""
-    metrics = cost_evaluate(problem, plan)
-    if fmt is Format.json:
-        emit_json(
-            {
-                "problem": problem_json(problem),
-                "plan": plan_json(problem, plan),
-                **metrics.to_dict(breakdown=True),
-            }
-        )
-        return
-    out.print(f"[bold]{problem.name}[/]: {problem.workload.describe()}")
-    print_plan(problem, plan)
-    print_metrics(metrics)
-    print_breakdown(metrics, top=top)
+    _report(problem, plan, fmt, top=top)
 
 
 # -- solving -----------------------------------------------------------------------------

@@ -6,14 +6,17 @@ cache fits, which evaluation chooses), fix every table of the cost model
 (:mod:`shardlab.costmodel.decompose`). The search therefore splits into subproblems
 ``(d, C)`` enumerated outside CP-SAT: inside one, the objective is linear in Boolean
 choices, whereas ``C`` enters every table non-linearly and ``d`` changes which
-options exist. Enumeration also lets cheap bounds discard most subproblems before
-any model is built (measured: see the closing note of the issue and the benchmark).
+options exist. Degree Booleans inside one model were not built: ``C`` would still be
+enumerated, and the model would be the union of the subproblems' models without the
+bounds that separate them. Measured on the suite (``tests/test_benchmarks.py``), the
+bounds below leave 1 to 8 subproblems to solve out of 4 to 1,480.
 
 Subproblems are visited in decreasing order of an upper bound on their objective
-(every operator and edge at its cheapest valid option, ignoring consistency and
-memory) and skipped once the bound cannot beat the incumbent. Memory bounds discard
-the ``(d, C)`` no plan can have: ``C`` requests fit for no plan, or every plan fits
-``C + 1`` (then evaluation would run it with more).
+(each layer kind and the model's ends at their best joint choice of options,
+enumerated with numpy, ignoring memory and the pipeline's balance) and skipped once
+the bound cannot beat the incumbent. Bounds also discard the ``(d, C)`` no plan can
+have: ``C`` requests fit for no plan, every plan fits ``C + 1`` (then evaluation would
+run it with more), or even the time bound misses an SLO.
 
 The model of one subproblem, one method per family of constraints:
 
@@ -30,6 +33,7 @@ The model of one subproblem, one method per family of constraints:
 - ``_memory``: per stage, weights + KV cache of its layers for ``C`` requests + the
   workspace (at least every chosen option's) + reserve <= HBM; when ``C`` is below the
   offered requests, some stage overflows at ``C + 1``;
+- (a solution callback hands every improving solution to the evaluator as found);
 - ``_objective``: the regime's time (see :mod:`shardlab.costmodel.regimes`) with
   ``MX >= T_s`` for the bottleneck stage and ``R >= SUM, R >= m * MX`` for rounds;
   TTFT and TPOT SLOs bound it; minimized (throughput = tokens / time).
@@ -69,6 +73,7 @@ from shardlab.problems.space import (
     option_valid,
 )
 from shardlab.solvers.base import Outcome, SearchContext, Solver
+from shardlab.solvers.evaluator import BudgetExhausted
 from shardlab.solvers.registry import register
 
 ROUNDING = 1e-5  # relative: bounds within this of the incumbent are still solved
@@ -611,27 +616,55 @@ class SubproblemModel:
         for j, var in enumerate(self.shift_vars):
             self.model.AddHint(var, int(row[self.space.first_cut + j]) - MAX_SHIFT)
 
-    def solve(self, seconds: float, workers: int, seed: int) -> SubSolution:
+    def row(self, value: Callable[[Any], int]) -> np.ndarray:
+        """The encoding of the solution whose variable values ``value`` reads."""
+        row = np.zeros(self.space.n_vars, dtype=np.int64)
+        row[0] = self.degree_index
+        for v, g, op in self.space.option_slots():
+            k = [o.name for o in g.ops].index(op.name)
+            row[v] = next(o for o, var in self.x[(g.key, k)].items() if value(var))
+        row[self.space.first_cut :] = MAX_SHIFT
+        for j, var in enumerate(self.shift_vars):
+            row[self.space.first_cut + j] = value(var) + MAX_SHIFT
+        return row
+
+    def solve(
+        self, seconds: float, workers: int, seed: int, on_plan: Callable[[Plan], None]
+    ) -> SubSolution:
+        """Solve; every improving solution is passed to ``on_plan`` as it is found (the
+        history and the progress bar). ``on_plan`` may raise ``BudgetExhausted``: the
+        search then stops and the exception is raised again here."""
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(seconds, 0.01)
         solver.parameters.num_workers = workers
         solver.parameters.random_seed = seed
         if workers > 1:
             solver.parameters.interleave_search = True  # deterministic with several workers
-        status = CP_STATUS.get(solver.Solve(self.model), "unknown")
+        callback = _Incumbents(self, on_plan)
+        status = CP_STATUS.get(solver.Solve(self.model, callback), "unknown")
+        if callback.stopped is not None:
+            raise callback.stopped
         if status not in ("optimal", "feasible"):
             return SubSolution(status, None, None, math.inf if status == "infeasible" else 0.0)
-        row = np.zeros(self.space.n_vars, dtype=np.int64)
-        row[0] = self.degree_index
-        for v, g, op in self.space.option_slots():
-            k = [o.name for o in g.ops].index(op.name)
-            row[v] = next(o for o, var in self.x[(g.key, k)].items() if solver.Value(var))
-        row[self.space.first_cut :] = MAX_SHIFT
-        for j, var in enumerate(self.shift_vars):
-            row[self.space.first_cut + j] = solver.Value(var) + MAX_SHIFT
-        return SubSolution(
-            status, self.space.decode(row), solver.ObjectiveValue(), solver.BestObjectiveBound()
-        )
+        plan = self.space.decode(self.row(solver.Value))
+        return SubSolution(status, plan, solver.ObjectiveValue(), solver.BestObjectiveBound())
+
+
+class _Incumbents(cp_model.CpSolverSolutionCallback):
+    """Hands every solution CP-SAT finds to the evaluator while the search runs."""
+
+    def __init__(self, model: SubproblemModel, on_plan: Callable[[Plan], None]) -> None:
+        super().__init__()
+        self.model = model
+        self.on_plan = on_plan
+        self.stopped: BudgetExhausted | None = None
+
+    def on_solution_callback(self) -> None:
+        try:
+            self.on_plan(self.model.space.decode(self.model.row(self.Value)))
+        except BudgetExhausted as exc:
+            self.stopped = exc
+            self.StopSearch()
 
 
 # -- the solver ---------------------------------------------------------------------------
@@ -667,7 +700,18 @@ class CpSatSolver(Solver):
             model = SubproblemModel(problem, sub.degree_index, sub.per_dp)
             if hint is not None and hint.degrees == model.d:
                 model.hint(hint)
-            result = model.solve(left if left is not None else 3600.0, self.workers, ctx.seed)
+            before = ev.best_objective
+            try:
+                result = model.solve(
+                    left if left is not None else 3600.0,
+                    self.workers,
+                    ctx.seed,
+                    ev.evaluate_plan,
+                )
+            except BudgetExhausted:
+                open_bounds += [s.bound for s in subs[i:]]
+                counts["unfinished"] += len(subs) - i
+                break
             d = space.degree_tuples[sub.degree_index]
             if result.status == "infeasible":
                 counts["infeasible"] += 1
@@ -682,10 +726,9 @@ class CpSatSolver(Solver):
             else:
                 counts["solved"] += 1
             if result.plan is not None and result.time_ns is not None:
-                before = ev.best_objective
                 ev.evaluate_plan(result.plan)
-                best = max(best, ev.best_objective)
                 if ev.best_objective > before:
+                    best = ev.best_objective
                     cp_objective = objective_of(problem, d, sub.per_dp, result.time_ns)
         bound = max([best, *open_bounds]) if open_bounds else best
         gap = 0.0 if not open_bounds or best <= -math.inf else (bound - best) / abs(bound)
@@ -710,7 +753,6 @@ class CpSatSolver(Solver):
     def _diagnose(self, ctx: SearchContext) -> None:
         """No plan exists: price a few (Megatron's and a sample) so the message can say
         which constraint they all miss, and by how much."""
-        from shardlab.solvers.evaluator import BudgetExhausted
         from shardlab.solvers.megatron import megatron_candidates
 
         codes = [ctx.space.encode(ctx.space.megatron_plan(d)) for d in megatron_candidates(ctx)]

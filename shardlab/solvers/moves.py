@@ -17,6 +17,18 @@ def random_values(
     return scores.argmax(axis=1)
 
 
+def _new_degrees(
+    space: SearchSpace, codes: np.ndarray, rng: np.random.Generator, rate: float
+) -> np.ndarray:
+    """Give each row a new random degree tuple with probability ``rate`` (in place),
+    repairing the values it invalidates; return which rows changed."""
+    changed = rng.random(len(codes)) < rate
+    if changed.any():
+        codes[changed, 0] = rng.integers(0, space.num_degree_tuples, int(changed.sum()))
+        codes[changed] = space.repair(codes[changed])
+    return changed
+
+
 def mutate(
     space: SearchSpace,
     codes: np.ndarray,
@@ -29,10 +41,7 @@ def mutate(
     ``degree_rate``) to a random valid value; a changed degree tuple repairs the rest."""
     out = codes.copy()
     n, v = out.shape
-    new_degree = rng.random(n) < degree_rate
-    if new_degree.any():
-        out[new_degree, 0] = rng.integers(0, space.num_degree_tuples, int(new_degree.sum()))
-        out[new_degree] = space.repair(out[new_degree])
+    _new_degrees(space, out, rng, degree_rate)
     flips = rng.random((n, v - 1)) < rate
     rows, cols = np.nonzero(flips)
     if len(rows):
@@ -46,11 +55,8 @@ def one_move(
 ) -> np.ndarray:
     """Change exactly one variable per row (the degree tuple with ``degree_rate``)."""
     out = codes.copy()
-    n, v = out.shape
-    new_degree = rng.random(n) < degree_rate
-    if new_degree.any():
-        out[new_degree, 0] = rng.integers(0, space.num_degree_tuples, int(new_degree.sum()))
-        out[new_degree] = space.repair(out[new_degree])
+    v = out.shape[1]
+    new_degree = _new_degrees(space, out, rng, degree_rate)
     rows = np.flatnonzero(~new_degree)
     if len(rows):
         cols = rng.integers(1, v, len(rows))
