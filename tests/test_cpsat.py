@@ -49,7 +49,8 @@ def test_no_registered_method_beats_cpsat(name: str) -> None:
             continue
         r = solve(problem, method, budget=Budget(max_evals=500, seconds=120), seed=2)
         if r.metrics is not None and r.metrics.feasible:
-            assert r.metrics.objective <= exact.metrics.objective * (1 + ROUNDING), method
+            best = exact.metrics.objective
+            assert r.metrics.objective <= best + ROUNDING * abs(best), method
 
 
 def test_infeasible_slo_is_proven_and_named() -> None:

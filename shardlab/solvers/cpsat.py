@@ -689,7 +689,7 @@ class CpSatSolver(Solver):
         best = -math.inf
         cp_objective = None  # CP-SAT's own objective value of the best plan
         for i, sub in enumerate(subs):
-            if sub.bound <= best * (1 + ROUNDING) if best > 0 else sub.bound <= best:
+            if math.isfinite(best) and sub.bound <= best + ROUNDING * abs(best):
                 counts["pruned"] = len(subs) - i
                 break
             left = None if ctx.budget.seconds is None else ctx.budget.seconds - ev.elapsed
