@@ -53,7 +53,9 @@ def test_respects_its_budget(method: str) -> None:
 def test_same_seed_same_plan(method: str, results) -> None:
     again = solve(SMALL, method, budget=budget_for(method), seed=3)
     assert again.plan == results[method].plan
-    assert again.n_evals == results[method].n_evals
+    assert again.metrics == results[method].metrics
+    if method != "cpsat":  # CP-SAT's parallel workers report intermediate solutions by timing
+        assert again.n_evals == results[method].n_evals
 
 
 @pytest.mark.parametrize("method", METHODS)
