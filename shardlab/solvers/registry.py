@@ -30,10 +30,9 @@ def register(name: str) -> Callable[[type[Solver]], type[Solver]]:
     """Class decorator: make a :class:`Solver` available as ``name``."""
 
     def decorate(cls: type[Solver]) -> type[Solver]:
-        if name in _REGISTERED:
-            raise ValueError(
-                f"solver name {name!r} is already registered by {_REGISTERED[name].__module__}"
-            )
+        owner = _REGISTERED[name].__module__ if name in _REGISTERED else BUILTIN.get(name)
+        if owner is not None and (name in _REGISTERED or cls.__module__ != owner):
+            raise ValueError(f"solver name {name!r} is already registered by {owner}")
         if not (isinstance(cls, type) and issubclass(cls, Solver)):
             raise TypeError(f"{cls!r} is not a shardlab Solver subclass")
         cls.name = name
@@ -52,8 +51,8 @@ def available_solvers() -> list[str]:
     return sorted(set(BUILTIN) | set(_REGISTERED) | set(_entry_points()))
 
 
-def get_solver(name: str, **options: object) -> Solver:
-    """A fresh instance of the solver called ``name``, with method-specific options."""
+def solver_class(name: str) -> type[Solver]:
+    """The solver class registered as ``name``, importing or loading it if needed."""
     if name not in _REGISTERED:
         if name in BUILTIN:
             importlib.import_module(BUILTIN[name])
@@ -66,8 +65,9 @@ def get_solver(name: str, **options: object) -> Solver:
             loaded = ep.load()  # type: ignore[attr-defined]
             if name not in _REGISTERED:
                 register(name)(loaded)
-    return _REGISTERED[name](**options)
+    return _REGISTERED[name]
 
 
-def solver_class(name: str) -> type[Solver]:
-    return type(get_solver(name))
+def get_solver(name: str, **options: object) -> Solver:
+    """A fresh instance of the solver called ``name``, with method-specific options."""
+    return solver_class(name)(**options)
