@@ -262,6 +262,14 @@ def solve(
     workers: Annotated[
         int | None, typer.Option(min=1, help="Search workers (cpsat; default: all cores).")
     ] = None,
+    sampler: Annotated[
+        str | None, typer.Option(help="optuna: tpe (default), gp, random or nsga2.")
+    ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(help="optuna: a storage URL (sqlite:///study.db, postgresql://...)."),
+    ] = None,
+    study: Annotated[str | None, typer.Option(help="optuna: the study name.")] = None,
     out_file: Annotated[
         str | None, typer.Option("--out", help="Write the best plan here (JSON).")
     ] = None,
@@ -271,7 +279,9 @@ def solve(
     from shardlab.solvers import Budget
     from shardlab.solvers.registry import get_solver
 
-    options = _solver_options(method, workers=workers)
+    options = _solver_options(
+        method, workers=workers, sampler=sampler, storage=storage, study=study
+    )
     solver = get_solver(method, **options)
     if max_evals is None and time_limit is None:
         budget = Budget() if not solver.exact else Budget(max_evals=None, seconds=600.0)

@@ -193,3 +193,43 @@ def test_evaluate_bad_degrees_exit_2(extra: list[str], needle: str, capsys, monk
     )
     assert code == 2, err
     assert needle in err
+
+
+def test_solve_json_with_method_options(tmp_path: Path, capsys, monkeypatch) -> None:
+    out_file = tmp_path / "plan.json"
+    args = [
+        "solve",
+        "--method",
+        "optuna",
+        "--sampler",
+        "random",
+        "--max-evals",
+        "20",
+        "--model",
+        "llama-3.1-8b",
+        "--cluster",
+        "h100x2",
+        "--format",
+        "json",
+        "--out",
+        str(out_file),
+    ]
+    code, out, _ = run_cli(args, capsys, monkeypatch)
+    assert code == 0
+    data = json.loads(out)
+    for key in (
+        "method",
+        "seed",
+        "status",
+        "n_evals",
+        "wall_s",
+        "metrics",
+        "plan",
+        "history",
+        "baseline",
+    ):
+        assert key in data
+    assert data["n_evals"] <= 20 and data["baseline"]["method"] == "megatron"
+    assert json.loads(out_file.read_text())["schema"] == "shardlab.plan/1"
+    code, _, err = run_cli(["solve", "--method", "random", "--sampler", "tpe"], capsys, monkeypatch)
+    assert code == 2 and "--sampler does not apply" in err

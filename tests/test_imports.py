@@ -11,3 +11,17 @@ def test_cli_does_not_import_torch() -> None:
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_solve_cpsat_does_not_import_torch() -> None:
+    code = (
+        "import sys\n"
+        "from shardlab.cli import main\n"
+        "sys.argv = ['shardlab', 'solve', '--method', 'cpsat', '--model', 'llama-3.1-8b',"
+        " '--cluster', 'h100x2', '--format', 'json']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "sys.exit(3 if 'torch' in sys.modules else 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert '"status": "optimal"' in proc.stdout

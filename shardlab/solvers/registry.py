@@ -21,6 +21,7 @@ BUILTIN: dict[str, str] = {
     "genetic": "shardlab.solvers.genetic",
     "exhaustive": "shardlab.solvers.exhaustive",
     "cpsat": "shardlab.solvers.cpsat",
+    "optuna": "shardlab.solvers.optuna_search",
 }
 
 _REGISTERED: dict[str, type[Solver]] = {}

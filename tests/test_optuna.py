@@ -1,0 +1,324 @@
+"""The Optuna solver: the registry checks every solver passes, its parameter layout,
+constraints, resumption after SIGKILL (SQLite) and two workers on one study
+(PostgreSQL, from ``SHARDLAB_TEST_POSTGRES_URL``; .ci/run starts a server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+from optuna.trial import FixedTrial, TrialState
+
+import shardlab.solvers.optuna_search as optuna_search
+from shardlab import Problem, ShardlabError
+from shardlab.costmodel import evaluate, evaluate_batch
+from shardlab.problems.suite import get_instance
+from shardlab.solvers import Budget, available_solvers, get_solver
+from shardlab.solvers.optuna_search import Layout, OptunaSolver, default_study_name
+
+SMALL = get_instance("llama8b-h100x2-chat").problem()
+BUDGET = 150
+POSTGRES_ENV = "SHARDLAB_TEST_POSTGRES_URL"
+
+
+def run(problem: Problem = SMALL, budget: Budget | None = None, seed: int = 3, **options):
+    budget = budget or Budget(max_evals=BUDGET, seconds=120)
+    return get_solver("optuna", **options).solve(problem, budget=budget, seed=seed)
+
+
+def complete_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+@pytest.fixture(scope="module")
+def result():
+    return run()
+
+
+# -- the checks of tests/test_solvers.py -----------------------------------------------
+
+
+def test_registered() -> None:
+    assert "optuna" in available_solvers()
+    assert isinstance(get_solver("optuna"), OptunaSolver)
+    with pytest.raises(ShardlabError, match="sampler"):
+        get_solver("optuna", sampler="cmaes")
+
+
+def test_returns_feasible_plan_whose_metrics_are_the_cost_model(result) -> None:
+    assert result.status in ("feasible", "optimal"), result.message
+    assert result.plan is not None and result.metrics == evaluate(SMALL, result.plan)
+    assert result.metrics.feasible
+    SMALL.space.encode(result.plan)
+    assert result.n_evals == BUDGET
+    assert result.history[-1].best == pytest.approx(result.metrics.objective)
+    evals = [h.evals for h in result.history]
+    assert evals == sorted(evals)
+    assert result.facts["sampler"] == "tpe" and result.facts["storage"] == "memory"
+
+
+def test_same_seed_same_plan(result) -> None:
+    again = run()
+    assert again.plan == result.plan and again.n_evals == result.n_evals
+    assert again.facts == result.facts
+    assert [h.evals for h in again.history] == [h.evals for h in result.history]
+
+
+def test_respects_its_budget() -> None:
+    r = run(budget=Budget(max_evals=37), seed=0)
+    assert r.n_evals <= 37 and r.status in ("feasible", "optimal", "infeasible")
+    start = time.perf_counter()
+    r = run(budget=Budget(max_evals=None, seconds=1.0), seed=0)
+    assert r.status == "feasible" and time.perf_counter() - start < 5
+    assert r.wall_s < 2.0
+
+
+def test_infeasible_problem_is_reported() -> None:
+    problem = Problem.build("llama-3.1-70b", "h100x4", "chat", tpot_ms=0.5)
+    storage = optuna.storages.InMemoryStorage()
+    r = run(problem, Budget(max_evals=60, seconds=120), seed=0, storage=storage)
+    assert r.status == "infeasible"
+    assert "TPOT" in r.message and "--tpot-ms" in r.message
+    # Told to Optuna as violated constraints with the real objective, not a fake value.
+    study = optuna.load_study(study_name=default_study_name(problem), storage=storage)
+    for t in complete_trials(study):
+        assert t.constraints["tpot"] > 0
+        code = np.array(t.user_attrs["code"])
+        assert t.value == pytest.approx(evaluate_batch(problem, code[None]).objective[0])
+    assert r.facts["study_best_value"] is None
+
+
+def test_ctrl_c_returns_the_best_plan_so_far_and_leaves_no_trial_running() -> None:
+    def stop(progress) -> None:
+        if progress.evals >= 12:
+            raise KeyboardInterrupt
+
+    storage = optuna.storages.InMemoryStorage()
+    solver = get_solver("optuna", storage=storage, study="ctrl-c")
+    r = solver.solve(SMALL, budget=Budget(max_evals=BUDGET), seed=0, callback=stop)
+    assert r.status == "interrupted" and r.n_evals == 12
+    assert r.plan is not None and r.metrics == evaluate(SMALL, r.plan)
+    trials = optuna.load_study(study_name="ctrl-c", storage=storage).get_trials()
+    assert {t.state for t in trials} == {TrialState.COMPLETE}  # the 12th priced, then told
+    assert len({tuple(t.user_attrs["code"]) for t in trials}) == 12
+
+
+@pytest.mark.parametrize("sampler", optuna_search.SAMPLERS)
+def test_every_sampler_runs(sampler: str) -> None:
+    # GP fits a Gaussian process (torch) per trial after 10 random ones: keep it short.
+    budget = Budget(max_evals=14 if sampler == "gp" else 40, seconds=120)
+    r = run(budget=budget, seed=1, sampler=sampler)
+    assert r.status == "feasible", r.message
+    assert r.metrics == evaluate(SMALL, r.plan) and r.n_evals == budget.max_evals
+    assert r.facts["sampler"] == sampler
+
+
+def test_module_does_not_import_torch() -> None:
+    code = (
+        "import sys, shardlab.solvers.optuna_search; sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# -- the parameter layout --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("instance", ["llama8b-h100x2-chat", "deepseek-v3-h100x64-chat"])
+def test_layout_round_trips_every_plan(instance: str) -> None:
+    space = get_instance(instance).problem().space
+    layout = Layout(space)
+    rows = space.sample(300, seed=0)
+    for row in rows:
+        params = layout.params_of(row)
+        assert np.array_equal(layout.suggest(FixedTrial(params)), row)
+        for name, value in params.items():  # each name has one distribution, holding the value
+            dist = layout.distributions.get(name)
+            if isinstance(dist, optuna.distributions.CategoricalDistribution):
+                assert value in dist.choices
+            elif dist is not None:
+                assert dist.low <= value <= dist.high
+            else:
+                assert name == "degrees" and value in layout.degree_labels
+    # Options are named per class of degree tuples that allow the same options, cuts per pp.
+    assert sum(len(m) for m in layout.class_members.values()) == space.num_degree_tuples
+    for name in layout.distributions:
+        prefix = name.split(".")[0]
+        assert prefix in layout.class_members or prefix.startswith("pp"), name
+
+
+def test_trials_hold_the_plan_its_metrics_and_its_constraints() -> None:
+    storage = optuna.storages.InMemoryStorage()
+    problem = Problem.build("llama-3.1-70b", "h100x4", "chat", tpot_ms=60)
+    r = run(problem, Budget(max_evals=60), seed=2, storage=storage, study="s")
+    study = optuna.load_study(study_name="s", storage=storage)
+    trials = complete_trials(study)
+    assert len(trials) == len(study.get_trials()) == r.facts["trials"]
+    codes = np.array([t.user_attrs["code"] for t in trials])
+    assert len({c.tobytes() for c in codes}) == r.n_evals == 60
+    m = evaluate_batch(problem, codes)
+    layout = Layout(problem.space)
+    feasible = []
+    for i, t in enumerate(trials):
+        assert t.value == pytest.approx(m.objective[i], rel=1e-12)  # batch-size ulps
+        assert t.params == layout.params_of(codes[i])
+        assert set(t.constraints) == {"memory", "ttft", "tpot"}
+        assert all(v <= 0 for v in t.constraints.values()) == bool(m.feasible[i])
+        assert t.user_attrs["metrics"]["feasible"] == bool(m.feasible[i])
+        feasible.append(bool(m.feasible[i]))
+    assert any(feasible) and not all(feasible)  # both kinds were told
+    assert study.best_value == r.facts["study_best_value"]
+    assert study.best_value == pytest.approx(r.metrics.objective, rel=1e-12)
+
+
+def test_a_study_of_another_problem_is_refused() -> None:
+    storage = optuna.storages.InMemoryStorage()
+    run(budget=Budget(max_evals=5), storage=storage, study="shared")
+    other = Problem.build("llama-3.1-8b", "h100x2", "chat", tpot_ms=40)
+    with pytest.raises(ShardlabError, match="another problem"):
+        run(other, Budget(max_evals=5), storage=storage, study="shared")
+
+
+def test_default_study_name_follows_the_problem() -> None:
+    name = default_study_name(SMALL)
+    assert name.startswith("shardlab:llama-3.1-8b:h100x2:chat:kind:")
+    assert name == default_study_name(get_instance("llama8b-h100x2-chat").problem())
+    assert name != default_study_name(Problem.build("llama-3.1-8b", "h100x2", tpot_ms=40))
+
+
+def test_resuming_replays_the_finished_trials_and_counts_them() -> None:
+    storage = optuna.storages.InMemoryStorage()
+    first = run(budget=Budget(max_evals=30), seed=4, storage=storage)
+    second = run(budget=Budget(max_evals=50), seed=4, storage=storage)
+    assert second.facts["replayed_trials"] == first.facts["trials"]
+    assert second.facts["replay_mismatches"] == 0
+    assert second.n_evals == 50  # 30 replayed + 20 new: the same total as one run of 50
+    assert second.objective >= first.objective * (1 - 1e-12)
+    assert second.metrics == evaluate(SMALL, second.plan)
+    # A study holding more plans than the budget is only replayed, up to the budget.
+    third = run(budget=Budget(max_evals=20), seed=4, storage=storage)
+    assert third.n_evals == 20 and third.facts["trials"] == 0
+    assert third.metrics == evaluate(SMALL, third.plan)
+
+
+# -- separate processes ----------------------------------------------------------------
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import shardlab.solvers.optuna_search
+    from shardlab.problems.suite import get_instance
+    from shardlab.solvers import Budget, get_solver
+
+    url, study, seed, max_evals = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    r = get_solver("optuna", storage=url, study=study).solve(
+        get_instance("llama8b-h100x2-chat").problem(),
+        budget=Budget(max_evals=max_evals, seconds=300),
+        seed=seed,
+    )
+    print(json.dumps({"objective": r.objective, "n_evals": r.n_evals, "status": r.status,
+                      "facts": r.facts}), flush=True)
+    if len(sys.argv) > 5:  # wait for the other worker, then read the study's best
+        import optuna, pathlib, time
+        pathlib.Path(sys.argv[5]).touch()
+        deadline = time.time() + 120
+        while not pathlib.Path(sys.argv[6]).exists() and time.time() < deadline:
+            time.sleep(0.2)
+        print(json.dumps(optuna.load_study(study_name=study, storage=url).best_value))
+    """
+)
+
+
+def wait_for_complete_trials(url: str, study: str, n: int, proc: subprocess.Popen) -> int:
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        assert proc.poll() is None, "the worker ended before it could be killed"
+        try:
+            done = len(complete_trials(optuna.load_study(study_name=study, storage=url)))
+        except KeyError:  # the study is not created yet
+            done = 0
+        if done >= n:
+            return done
+        time.sleep(0.3)
+    raise AssertionError(f"fewer than {n} trials stored in 120 s")
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_without_losing_a_finished_trial(tmp_path: Path) -> None:
+    url, study = f"sqlite:///{tmp_path / 'optuna.db'}", "resume"
+    proc = subprocess.Popen([sys.executable, "-c", WORKER, url, study, "5", "100000"])
+    try:
+        wait_for_complete_trials(url, study, 20, proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    before = {
+        t.number: (t.value, t.params, t.user_attrs["code"])
+        for t in complete_trials(optuna.load_study(study_name=study, storage=url))
+    }
+    distinct = len({tuple(code) for _, _, code in before.values()})
+    best_before = max(
+        t.value
+        for t in complete_trials(optuna.load_study(study_name=study, storage=url))
+        if all(v <= 0 for v in t.constraints.values())
+    )
+
+    r = run(budget=Budget(max_evals=distinct + 15), seed=5, storage=url, study=study)
+    assert r.facts["replayed_trials"] == len(before) and r.facts["replay_mismatches"] == 0
+    assert r.facts["running_at_start"] <= 1  # the trial in flight at the kill, if any
+    after = {
+        t.number: (t.value, t.params, t.user_attrs["code"])
+        for t in complete_trials(optuna.load_study(study_name=study, storage=url))
+    }
+    assert all(after.get(k) == v for k, v in before.items())  # no finished trial lost
+    assert len(after) > len(before) and len(after) == len(before) + r.facts["trials"]
+    assert r.n_evals == distinct + 15
+    assert r.status == "feasible" and r.metrics == evaluate(SMALL, r.plan)
+    assert r.objective >= best_before * (1 - 1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get(POSTGRES_ENV),
+    reason=f"needs a PostgreSQL server: set {POSTGRES_ENV} (.ci/run starts one on loopback)",
+)
+def test_two_workers_share_one_postgres_study(tmp_path: Path) -> None:
+    url, study = os.environ[POSTGRES_ENV], f"two-workers-{uuid.uuid4().hex[:8]}"
+    done = [tmp_path / "a.done", tmp_path / "b.done"]
+    budgets = (25, 35)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, url, study, str(seed), str(budget), *paths],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for seed, budget, paths in ((1, budgets[0], done), (2, budgets[1], done[::-1]))
+    ]
+    outs = [p.communicate(timeout=300)[0].splitlines() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    results = [json.loads(o[0]) for o in outs]
+    seen_best = [json.loads(o[1]) for o in outs]
+    try:
+        shared = optuna.load_study(study_name=study, storage=url)
+        trials = complete_trials(shared)
+        assert [r["n_evals"] for r in results] == list(budgets)
+        assert all(r["status"] == "feasible" for r in results)
+        # Every trial a worker told is in the study, and nothing else is.
+        assert len(trials) == sum(r["facts"]["trials"] for r in results)
+        assert len(shared.get_trials()) == len(trials)  # none left running or waiting
+        # Both see the same best at the end: the better of the two workers' results.
+        assert seen_best[0] == seen_best[1] == shared.best_value
+        best = max(r["objective"] for r in results)
+        assert shared.best_value == pytest.approx(best, rel=1e-12)
+    finally:
+        optuna.delete_study(study_name=study, storage=url)
