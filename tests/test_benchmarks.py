@@ -40,7 +40,8 @@ def test_bench_evaluate_batch(benchmark) -> None:
 @pytest.mark.parametrize("method", [m for m in available_solvers() if m != "exhaustive"])
 def test_bench_solver(benchmark, method: str, name: str) -> None:
     problem = get_instance(name).problem()
-    budget = Budget(max_evals=2000, seconds=600)
+    # 1,000 evaluations or 30 s, whichever comes first (Optuna's TPE is the slow one)
+    budget = Budget(max_evals=1000, seconds=30)
     result = benchmark.pedantic(
         solve, args=(problem, method), kwargs={"budget": budget, "seed": 0}, rounds=1
     )

@@ -38,8 +38,10 @@ def test_equals_exhaustive_on_small_instances(name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", SMALL + MEDIUM)
+@pytest.mark.parametrize("name", MEDIUM)
 def test_no_registered_method_beats_cpsat(name: str) -> None:
+    # Small instances: covered by test_equals_exhaustive_on_small_instances together
+    # with test_solvers.py's "no method beats the exhaustive optimum".
     problem = INSTANCES[name].problem()
     exact = _cpsat(name)
     assert exact.status == "optimal", exact.facts
@@ -47,7 +49,9 @@ def test_no_registered_method_beats_cpsat(name: str) -> None:
     for method in available_solvers():
         if method in ("cpsat", "exhaustive"):
             continue
-        r = solve(problem, method, budget=Budget(max_evals=500, seconds=120), seed=2)
+        # The seconds cap keeps CI's time bounded for slow-per-trial methods (Optuna's TPE);
+        # a shorter search can only find a worse plan, never a better one.
+        r = solve(problem, method, budget=Budget(max_evals=500, seconds=10), seed=2)
         if r.metrics is not None and r.metrics.feasible:
             best = exact.metrics.objective
             assert r.metrics.objective <= best + ROUNDING * abs(best), method
