@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import optuna
 import pytest
+import sqlalchemy
 from optuna.trial import FixedTrial, TrialState
 
 import shardlab.solvers.optuna_search as optuna_search
@@ -242,9 +243,14 @@ def wait_for_complete_trials(url: str, study: str, n: int, proc: subprocess.Pope
     deadline = time.time() + 120
     while time.time() < deadline:
         assert proc.poll() is None, "the worker ended before it could be killed"
+        if not Path(url.removeprefix("sqlite:///")).exists():
+            time.sleep(0.3)  # opening the storage first would race the worker's schema set-up
+            continue
         try:
             done = len(complete_trials(optuna.load_study(study_name=study, storage=url)))
         except KeyError:  # the study is not created yet
+            done = 0
+        except sqlalchemy.exc.SQLAlchemyError:  # the worker is still creating the schema
             done = 0
         if done >= n:
             return done
