@@ -45,6 +45,16 @@ class Judgement:
     feasible: np.ndarray
 
 
+def in_flight_requests(
+    problem: Problem, degrees: Degrees, per_replica: int, per_dp: np.ndarray | int
+) -> np.ndarray:
+    """Requests the whole cluster serves at once: the offered batch, or what the
+    replicas hold when each dp rank holds ``per_dp`` (the in-flight KV cap)."""
+    d = degrees
+    held = d.replicas * np.minimum(per_replica, np.asarray(per_dp) * d.dp_attn)
+    return np.minimum(problem.workload.batch, held).astype(float)
+
+
 def timing(
     problem: Problem,
     degrees: Degrees,
@@ -59,9 +69,7 @@ def timing(
     d = degrees
     m = np.minimum(d.pp, per_dp)
     inflight = w.schedule == "inflight"
-    in_flight = np.minimum(
-        w.batch, d.replicas * np.minimum(per_replica, per_dp * d.dp_attn)
-    ).astype(float)
+    in_flight = in_flight_requests(problem, d, per_replica, per_dp)
     kinds = [s.kind for s in steps]
     zeros = np.zeros_like(sums[0])
     i_len, o_len = w.input_len, w.output_len

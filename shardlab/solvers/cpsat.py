@@ -61,6 +61,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from shardlab.costmodel.decompose import IntegerTables, integer_tables
+from shardlab.costmodel.regimes import in_flight_requests
 from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.operators import HEAD_OPS
 from shardlab.problems.plan import Degrees, Plan
@@ -128,7 +129,7 @@ def _tokens(problem: Problem, d: Degrees, per_dp: int) -> float:
     """K with throughput = K / time in this subproblem (see regimes.timing)."""
     w = problem.workload
     bt = degree_tables(problem, d).batching
-    in_flight = min(w.batch, d.replicas * min(bt.per_replica, per_dp * d.dp_attn))
+    in_flight = float(in_flight_requests(problem, d, bt.per_replica, per_dp))
     inflight = w.schedule == "inflight"
     if w.phase == "prefill":
         return (in_flight if inflight else w.batch) * w.input_len
