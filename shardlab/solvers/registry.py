@@ -22,6 +22,7 @@ BUILTIN: dict[str, str] = {
     "exhaustive": "shardlab.solvers.exhaustive",
     "cpsat": "shardlab.solvers.cpsat",
     "optuna": "shardlab.solvers.optuna_search",
+    "rl": "shardlab.solvers.rl.solver",
 }
 
 _REGISTERED: dict[str, type[Solver]] = {}

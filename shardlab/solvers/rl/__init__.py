@@ -1,0 +1,45 @@
+"""The ``rl`` solver: the "Learning to Shard" policy, trained by PPO over an elite history.
+
+Method (one iteration; nothing depends on the budget, so the run is anytime):
+
+1. the **elite history** is the ``elite_size`` best distinct plans evaluated so far
+   (seeded by the Megatron plans priced for the reward's reference);
+2. the **policy** reads it with a Transformer encoder and samples ``batch_size`` new
+   plans decision by decision, each step masked to the values valid given the
+   decisions already made, so every sampled plan is valid;
+3. the plans go to the shared evaluator; their **reward** is ``log(objective /
+   megatron objective)`` (latency: the inverse ratio), infeasible plans get
+   ``-infeasible_base - infeasible_scale * log1p(miss)``, graded by how far they miss
+   memory and the SLOs (:mod:`~shardlab.solvers.rl.reward`);
+4. **PPO** (clipped surrogate, entropy bonus, normalized advantages; or REINFORCE with
+   a moving baseline) updates the policy on the batch, and the elite history is updated.
+
+Decisions (:mod:`~shardlab.solvers.rl.decisions`, shared with
+:class:`shardlab.envs.ShardingEnv`): degrees first, one axis at a time (``pp``, ``tp``,
+``dp_attn``, then ``ep`` for MoE models; ``replicas`` and ``etp`` follow), each masked
+to values some valid degree tuple agrees with; then one decision per option variable
+(masked by ``SearchSpace.mask``); then the pipeline cuts.
+
+How one network serves every shape (:mod:`~shardlab.solvers.rl.features`): nothing the
+network sees is indexed by a problem's sizes. A **decision** is embedded from what it
+decides: its kind (pp/tp/dp_attn/ep/option/cut), the operator's name and the layer
+group's kind (dense/moe/head) from fixed vocabularies built from
+:mod:`shardlab.problems.operators`, the group's position and share of the layers, the
+cut's position. A **candidate value** is embedded from what it means: a degree as
+``log2(value) / log2(num_gpus)``, ``value == 1``, ``value <= gpus per node``; an option
+by its name in a fixed vocabulary (column, row, seq_sharded, ...); a cut by its move
+``(value - MAX_SHIFT) / MAX_SHIFT``; plus (``elite_features``) the reward-weighted share
+of elite plans that chose it given the sample's earlier decisions. The decoder scores
+each valid candidate by a dot product between its state and the candidate's embedding
+(a pointer), so the number of decisions and of candidates can differ per problem. An
+elite plan's token is the mean over its decisions of (decision + chosen candidate)
+embeddings, with its reward and rank; the learned query token adds the problem's
+context (log parameters, GPUs, node size, MoE, layers, HBM, batch, input/output
+lengths, SLOs, phase, objective). The parameter count is the same for every problem,
+so a policy pretrained on some instances (:func:`~shardlab.solvers.rl.train.train_policy`)
+starts the search on others (``RLSolver(policy=path)``).
+
+torch is imported only by the modules that need it (``policy``, ``search``, ``solver``,
+``checkpoint``, ``train``); ``decisions``, ``features``, ``reward`` and ``config`` are
+numpy only, for the gymnasium environment.
+"""

@@ -1,0 +1,90 @@
+"""Saving and loading a policy: its ``state_dict``, its knobs and its training state,
+written atomically (a temporary file in the same directory, then ``os.replace``)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shardlab.errors import ShardlabError
+from shardlab.solvers.rl.config import NETWORK_FIELDS, RLConfig
+from shardlab.solvers.rl.policy import Policy
+
+FORMAT = "shardlab.rl-policy/1"
+
+
+def save_checkpoint(
+    path: str | Path,
+    policy: Policy,
+    config: RLConfig,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "format": FORMAT,
+        "config": config.to_dict(),
+        "state_dict": policy.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "extra": extra or {},
+    }
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(data, f)
+        os.replace(tmp, path)  # readers see the old file or the new one, never half of one
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The checkpoint's contents; a missing or unreadable file raises ShardlabError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ShardlabError(
+            f"policy checkpoint {str(path)!r} does not exist; give the file written by "
+            "train_policy (`shardlab train-policy --out FILE`) or leave --policy out to "
+            "start from scratch"
+        )
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for a damaged file
+        raise ShardlabError(
+            f"policy checkpoint {str(path)!r} cannot be read ({type(e).__name__}); it is "
+            "not a shardlab policy or is damaged: train it again with train_policy"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ShardlabError(
+            f"policy checkpoint {str(path)!r} is not a {FORMAT} file; train it again with "
+            "train_policy"
+        )
+    return data
+
+
+def load_policy(path: str | Path, config: RLConfig | None = None) -> tuple[Policy, RLConfig]:
+    """The saved policy, with ``config``'s search knobs and the checkpoint's network knobs."""
+    data = load_checkpoint(path)
+    saved = RLConfig.from_dict(data["config"])
+    if config is None:
+        config = saved
+    else:
+        merged = config.to_dict() | {k: getattr(saved, k) for k in NETWORK_FIELDS}
+        merged["elite_features"] = saved.elite_features
+        config = RLConfig.from_dict(merged)
+    policy = Policy(config)
+    try:
+        policy.load_state_dict(data["state_dict"])
+    except (RuntimeError, KeyError) as e:
+        raise ShardlabError(
+            f"policy checkpoint {str(path)!r} does not match this version of the rl policy "
+            f"({str(e).splitlines()[0]}); train it again with train_policy"
+        ) from None
+    return policy, config

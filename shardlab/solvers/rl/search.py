@@ -1,0 +1,159 @@
+"""One problem's search loop: sample from the policy, evaluate, learn, update the elite.
+
+Shared by the solver (one problem, one evaluator) and by pretraining (many problems,
+one policy). Nothing here reads the budget: the loop runs until the evaluator raises
+:class:`~shardlab.solvers.evaluator.BudgetExhausted` (or the user presses Ctrl-C),
+so the best plan after ``n`` evaluations does not depend on the budget.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from shardlab.problems.problem import Problem
+from shardlab.solvers.evaluator import INFEASIBLE, Evaluator
+from shardlab.solvers.rl.config import RLConfig
+from shardlab.solvers.rl.decisions import Decisions
+from shardlab.solvers.rl.policy import Elite, Policy, ProblemTensors, Rollout
+from shardlab.solvers.rl.reward import megatron_codes, rewards
+
+
+def new_policy(config: RLConfig, seed: int) -> Policy:
+    """A freshly initialized policy whose weights depend only on ``seed``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Policy(config)
+
+
+class Search:
+    def __init__(
+        self,
+        problem: Problem,
+        evaluator: Evaluator,
+        policy: Policy,
+        optimizer: torch.optim.Optimizer,
+        config: RLConfig,
+        gen: torch.Generator,
+    ) -> None:
+        self.problem = problem
+        self.ev = evaluator
+        self.policy = policy
+        self.opt = optimizer
+        self.config = config
+        self.gen = gen
+        self.dec = Decisions(problem.space)
+        self.pt = ProblemTensors.build(problem, self.dec)
+        self.codes = np.zeros((0, problem.space.n_vars), dtype=np.int64)  # distinct plans seen
+        self.fit = np.zeros(0)
+        self._seen: set[bytes] = set()
+        self.megatron_ref: float | None = None
+        self.temperature = 1.0
+        self.baseline: float | None = None  # REINFORCE
+        self.iterations = 0
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    def _record(self, codes: np.ndarray, fit: np.ndarray) -> None:
+        keep = []
+        for i, row in enumerate(codes):
+            key = row.tobytes()
+            if key not in self._seen:
+                self._seen.add(key)
+                keep.append(i)
+        if keep:
+            self.codes = np.concatenate([self.codes, codes[keep]])
+            self.fit = np.concatenate([self.fit, fit[keep]])
+
+    def _repeats(self, codes: np.ndarray) -> np.ndarray:
+        """Rows evaluated before, or repeating an earlier row of the batch."""
+        seen = set(self._seen)
+        out = np.zeros(len(codes), dtype=bool)
+        for i, row in enumerate(codes):
+            key = row.tobytes()
+            out[i] = key in seen
+            seen.add(key)
+        return out
+
+    @property
+    def reference(self) -> float | None:
+        """Megatron's objective, else the best feasible objective so far (None: none yet)."""
+        if self.megatron_ref is not None:
+            return self.megatron_ref
+        feasible = self.fit[self.fit > INFEASIBLE]
+        return float(feasible.max()) if len(feasible) else None
+
+    def elite(self) -> Elite:
+        k = self.config.elite_size
+        order = np.argsort(-self.fit, kind="stable")[:k]
+        return Elite(
+            actions=self.dec.to_actions(self.codes[order]),
+            rewards=rewards(self.fit[order], self.reference, self.config),
+        )
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Price the Megatron plans in the order the megatron rule does: the reference,
+        and the first members of the elite history."""
+        for row in megatron_codes(self.problem):
+            m = self.ev.metrics(row[None])
+            self._record(row[None], self.ev.evaluate(row[None]))
+            if not m.memory_violation[0]:
+                self.megatron_ref = float(m.objective[0]) if m.feasible[0] else None
+                break
+
+    def step(self) -> None:
+        """One iteration: sample a batch, evaluate it, learn from it."""
+        cfg = self.config
+        elite = self.elite()
+        roll = self.policy.sample(self.pt, elite, cfg.batch_size, self.gen, self.temperature)
+        codes = self.dec.to_codes(roll.actions.numpy())
+        repeat = self._repeats(codes)
+        before = self.ev.n_evals
+        fit = self.ev.evaluate(codes)
+        self._record(codes, fit)
+        if self.ev.n_evals > before:
+            self.temperature = 1.0
+        else:  # nothing new: explore more widely
+            self.temperature = min(self.temperature * cfg.reheat, cfg.max_temperature)
+        r = rewards(fit, self.reference, cfg) - cfg.repeat_penalty * repeat
+        self.learn(elite, roll, r)
+        self.iterations += 1
+
+    def run(self) -> None:
+        """Search until the evaluator stops it (BudgetExhausted) or Ctrl-C."""
+        if self.iterations == 0 and not len(self.codes):
+            self.start()
+        while True:
+            self.step()
+
+    # -- learning ------------------------------------------------------------------------
+
+    def learn(self, elite: Elite, roll: Rollout, r: np.ndarray) -> None:
+        cfg = self.config
+        reward = torch.from_numpy(r.astype(np.float32))
+        if cfg.algorithm == "ppo":
+            adv = reward - reward.mean()
+            epochs = cfg.ppo_epochs
+        else:
+            mean = float(reward.mean())
+            base = mean if self.baseline is None else self.baseline
+            adv = reward - base
+            self.baseline = cfg.baseline_decay * base + (1 - cfg.baseline_decay) * mean
+            epochs = 1
+        std = float(reward.std()) if len(reward) > 1 else 0.0
+        adv = adv / std if std > 1e-8 else adv * 0.0
+        for _ in range(epochs):
+            logp, entropy = self.policy.evaluate(self.pt, elite, roll)
+            if cfg.algorithm == "ppo":
+                ratio = torch.exp(logp - roll.logp)
+                clipped = torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip)
+                policy_loss = -torch.min(ratio * adv, clipped * adv).mean()
+            else:
+                policy_loss = -(adv * logp).mean()
+            loss = policy_loss - cfg.entropy_coef * entropy.mean()
+            self.opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+            self.opt.step()

@@ -1,0 +1,162 @@
+"""The rl solver: valid sampling, shape-free policy, checkpoints, reward, learning."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from shardlab import Problem, ShardlabError  # noqa: E402
+from shardlab.problems.suite import get_instance  # noqa: E402
+from shardlab.solvers import Budget, get_solver  # noqa: E402
+from shardlab.solvers.evaluator import INFEASIBLE, Evaluator  # noqa: E402
+from shardlab.solvers.rl.config import RLConfig  # noqa: E402
+from shardlab.solvers.rl.decisions import Decisions  # noqa: E402
+from shardlab.solvers.rl.policy import Elite, ProblemTensors  # noqa: E402
+from shardlab.solvers.rl.reward import rewards  # noqa: E402
+from shardlab.solvers.rl.search import Search, new_policy  # noqa: E402
+from shardlab.solvers.rl.train import train_policy  # noqa: E402
+
+SMALL = get_instance("llama8b-h100x2-chat").problem()
+MOE = get_instance("mixtral8x7b-h100x4-chat").problem()
+LAYER = Problem.build("mixtral-8x7b", "h100x4", "chat", tie="layer")
+BIG_MOE = get_instance("deepseek-v3-h100x64-chat").problem()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Like the solver: small tensors, and the test machine is shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _random_elite(problem: Problem, dec: Decisions, k: int) -> Elite:
+    codes = problem.space.sample(k, seed=1)
+    return Elite(actions=dec.to_actions(codes), rewards=np.linspace(0.5, -2.0, k))
+
+
+@pytest.mark.parametrize(
+    "problem", [SMALL, MOE, LAYER, BIG_MOE], ids=["dense", "moe", "layer", "big"]
+)
+def test_every_sampled_plan_is_valid(problem: Problem) -> None:
+    dec = Decisions(problem.space)
+    pt = ProblemTensors.build(problem, dec)
+    policy = new_policy(RLConfig(), 0)
+    gen = torch.Generator().manual_seed(0)
+    n = 8 if problem.tie == "layer" else 64
+    for k, temperature in ((0, 1.0), (16, 5.0)):
+        elite = _random_elite(problem, dec, k)
+        roll = policy.sample(pt, elite, n, gen, temperature)
+        codes = dec.to_codes(roll.actions.numpy())
+        assert problem.space.is_valid(codes).all()
+        assert np.array_equal(dec.to_actions(codes), roll.actions.numpy())
+        # teacher forcing gives back the sampling log-probabilities
+        logp, entropy = policy.evaluate(pt, elite, roll)
+        assert torch.allclose(logp, roll.logp, atol=1e-4)
+        assert (entropy >= 0).all()
+    assert len({row.tobytes() for row in codes}) > 1
+
+
+def test_degree_decisions_reach_exactly_the_valid_tuples() -> None:
+    dec = Decisions(BIG_MOE.space)
+    codes = np.zeros((len(BIG_MOE.space.degree_tuples), BIG_MOE.space.n_vars), dtype=np.int64)
+    codes[:, 0] = np.arange(len(codes))
+    actions = dec.to_actions(codes)
+    for t in range(dec.n_degree_steps):
+        mask = dec.degree_mask(t, actions[:, :t])
+        assert mask[np.arange(len(actions)), actions[:, t]].all()
+    assert np.array_equal(dec.degree_index(actions[:, : dec.n_degree_steps]), codes[:, 0])
+
+
+def test_parameter_count_does_not_depend_on_the_problem() -> None:
+    def count(problem: Problem) -> int:
+        policy = new_policy(RLConfig(), 0)
+        dec = Decisions(problem.space)
+        pt = ProblemTensors.build(problem, dec)
+        policy.sample(pt, _random_elite(problem, dec, 4), 2, torch.Generator())
+        return sum(p.numel() for p in policy.parameters())
+
+    assert count(SMALL) == count(BIG_MOE)
+    assert Decisions(SMALL.space).n_steps != Decisions(BIG_MOE.space).n_steps
+
+
+def test_penalty_grows_with_the_miss() -> None:
+    cfg = RLConfig()
+    fit = np.array([2000.0, 1000.0, 500.0, INFEASIBLE * 1.01, INFEASIBLE * 1.5, INFEASIBLE * 4])
+    r = rewards(fit, 1000.0, cfg)
+    assert r[1] == pytest.approx(0.0) and r[0] == pytest.approx(np.log(2))
+    assert r[0] > r[1] > r[2] > r[3] > r[4] > r[5]
+    assert r[2] > -cfg.infeasible_base >= r[3]
+    # latency objectives: the objective is -latency, shorter is better
+    lat = rewards(np.array([-5.0, -10.0]), -10.0, cfg)
+    assert lat[0] == pytest.approx(np.log(2)) and lat[1] == pytest.approx(0.0)
+
+
+def test_checkpoint_round_trip_resume_and_errors(tmp_path) -> None:
+    out = tmp_path / "policy.pt"
+    seen = []
+    train_policy(
+        [get_instance("llama8b-h100x2-chat")], out=out, evals_per_instance=60, progress=seen.append
+    )
+    assert out.is_file() and len(seen) == 1 and seen[0].evals == 60
+    assert not list(tmp_path.glob(".*tmp"))  # the temporary file was renamed, not left
+    more = train_policy(
+        [get_instance("llama8b-h100x2-chat")],
+        out=tmp_path / "more.pt",
+        evals_per_instance=60,
+        rounds=2,
+        resume=out,
+        progress=seen.append,
+    )
+    assert len(seen) == 2 and seen[1].round == 1
+    before = torch.load(out, weights_only=True)["state_dict"]
+    after = torch.load(more, weights_only=True)["state_dict"]
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+    problem = get_instance("llama70b-h100x4-chat").problem()
+    a = get_solver("rl", policy=str(more)).solve(problem, budget=Budget(max_evals=80), seed=5)
+    b = get_solver("rl", policy=str(more)).solve(problem, budget=Budget(max_evals=80), seed=5)
+    assert a.plan == b.plan and a.n_evals == b.n_evals
+    assert [(h.evals, h.best) for h in a.history] == [(h.evals, h.best) for h in b.history]
+
+    with pytest.raises(ShardlabError, match="does not exist"):
+        get_solver("rl", policy=str(tmp_path / "missing.pt"))
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(ShardlabError, match="cannot be read"):
+        get_solver("rl", policy=str(bad))
+    with pytest.raises(ShardlabError, match="reinforce"):
+        get_solver("rl", algorithm="a2c")
+
+
+def test_reinforce_runs() -> None:
+    r = get_solver("rl", algorithm="reinforce").solve(SMALL, budget=Budget(max_evals=120), seed=0)
+    assert r.status in ("feasible", "optimal") and r.n_evals == 120
+
+
+def test_ppo_improves_the_mean_reward() -> None:
+    """The policy learns: the mean reward of its samples (not the best of them) rises."""
+    problem = get_instance("llama70b-h100x8-chat").problem()
+    cfg = RLConfig(repeat_penalty=0.0)  # measure the plain reward
+    policy = new_policy(cfg, 0)
+    ev = Evaluator(problem, None, None, None, time.perf_counter())
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    search = Search(problem, ev, policy, opt, cfg, torch.Generator().manual_seed(0))
+    search.start()
+    means = []
+    original = search.learn
+
+    def record(elite, roll, r):
+        means.append(float(np.mean(r)))
+        original(elite, roll, r)
+
+    search.learn = record  # type: ignore[method-assign]
+    for _ in range(40):
+        search.step()
+    first, last = means[0], float(np.mean(means[-5:]))
+    assert last > first + 0.5, (first, last)
