@@ -37,12 +37,20 @@ class RLConfig:
     # -- search --
     elite_size: int = 16
     """K: the best distinct plans so far that the encoder reads each iteration."""
+    elite_per_degrees: int = 0
+    """*Improvement*: at most this many elite plans share one degree tuple (0: no cap), so
+    the history keeps several degree regions in view instead of K variants of one."""
     batch_size: int = 16
     """Plans sampled (and evaluated) per iteration."""
     elite_features: bool = True
     """*Improvement*: each candidate also carries how often the elite plans chose it
     (reward-weighted, given the sample's earlier decisions), a pointer into the elite
     history that lets the decoder copy and recombine good decisions from the start."""
+    elite_prior: float = 4.0
+    """*Improvement*: initial weight of a learned direct path from a candidate's elite share
+    to its logit: > 0 starts the policy as a sampler around the elite plans (a
+    cross-entropy-method prior) that PPO then reshapes; 0 leaves it to the network.
+    Needs ``elite_features``."""
     reheat: float = 1.5
     """*Improvement*: sampling temperature is multiplied by this after an iteration that
     proposed no new plan (reset to 1 after one that did), so a converged policy keeps
@@ -63,7 +71,7 @@ class RLConfig:
     """Gradient steps on each batch (PPO; REINFORCE takes one)."""
     clip: float = 0.2
     """PPO ratio clip."""
-    entropy_coef: float = 0.01
+    entropy_coef: float = 0.05
     """Weight of the entropy bonus (per-decision entropy, summed over a plan)."""
     baseline_decay: float = 0.9
     """REINFORCE: decay of the moving-average reward baseline."""

@@ -84,6 +84,8 @@ class Policy(nn.Module):
         d = config.d_model
         self.d = d
         self.logit_clip = config.logit_clip
+        # direct path from the elite's share of a candidate to its logit (see elite_prior)
+        self.elite_gain = nn.Parameter(torch.tensor(float(config.elite_prior)))
         self.use_elite_features = config.elite_features
         self.step_embed = _mlp(STEP_DIM, d)
         self.cand_embed = _mlp(CAND_DIM + ELITE_DIM, d)
@@ -120,10 +122,16 @@ class Policy(nn.Module):
         return self.encoder(seq)[0, 0]
 
     def _step_logits(
-        self, h: torch.Tensor, step_emb: torch.Tensor, cand: torch.Tensor, mask: torch.Tensor
+        self,
+        h: torch.Tensor,
+        step_emb: torch.Tensor,
+        cand: torch.Tensor,
+        ef: torch.Tensor,
+        mask: torch.Tensor,
     ) -> torch.Tensor:
         q = self.pointer(torch.cat([h, step_emb.expand_as(h)], dim=-1))
         logits = (cand * q.unsqueeze(-2)).sum(-1) / math.sqrt(self.d)
+        logits = logits + self.elite_gain * ef[..., 0]
         if self.logit_clip > 0:  # bounded logits keep every valid candidate reachable
             logits = self.logit_clip * torch.tanh(logits / self.logit_clip)
         return logits.masked_fill(~mask, NEG)
@@ -167,7 +175,9 @@ class Policy(nn.Module):
                 ef = torch.zeros_like(ef)
             cand = self.cand_embed(torch.cat([static, ef], dim=-1))  # (n, W, d)
             out, h = self.gru((step_emb[t] + prev)[:, None], h)
-            logits = self._step_logits(out[:, 0], step_emb[t], cand, torch.from_numpy(masks[:, t]))
+            logits = self._step_logits(
+                out[:, 0], step_emb[t], cand, ef, torch.from_numpy(masks[:, t])
+            )
             logq = torch.log_softmax(logits / temperature, dim=-1)
             a = torch.multinomial(logq.exp(), 1, generator=gen)[:, 0]
             logp += torch.log_softmax(logits, dim=-1).gather(1, a[:, None])[:, 0]
@@ -198,7 +208,7 @@ class Policy(nn.Module):
         ]
         prev = torch.cat([torch.zeros(b, 1, self.d), chosen[:, :-1]], dim=1)
         out, _ = self.gru(step_emb[None] + prev, h0)  # (B, T, d)
-        logits = self._step_logits(out, step_emb[None], cand, roll.masks)
+        logits = self._step_logits(out, step_emb[None], cand, ef, roll.masks)
         logq = torch.log_softmax(logits, dim=-1)
         logp = logq.gather(2, roll.actions[:, :, None])[:, :, 0].sum(1)
         probs = logq.exp()

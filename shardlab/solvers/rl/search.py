@@ -84,8 +84,20 @@ class Search:
         return float(feasible.max()) if len(feasible) else None
 
     def elite(self) -> Elite:
-        k = self.config.elite_size
-        order = np.argsort(-self.fit, kind="stable")[:k]
+        k, cap = self.config.elite_size, self.config.elite_per_degrees
+        order = np.argsort(-self.fit, kind="stable")
+        if cap > 0:  # keep several degree tuples in view, not K variants of one
+            counts: dict[int, int] = {}
+            keep = []
+            for i in order:
+                d = int(self.codes[i, 0])
+                if counts.get(d, 0) < cap:
+                    counts[d] = counts.get(d, 0) + 1
+                    keep.append(i)
+                    if len(keep) == k:
+                        break
+            order = np.array(keep, dtype=np.int64)
+        order = order[:k]
         return Elite(
             actions=self.dec.to_actions(self.codes[order]),
             rewards=rewards(self.fit[order], self.reference, self.config),
