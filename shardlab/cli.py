@@ -27,6 +27,7 @@ from shardlab.render import (
     out,
     plan_json,
     print_breakdown,
+    print_front,
     print_metrics,
     print_plan,
     problem_json,
@@ -273,9 +274,17 @@ def solve(
     out_file: Annotated[
         str | None, typer.Option("--out", help="Write the best plan here (JSON).")
     ] = None,
+    plot: Annotated[
+        str, typer.Option(help="--objective pareto: write the front's figure here (PNG).")
+    ] = "pareto.png",
     fmt: FormatOpt = Format.table,
 ) -> None:
-    """Search the best plan with one method; prints it and its ratio to megatron."""
+    """Search the best plan with one method; prints it and its ratio to megatron.
+
+    With ``--objective pareto``: the front of throughput per GPU against TPOT (and TTFT
+    for prefill-heavy workloads) over plans and concurrency (powers of two up to
+    ``--batch``), as a table, a PNG (``--plot``) and, in JSON, a ``pareto`` list.
+    """
     from shardlab.solvers import Budget
     from shardlab.solvers.registry import get_solver
 
@@ -287,6 +296,9 @@ def solve(
         budget = Budget() if not solver.exact else Budget(max_evals=None, seconds=600.0)
     else:
         budget = Budget(max_evals=max_evals, seconds=time_limit)
+    if problem.workload.objective == "pareto":
+        _solve_front(problem, method, options, budget, seed, plot, fmt)
+        return
     with solve_progress(method, budget.max_evals, budget.seconds) as callback:
         result = solver.solve(problem, budget=budget, seed=seed, callback=callback)
     baseline = get_solver("megatron").solve(problem, seed=seed)
@@ -334,6 +346,48 @@ def solve(
         raise SystemExit(1)
 
 
+def _solve_front(
+    problem: Problem,
+    method: str,
+    options: dict[str, object],
+    budget: object,
+    seed: int,
+    plot: str,
+    fmt: Format,
+) -> None:
+    from shardlab.plots import plot_front
+    from shardlab.solvers.pareto import concurrency_levels, solve_front
+
+    levels = concurrency_levels(problem.workload.batch)
+    with solve_progress(method, None, None) as callback:
+        result = solve_front(
+            problem, method, budget=budget, seed=seed, options=options, callback=callback
+        )  # type: ignore[arg-type]
+    if result.front:
+        plot_front(
+            plot,
+            problem,
+            result.front,
+            result.megatron,
+            title=f"{problem.name}: {method}, batch {', '.join(map(str, levels))}",
+        )
+    if fmt is Format.json:
+        emit_json({"problem": problem_json(problem), **result.to_dict(problem)})
+    else:
+        out.print(f"[bold]{problem.name}[/]: {problem.workload.describe()}")
+        out.print(
+            f"method {method}, seed {seed}: [bold]{result.status}[/] front of "
+            f"{len(result.front)} points over batch {', '.join(map(str, levels))} after "
+            f"{result.n_evals:,} evaluations in {result.wall_s:.1f} s"
+            + (f" ({result.message})" if result.message else "")
+        )
+        print_front(problem, result.front, result.megatron)
+        if result.front:
+            out.print(f"wrote {plot}")
+    if result.status == "error":
+        raise SystemExit(1)
+
+
 @app.command()
 def solvers(fmt: FormatOpt = Format.table) -> None:
     """List the registered methods."""
@@ -376,6 +430,13 @@ def compare(
     ] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Seeds per method.")] = 3,
     max_evals: Annotated[int | None, typer.Option("--max-evals", min=1)] = 2000,
+    budgets: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated evaluation budgets (e.g. 500,2000,5000), instead of "
+            "--max-evals; methods whose search ignores the budget run once, at the largest."
+        ),
+    ] = None,
     time_limit: Annotated[float | None, typer.Option("--time-limit", min=0.001)] = None,
     jobs: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 2,
     name: Annotated[str | None, typer.Option(help="Results folder name.")] = None,
@@ -421,14 +482,23 @@ def compare(
         done.append(r)
         err.print(f"  [{len(done)}] {r['instance']} {r['method']} seed {r['seed']}: {r['status']}")
 
+    levels = None
+    if budgets is not None:
+        try:
+            levels = sorted({int(b) for b in budgets.split(",") if b.strip()})
+        except ValueError:
+            levels = []
+        if not levels or levels[0] < 1:
+            raise ShardlabError(f"--budgets {budgets!r}: give positive integers, e.g. 500,2000")
     results = run_comparison(
         instances,
         wanted,
         seeds,
-        max_evals=max_evals,
+        max_evals=max_evals if levels is None else max(levels),
         seconds=time_limit,
         jobs=jobs,
         on_done=on_done,
+        budgets=levels,
     )
     rows = summarize(results)
     out_dir = Path(results_dir) / label
@@ -450,12 +520,12 @@ def compare(
     for r in rows:
         table.add_row(
             r["instance"] + ("*" if r["best_is_proven"] else ""),
-            r["method"],
+            r["method"] + (f" @{r['budget']:,}" if r.get("budget") else ""),
             f"{r['throughput_tok_s']:,.0f}" if r["throughput_tok_s"] else "-",
             f"{r['ratio_to_best']:.3f}",
             f"{r['ratio_to_megatron']:.3f}" if r["ratio_to_megatron"] is not None else "-",
             f"{r['evals_to_99pct']:,}" if r["evals_to_99pct"] is not None else "-",
-            f"{r['wall_s']:.1f}",
+            f"{r['wall_s']:.1f}" if r["wall_s"] is not None else "-",
         )
     out.print(table)
     out.print(f"wrote {out_dir}/ (results.json, results.csv, summary.md, convergence.png)")

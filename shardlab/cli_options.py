@@ -50,7 +50,11 @@ PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("schedule", str | None, typer.Option(None, help="static or inflight.")),
     ("ttft_ms", float | None, typer.Option(None, "--ttft-ms", help="SLO on time to first token.")),
     ("tpot_ms", float | None, typer.Option(None, "--tpot-ms", help="SLO on time per token.")),
-    ("objective", str | None, typer.Option(None, help="throughput, throughput_per_gpu, latency.")),
+    (
+        "objective",
+        str | None,
+        typer.Option(None, help="throughput, throughput_per_gpu, latency or pareto."),
+    ),
     ("weight_dtype", str | None, typer.Option(None, "--weight-dtype", help="bf16, fp8 or fp4.")),
     ("kv_dtype", str | None, typer.Option(None, "--kv-dtype", help="bf16 or fp8.")),
     ("tie", str, typer.Option("kind", help="'kind': options per layer kind; 'layer': per layer.")),

@@ -9,6 +9,12 @@ Quality of a plan is its objective relative to the best known on the instance (t
 CP-SAT optimum when CP-SAT proved one, else the best any run found): ``obj / best``
 for throughput objectives, ``best / obj`` for latency (objectives are negative).
 The ``megatron`` baseline is always run, so every method has a ratio to it.
+
+Several budgets (``budgets``): a method whose search does not depend on its budget
+(``Solver.anytime``) runs once, at the largest, and its best at each smaller budget is
+read off its history (the best after that many evaluations is what a run with that
+budget would have returned); any other method (simulated annealing, whose schedule
+spans the budget) runs once per budget. Exact methods and the baseline run once.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 
 from shardlab.problems.suite import Instance
 from shardlab.solvers import Budget, solve
+from shardlab.solvers.registry import solver_class
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ def run_task(task: Task) -> dict[str, Any]:
         )
     except Exception as exc:  # a failing run is recorded; the comparison goes on
         return {
+            "task_max_evals": task.max_evals,
             "instance": task.instance.name,
             "method": task.method,
             "seed": task.seed,
@@ -64,6 +72,7 @@ def run_task(task: Task) -> dict[str, Any]:
         }
     feasible = r.metrics is not None and r.status in ("optimal", "feasible")
     return {
+        "task_max_evals": task.max_evals,
         "instance": task.instance.name,
         "method": task.method,
         "seed": task.seed,
@@ -89,6 +98,16 @@ def quality(objective: float | None, best: float) -> float:
     return objective / best if best > 0 else best / objective
 
 
+def _budgets_of(method: str, max_evals: int | None, budgets: Sequence[int] | None) -> list:
+    """The evaluation budgets ``method`` is run with."""
+    if not budgets:
+        return [max_evals]
+    cls = solver_class(method)
+    if cls.exact or method == "megatron" or cls.anytime:
+        return [max(budgets)]
+    return sorted(budgets)
+
+
 def run_comparison(
     instances: Sequence[Instance],
     methods: Sequence[str],
@@ -98,12 +117,16 @@ def run_comparison(
     seconds: float | None,
     jobs: int,
     on_done: Callable[[dict[str, Any]], None] | None = None,
+    budgets: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
+    """Every run as a dict; with ``budgets``, one record per run and budget (see the
+    module docstring), each with its ``budget``."""
     all_methods = list(dict.fromkeys([*methods, "megatron"]))
     tasks = [
-        Task(inst, m, s, max_evals, seconds)
+        Task(inst, m, s, b, seconds)
         for inst in instances
         for m in all_methods
+        for b in _budgets_of(m, max_evals, budgets)
         for s in (range(seeds) if m != "megatron" else range(1))
     ]
     results: list[dict[str, Any]] = []
@@ -118,7 +141,37 @@ def run_comparison(
                 results.append(res)
                 if on_done:
                     on_done(res)
-    return results
+    if not budgets:
+        return results
+    return [rec for r in results for rec in _at_budgets(r, budgets)]
+
+
+def _at_budgets(run: dict[str, Any], budgets: Sequence[int]) -> list[dict[str, Any]]:
+    """The records of one run at the budgets it stands for."""
+    cls = solver_class(run["method"])
+    if cls.exact or run["method"] == "megatron":
+        return [{**run, "budget": None}]
+    if not cls.anytime:
+        return [{**run, "budget": run["task_max_evals"]}]
+    out = []
+    for b in sorted(budgets):
+        if b >= run["n_evals"]:
+            out.append({**run, "budget": b})
+            continue
+        seen = [h for h in run["history"] if h[0] <= b]
+        out.append(
+            {
+                **run,
+                "budget": b,
+                "objective": seen[-1][2] if seen else None,
+                "throughput_tok_s": None,  # the history keeps objectives only
+                "n_evals": b,
+                "wall_s": None,  # not timed at this budget
+                "history": seen,
+                "plan": None,
+            }
+        )
+    return out
 
 
 def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -134,28 +187,36 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     best.update(proven)
     megatron = {r["instance"]: r["objective"] for r in results if r["method"] == "megatron"}
     rows = []
-    keys = dict.fromkeys((r["instance"], r["method"]) for r in results)
-    for inst, method in keys:
-        runs = [r for r in results if r["instance"] == inst and r["method"] == method]
+    keys = dict.fromkeys((r["instance"], r["method"], r.get("budget")) for r in results)
+    for inst, method, budget in keys:
+        runs = [
+            r
+            for r in results
+            if r["instance"] == inst and r["method"] == method and r.get("budget") == budget
+        ]
         b = best.get(inst, math.nan)
         qualities = [quality(r["objective"], b) for r in runs]
         reach = [_evals_to(r, b, 0.99) for r in runs]
         throughputs = [r["throughput_tok_s"] for r in runs if r["throughput_tok_s"] is not None]
+        walls = [r["wall_s"] for r in runs if r["wall_s"] is not None]
         mega = megatron.get(inst)
         rows.append(
             {
                 "instance": inst,
                 "method": method,
+                "budget": budget,
                 "runs": len(runs),
                 "feasible_runs": sum(r["objective"] is not None for r in runs),
-                "throughput_tok_s": statistics.mean(throughputs) if throughputs else None,
+                "throughput_tok_s": statistics.mean(throughputs)
+                if len(throughputs) == len(runs)
+                else None,
                 "ratio_to_best": statistics.mean(qualities),
                 "min_ratio_to_best": min(qualities),
                 "ratio_to_megatron": statistics.mean(quality(r["objective"], mega) for r in runs)
                 if mega is not None
                 else None,
                 "evals_to_99pct": statistics.median(reach) if None not in reach else None,
-                "wall_s": statistics.mean(r["wall_s"] for r in runs),
+                "wall_s": statistics.mean(walls) if len(walls) == len(runs) else None,
                 "best_known": b,
                 "best_is_proven": inst in proven,
             }
@@ -236,15 +297,51 @@ def summary_markdown(name: str, command: str, rows: list[dict[str, Any]]) -> str
         "| evals to 99% | wall s |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
+    budgets = sorted({r["budget"] for r in rows if r.get("budget") is not None})
+    if budgets:
+        lines[-2] = lines[-2].replace("| method |", "| method | budget |")
+        lines[-1] = lines[-1].replace("|---|---|", "|---|---|---:|", 1)
     for r in rows:
         star = "*" if r["best_is_proven"] else ""
+        method = r["method"]
+        if budgets:
+            method += f" | {_fmt(r.get('budget'), ',')}"
         lines.append(
-            f"| {r['instance']}{star} | {r['method']} | {_fmt(r['throughput_tok_s'], ',.0f')} | "
+            f"| {r['instance']}{star} | {method} | {_fmt(r['throughput_tok_s'], ',.0f')} | "
             f"{_fmt(r['ratio_to_best'], '.3f')} | {_fmt(r['min_ratio_to_best'], '.3f')} | "
             f"{_fmt(r['ratio_to_megatron'], '.3f')} | {_fmt(r['evals_to_99pct'], ',')} | "
             f"{_fmt(r['wall_s'], '.1f')} |"
         )
+    if budgets:
+        lines += ["", *budget_table(rows, budgets)]
     return "\n".join(lines) + "\n"
+
+
+def budget_table(rows: list[dict[str, Any]], budgets: list[int]) -> list[str]:
+    """Ratio to best (mean over seeds; worst seed in brackets) per instance, method and
+    budget, one column per method and budget; the exact method and the baseline once."""
+    methods = list(dict.fromkeys(r["method"] for r in rows if r.get("budget") is not None))
+    fixed = list(dict.fromkeys(r["method"] for r in rows if r.get("budget") is None))
+    cols = [(m, b) for m in methods for b in budgets]
+    head = ["instance", *fixed, *(f"{m} @{b:,}" for m, b in cols)]
+    lines = [
+        "Ratio to best by budget: mean over seeds (worst seed).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|" + "---:|" * (len(head) - 1),
+    ]
+    by = {(r["instance"], r["method"], r.get("budget")): r for r in rows}
+    for inst in dict.fromkeys(r["instance"] for r in rows):
+        cells = []
+        for key in [(inst, m, None) for m in fixed] + [(inst, m, b) for m, b in cols]:
+            r = by.get(key)
+            cells.append(
+                "-"
+                if r is None
+                else f"{_fmt(r['ratio_to_best'], '.3f')} ({_fmt(r['min_ratio_to_best'], '.3f')})"
+            )
+        lines.append(f"| {inst} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot_convergence(path: Path, results: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
@@ -254,6 +351,8 @@ def plot_convergence(path: Path, results: list[dict[str, Any]], rows: list[dict[
     import matplotlib.pyplot as plt
 
     best = {r["instance"]: r["best_known"] for r in rows}
+    # One curve per run: of the records a run stands for, the one at its own budget.
+    results = [r for r in results if r.get("budget") in (None, r.get("task_max_evals"))]
     instances = list(dict.fromkeys(r["instance"] for r in results))
     methods = list(dict.fromkeys(r["method"] for r in results))
     cols = min(3, len(instances))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -23,6 +23,7 @@ from shardlab.problems.problem import Problem
 
 if TYPE_CHECKING:
     from shardlab.solvers.evaluator import Progress
+    from shardlab.solvers.front import FrontPoint
 
 # Wide enough for the tables when piped; a terminal uses its own width.
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
@@ -159,3 +160,30 @@ def print_breakdown(m: Metrics, *, top: int) -> None:
             b.name, b.option, f"{b.weight_gb:,.2f}", f"{b.kv_gb:,.2f}", f"{b.act_gb:,.3f}"
         )
     out.print(table)
+
+
+def print_front(
+    problem: Problem, front: Sequence[FrontPoint], megatron: Sequence[FrontPoint]
+) -> None:
+    """The front, by the first latency axis, each point's batch and degrees; and the
+    Megatron rule's plans at the same batches."""
+    axes = problem.workload.latency_axes
+    for title, points in (("Pareto front", front), ("Megatron plan per batch", megatron)):
+        if not points:
+            continue
+        table = Table(title=title)
+        for col in (
+            "batch",
+            "tok/s per GPU",
+            *(a.removesuffix("_ms").upper() + " ms" for a in axes),
+        ):
+            table.add_column(col, justify="right")
+        table.add_column("degrees")
+        for p in points:
+            table.add_row(
+                str(p.batch),
+                f"{p.metrics.throughput_tok_s_per_gpu:,.1f}",
+                *(f"{getattr(p.metrics, a):,.2f}" for a in axes),
+                p.plan.degrees.short(),
+            )
+        out.print(table)

@@ -13,6 +13,7 @@ from shardlab.costmodel import evaluate
 from shardlab.problems.suite import get_instance, get_suite
 from shardlab.solvers import Budget, Solver, available_solvers, get_solver, register, solve
 from shardlab.solvers import registry as registry_module
+from shardlab.solvers.registry import solver_class
 
 METHODS = available_solvers()
 SMALL = get_instance("llama8b-h100x2-chat").problem()
@@ -75,6 +76,24 @@ def test_ctrl_c_returns_the_best_plan_so_far(method: str) -> None:
     r = get_solver(method).solve(SMALL, budget=budget_for(method), seed=0, callback=stop)
     assert r.status == "interrupted"
     assert r.plan is not None and r.metrics == evaluate(SMALL, r.plan)
+
+
+@pytest.mark.parametrize(
+    "method",
+    [m for m in METHODS if solver_class(m).anytime and not solver_class(m).exact],
+)
+def test_anytime_best_after_n_evaluations_is_a_run_with_budget_n(method: str) -> None:
+    # what `shardlab compare --budgets` relies on to read several budgets off one run
+    problem = get_instance("llama70b-h100x4-chat").problem()
+    longer = solve(problem, method, budget=Budget(max_evals=300), seed=5)
+    for n in (40, 150):
+        short = solve(problem, method, budget=Budget(max_evals=n), seed=5)
+        seen = [h.best for h in longer.history if h.evals <= n]
+        assert short.n_evals <= n
+        if short.metrics is None or not short.metrics.feasible:
+            assert not seen
+        else:
+            assert seen and seen[-1] == pytest.approx(short.metrics.objective, rel=1e-12)
 
 
 def test_seed_reproduces_in_another_process() -> None:

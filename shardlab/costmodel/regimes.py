@@ -108,7 +108,7 @@ def judge(problem: Problem, t: Timing, memory_ok: np.ndarray) -> Judgement:
         tpot_bad = t.tpot_s * 1e3 > w.tpot_ms
     if w.objective == "latency":
         objective = -t.latency_s * 1e3
-    elif w.objective == "throughput_per_gpu":
+    elif w.per_gpu:
         objective = t.throughput / problem.cluster.num_gpus
     else:
         objective = t.throughput

@@ -13,6 +13,12 @@ Scheduling regimes (the cost model prices each as defined here):
 Phase: ``prefill`` serves prompts only (throughput in input tokens/s), ``decode``
 serves generation only (output tokens/s, prompts already cached), ``request`` serves
 whole requests (output tokens/s, prefill included).
+
+Objective ``pareto``: the trade-off between throughput per GPU (maximized; the scalar
+objective every plan is ranked by) and the latencies of :attr:`Workload.latency_axes`
+(minimized): TPOT for decode and request workloads, TTFT as well for prefill-heavy
+requests, TTFT alone for prefill. Methods report the non-dominated plans they priced;
+``optuna`` and ``cpsat`` search the front itself.
 """
 
 from __future__ import annotations
@@ -25,7 +31,11 @@ from shardlab.problems.dtypes import KVDtype, WeightDtype, check_kv_dtype, check
 
 Phase = Literal["prefill", "decode", "request"]
 Schedule = Literal["static", "inflight"]
-Objective = Literal["throughput", "throughput_per_gpu", "latency"]
+Objective = Literal["throughput", "throughput_per_gpu", "latency", "pareto"]
+
+# A request workload is prefill-heavy (its TTFT is a second latency axis of the Pareto
+# front) when its prompts hold at least this many times the tokens it generates.
+PREFILL_HEAVY_RATIO = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,13 +92,35 @@ class Workload:
             return self
         return replace(self, name=self.name if self.name == "custom" else f"{self.name}*", **given)
 
+    @property
+    def per_gpu(self) -> bool:
+        """Plans are ranked by throughput per GPU (also the scalar of a Pareto search)."""
+        return self.objective in ("throughput_per_gpu", "pareto")
+
+    @property
+    def latency_axes(self) -> tuple[str, ...]:
+        """The latencies (metric names, minimized) a Pareto front trades against
+        throughput per GPU: TTFT for prefill, TPOT for decode, TPOT and (for requests
+        whose prompt is ``PREFILL_HEAVY_RATIO`` times the output or more) TTFT."""
+        if self.phase == "prefill":
+            return ("ttft_ms",)
+        if self.phase == "request" and self.input_len >= PREFILL_HEAVY_RATIO * self.output_len:
+            return ("tpot_ms", "ttft_ms")
+        return ("tpot_ms",)
+
     def describe(self) -> str:
         slo = []
         if self.ttft_ms is not None:
             slo.append(f"TTFT <= {self.ttft_ms:g} ms")
         if self.tpot_ms is not None:
             slo.append(f"TPOT <= {self.tpot_ms:g} ms")
-        goal = "minimize latency" if self.objective == "latency" else f"maximize {self.objective}"
+        if self.objective == "latency":
+            goal = "minimize latency"
+        elif self.objective == "pareto":
+            axes = " and ".join(a.removesuffix("_ms").upper() for a in self.latency_axes)
+            goal = f"Pareto front of throughput per GPU vs {axes}"
+        else:
+            goal = f"maximize {self.objective}"
         parts = [
             self.phase,
             self.schedule,

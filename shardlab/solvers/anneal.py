@@ -26,6 +26,7 @@ T_END = 0.002
 @register("anneal")
 class AnnealSolver(Solver):
     description = "simulated annealing, 16 chains, one-variable moves"
+    anytime = False  # the cooling schedule spans the evaluation budget
 
     def _search(self, ctx: SearchContext) -> Outcome:
         space, ev, rng = ctx.space, ctx.evaluator, ctx.rng

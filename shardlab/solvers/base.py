@@ -25,6 +25,7 @@ from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.problems.space import SearchSpace
 from shardlab.solvers.evaluator import BudgetExhausted, Evaluator, HistoryPoint, Progress
+from shardlab.solvers.front import FrontPoint
 
 Status = Literal["optimal", "feasible", "infeasible", "interrupted", "error"]
 
@@ -77,6 +78,8 @@ class SolveResult:
     wall_s: float
     history: tuple[HistoryPoint, ...]
     facts: dict[str, Any]
+    # objective "pareto": the non-dominated plans priced, by the first latency axis
+    front: tuple[FrontPoint, ...] = ()
 
     @property
     def objective(self) -> float:
@@ -104,6 +107,9 @@ class Solver(ABC):
 
     name: ClassVar[str] = ""
     exact: ClassVar[bool] = False  # can prove optimality
+    # The search does not shape itself by its budget, so its best after n evaluations
+    # is the same in a longer run: a benchmark may read several budgets off one run.
+    anytime: ClassVar[bool] = True
     description: ClassVar[str] = ""
 
     def solve(
@@ -178,4 +184,5 @@ class Solver(ABC):
             wall_s=wall,
             history=tuple(ev.history),
             facts={**outcome.facts, **({"stalled": True} if ev.stalled else {})},
+            front=ev.front.points() if ev.front is not None else (),
         )

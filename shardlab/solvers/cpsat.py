@@ -48,6 +48,7 @@ discarded by a bound; otherwise ``feasible`` with the bound and the relative gap
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import os
@@ -73,11 +74,16 @@ from shardlab.problems.space import (
     max_shift,
     option_valid,
 )
-from shardlab.solvers.base import Outcome, SearchContext, Solver
+from shardlab.solvers.base import Budget, Outcome, SearchContext, Solver
 from shardlab.solvers.evaluator import BudgetExhausted
 from shardlab.solvers.registry import register
 
 ROUNDING = 1e-5  # relative: bounds within this of the incumbent are still solved
+
+# Pareto sweep (CpSatSolver._front): the next latency bound is this far (relative)
+# below the last point's, and the model allows this much above a bound.
+SWEEP_STEP = 1e-4
+SWEEP_SLACK = 2e-5
 
 CP_STATUS = {
     cp_model.OPTIMAL: "optimal",
@@ -145,7 +151,7 @@ def objective_of(problem: Problem, d: Degrees, per_dp: int, time_ns: float) -> f
     if problem.workload.objective == "latency":
         return -time_ns / 1e6
     thr = _tokens(problem, d, per_dp) / (time_ns / 1e9)
-    if problem.workload.objective == "throughput_per_gpu":
+    if problem.workload.per_gpu:
         return thr / problem.cluster.num_gpus
     return thr
 
@@ -680,6 +686,8 @@ class CpSatSolver(Solver):
         self.workers = workers or os.cpu_count() or 1
 
     def _search(self, ctx: SearchContext) -> Outcome:
+        if ctx.problem.workload.objective == "pareto":
+            return self._front(ctx)
         problem, ev = ctx.problem, ctx.evaluator
         start = time.perf_counter()
         subs, discarded = subproblems(problem)
@@ -749,6 +757,83 @@ class CpSatSolver(Solver):
                 "workers": self.workers,
                 "seconds": time.perf_counter() - start,
             },
+        )
+
+    def _front(self, ctx: SearchContext) -> Outcome:
+        """The exact Pareto front by the epsilon-constraint method.
+
+        Each point is a proven optimum of throughput per GPU under latency bounds (the
+        user's SLOs tightened to ``epsilon``): the first without a bound, the next with
+        the bound just below the latency of the point before, until no plan meets it.
+        With two latency axes the sweep nests: for each bound on the outer axis, the
+        inner axis is swept, and the outer bound then goes just below the largest
+        outer latency of the points found. The evaluator keeps the non-dominated points
+        (a point equalled in throughput at a lower latency drops out). A bound is
+        ``SWEEP_STEP`` (relative) below the last latency and the CP-SAT model allows
+        ``SWEEP_SLACK`` above it, as its integer tables round each entry (relative 1e-5):
+        points closer than that in latency count as one. Exact (``optimal``) when every
+        solve was proven.
+        """
+        problem, ev = ctx.problem, ctx.evaluator
+        w = problem.workload
+        start = time.perf_counter()
+        stats = {"solves": 0, "unproven": 0}
+
+        def leaf(bounds: dict[str, float]) -> list[Any]:
+            slos = {}
+            for a, b in bounds.items():
+                limits = [x for x in (getattr(w, a), b * (1 + SWEEP_SLACK)) if x is not None]
+                if math.isfinite(min(limits)):
+                    slos[a] = min(limits)
+            sub = dataclasses.replace(
+                problem,
+                workload=dataclasses.replace(w, objective="throughput_per_gpu", **slos),
+            )
+            left = None if ctx.budget.seconds is None else ctx.budget.seconds - ev.elapsed
+            if left is not None and left <= 0:
+                raise BudgetExhausted
+            r = CpSatSolver(self.workers).solve(
+                sub, budget=Budget(max_evals=None, seconds=left), seed=ctx.seed
+            )
+            stats["solves"] += 1
+            if r.status == "interrupted":
+                raise KeyboardInterrupt
+            if r.status == "infeasible" and r.facts.get("unfinished"):
+                stats["unproven"] += 1  # the clock ran out before the proof
+                raise BudgetExhausted
+            if r.status == "infeasible" or r.plan is None or r.metrics is None:
+                return []
+            if r.status != "optimal":
+                stats["unproven"] += 1
+            ev.evaluate_plan(r.plan)
+            if r.status != "optimal":
+                raise BudgetExhausted  # the clock ran out inside this solve
+            return [r.metrics]
+
+        def sweep(bounds: dict[str, float], axes: tuple[str, ...]) -> list[Any]:
+            if not axes:
+                return leaf(bounds)
+            axis, found = axes[0], []
+            bound = math.inf
+            while True:
+                points = sweep({**bounds, axis: bound}, axes[1:])
+                if not points:
+                    return found
+                found += points
+                bound = max(getattr(p, axis) for p in points) * (1 - SWEEP_STEP)
+
+        outer_first = tuple(reversed(w.latency_axes))  # the first axis is swept innermost
+        try:
+            sweep({}, outer_first)
+            proven = stats["unproven"] == 0
+        except BudgetExhausted:
+            proven = False
+        facts = {"front_points": len(ev.front or ()), **stats, "workers": self.workers}
+        facts["seconds"] = time.perf_counter() - start
+        return Outcome(
+            proven_optimal=proven and ev.best_code is not None,
+            proven_infeasible=proven and ev.best_code is None,
+            facts=facts,
         )
 
     def _diagnose(self, ctx: SearchContext) -> None:

@@ -8,6 +8,8 @@ the history of improvements, and the least infeasible plan for error messages.
 Fitness (what metaheuristics compare): the workload's objective for feasible plans;
 for infeasible ones ``-1e18 * (1 + excess)``, below every feasible plan and graded by
 how far the plan misses (memory over HBM, TTFT and TPOT over their SLOs, relative).
+When the workload's objective is ``pareto`` it also keeps the front of the feasible
+plans it priced (:class:`~shardlab.solvers.front.Front`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 from shardlab.costmodel import BatchMetrics, evaluate_batch
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
+from shardlab.solvers.front import Front
 
 INFEASIBLE = -1e18
 
@@ -93,6 +96,7 @@ class Evaluator:
         self.space_size = self.space.num_plans()
         self.stalls = 0  # consecutive calls that proposed nothing new
         self.stalled = False
+        self.front = Front(problem) if problem.workload.objective == "pareto" else None
 
     @property
     def space_exhausted(self) -> bool:
@@ -149,6 +153,8 @@ class Evaluator:
         for k, f in zip(keys, fit, strict=True):
             self.cache[k] = float(f)
         self.n_evals += len(keys)
+        if self.front is not None:
+            self.front.add(codes, m)
         for name, flags in (
             ("memory", m.memory_violation),
             ("ttft_slo", m.ttft_violation),
@@ -162,12 +168,18 @@ class Evaluator:
         ):
             low = float(values.min())
             self._closest[name] = min(self._closest.get(name, low), low)
+        # History per plan, in the order priced: the best after any number of
+        # evaluations is then exact, even inside a batch.
+        first = self.n_evals - len(keys)
+        obj = np.where(m.feasible, m.objective, -np.inf)
+        before = np.concatenate([[self.best_objective], np.maximum.accumulate(obj)[:-1]])
+        now = self.elapsed
+        for j in np.flatnonzero(obj > np.maximum(before, self.best_objective)):
+            self.best_objective = float(obj[j])
+            self.best_code = codes[j].copy()
+            self.history.append(HistoryPoint(first + int(j) + 1, now, self.best_objective))
         i = int(np.argmax(fit))
-        if m.feasible[i] and m.objective[i] > self.best_objective:
-            self.best_objective = float(m.objective[i])
-            self.best_code = codes[i].copy()
-            self.history.append(HistoryPoint(self.n_evals, self.elapsed, self.best_objective))
-        elif not m.feasible[i] and fit[i] > self._least_fitness:
+        if not m.feasible[i] and fit[i] > self._least_fitness:
             self._least_fitness = float(fit[i])
             self._least_code = codes[i].copy()
         if self.callback is not None:

@@ -107,9 +107,15 @@ seed, and a resumed run does not repeat the random start-up trials of the run be
 Samplers (option ``sampler``): ``tpe`` (default; ``TPESampler(multivariate=True,
 group=True)``), ``gp`` (``GPSampler``, deterministic objective; imports torch when it
 first fits, which this module itself never does), ``random`` and ``nsga2``
-(``NSGAIISampler``). The study is single-objective (the workload's objective,
-maximized): ``nsga2`` runs as a constrained genetic algorithm; a Pareto mode
-(throughput vs latency vs GPUs) is left for later.
+(``NSGAIISampler``). With the workload's objective, maximized, the study is
+single-objective and ``nsga2`` runs as a constrained genetic algorithm.
+
+Pareto mode (workload objective ``pareto``): the study is multi-objective, throughput
+per GPU maximized and each of the workload's latency axes (TPOT; TTFT for prefill and
+prefill-heavy requests) minimized, with the same constraints; the default sampler is
+then ``nsga2`` (every sampler above accepts several objectives). The evaluator keeps
+the front of the plans this run priced (:mod:`shardlab.solvers.front`); the result's
+plan is the front's highest throughput per GPU.
 """
 
 from __future__ import annotations
@@ -135,6 +141,8 @@ from shardlab.problems.problem import Problem
 from shardlab.problems.space import MAX_SHIFT, SearchSpace
 from shardlab.solvers.base import Outcome, SearchContext, Solver
 from shardlab.solvers.evaluator import BudgetExhausted
+from shardlab.solvers.front import axes as front_axes
+from shardlab.solvers.front import minimized
 from shardlab.solvers.moves import mutate, one_move
 from shardlab.solvers.registry import register
 
@@ -296,6 +304,24 @@ def _storage_kind(storage: object) -> str:
     return type(storage).__name__
 
 
+def pareto(problem: Problem) -> bool:
+    return problem.workload.objective == "pareto"
+
+
+def directions(problem: Problem) -> list[str]:
+    """The study's directions: the objective, or throughput per GPU and each latency."""
+    if not pareto(problem):
+        return ["maximize"]
+    return ["maximize", *["minimize"] * len(problem.workload.latency_axes)]
+
+
+def front_values(problem: Problem, m: BatchMetrics) -> np.ndarray:
+    """``(n, 1 + axes)`` values a Pareto study is told, in the study's directions."""
+    values = minimized(problem, m)
+    values[:, 0] = -values[:, 0]
+    return values
+
+
 # -- constraints ---------------------------------------------------------------------
 
 
@@ -355,24 +381,24 @@ class OptunaSolver(Solver):
 
     def __init__(
         self,
-        sampler: str = "tpe",
+        sampler: str | None = None,
         storage: str | optuna.storages.BaseStorage | None = None,
         study: str | None = None,
     ) -> None:
-        if sampler not in SAMPLERS:
+        if sampler is not None and sampler not in SAMPLERS:
             raise ShardlabError(f"optuna sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
-        self.sampler = sampler
+        self.sampler = sampler  # None: tpe, or nsga2 for a Pareto front
         self.storage = storage
         self.study_name = study
 
     # -- set-up ----------------------------------------------------------------------
 
-    def _sampler(self, seed: int) -> optuna.samplers.BaseSampler:
+    def _sampler(self, name: str, seed: int) -> optuna.samplers.BaseSampler:
         samplers = optuna.samplers
         cons: dict[str, Any] = (
             {} if _HAS_SET_CONSTRAINT else {"constraints_func": _constraints_from_user_attrs}
         )
-        if self.sampler == "tpe":
+        if name == "tpe":
             return _make(
                 samplers.TPESampler,
                 multivariate=True,
@@ -381,7 +407,7 @@ class OptunaSolver(Solver):
                 constant_liar=self.storage is not None,
                 **cons,
             )
-        if self.sampler == "gp":
+        if name == "gp":
             return _make(
                 samplers.GPSampler,
                 seed=seed,
@@ -389,7 +415,7 @@ class OptunaSolver(Solver):
                 warn_independent_sampling=False,
                 **cons,
             )
-        if self.sampler == "nsga2":
+        if name == "nsga2":
             return _make(samplers.NSGAIISampler, seed=seed, **cons)
         return samplers.RandomSampler(seed=seed)
 
@@ -402,7 +428,7 @@ class OptunaSolver(Solver):
                     storage=self.storage,
                     sampler=optuna.samplers.RandomSampler(seed=0),  # replaced below
                     study_name=name,
-                    direction="maximize",
+                    directions=directions(problem),
                     load_if_exists=True,
                 )
                 break
@@ -412,9 +438,12 @@ class OptunaSolver(Solver):
                 if attempt == SCHEMA_RETRIES - 1:
                     raise
                 time.sleep(0.5 * (attempt + 1))
-        if study.directions != [optuna.study.StudyDirection.MAXIMIZE]:
+        wanted = [optuna.study.StudyDirection[d.upper()] for d in directions(problem)]
+        if study.directions != wanted:
             raise ShardlabError(
-                f"study {name!r} is not a single-objective maximization; choose another --study"
+                f"study {name!r} optimizes {len(study.directions)} objective(s), this problem "
+                f"{len(wanted)} ({', '.join(front_axes(problem)) if pareto(problem) else 'one'})"
+                "; choose another --study"
             )
         fp = fingerprint(problem)
         attrs = study.user_attrs
@@ -445,8 +474,9 @@ class OptunaSolver(Solver):
         with _quiet():
             layout = Layout(ctx.space)
             study = self._open(ctx, layout)
+            sampler = self.sampler or ("nsga2" if pareto(ctx.problem) else "tpe")
             facts: dict[str, Any] = {
-                "sampler": self.sampler,
+                "sampler": sampler,
                 "study": study.study_name,
                 "storage": _storage_kind(self.storage),
                 "replayed_trials": 0,
@@ -459,7 +489,7 @@ class OptunaSolver(Solver):
             facts["running_at_start"] = sum(t.state == TrialState.RUNNING for t in existing)
             base = int(ctx.rng.integers(0, 2**32 - 1))
             seed = int(np.random.SeedSequence([base, len(existing)]).generate_state(1)[0])
-            study.sampler = self._sampler(seed)
+            study.sampler = self._sampler(sampler, seed)
             try:
                 self._replay(ctx, existing, facts)
                 while True:
@@ -470,10 +500,13 @@ class OptunaSolver(Solver):
             facts["study_complete_trials"] = len(
                 study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             )
-            try:
-                facts["study_best_value"] = study.best_value
-            except ValueError:  # no feasible trial in the study
-                facts["study_best_value"] = None
+            if pareto(ctx.problem):
+                facts["study_front_trials"] = len(study.best_trials)
+            else:
+                try:
+                    facts["study_best_value"] = study.best_value
+                except ValueError:  # no feasible trial in the study
+                    facts["study_best_value"] = None
         return Outcome(facts=facts)
 
     def _replay(self, ctx: SearchContext, trials: list[FrozenTrial], facts: dict) -> None:
@@ -490,7 +523,7 @@ class OptunaSolver(Solver):
         facts["replayed_trials"] = len(done)
         # A changed cost model would make the stored values stale: say so in the facts.
         now = evaluate_batch(ctx.problem, codes).objective
-        was = np.array([t.value for t in done], dtype=float)
+        was = np.array([t.values[0] for t in done], dtype=float)
         facts["replay_mismatches"] = int(
             (~np.isclose(now, was, rtol=1e-9, atol=0.0, equal_nan=True)).sum()
         )
@@ -587,6 +620,9 @@ class OptunaSolver(Solver):
                 trial.set_constraint(name, float(value))
         else:
             trial.set_user_attr(ATTR_CONSTRAINTS, [float(c) for c in cons])
-        study.tell(trial, float(m.objective[0]))
+        if pareto(ctx.problem):
+            study.tell(trial, [float(v) for v in front_values(ctx.problem, m)[0]])
+        else:
+            study.tell(trial, float(m.objective[0]))
         facts["trials"] += 1
         facts["repeated_trials"] += int(seen)

@@ -1,0 +1,219 @@
+"""Pareto mode: fronts, their exactness under CP-SAT, Optuna's multi-objective search,
+and the CLI's table, figure and JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from shardlab import Problem, ShardlabError
+from shardlab.cli import app
+from shardlab.costmodel import evaluate, evaluate_batch
+from shardlab.problems.suite import get_instance
+from shardlab.problems.workload import Workload
+from shardlab.solvers import Budget, solve
+from shardlab.solvers.front import Front, dominates, minimized, nondominated
+from shardlab.solvers.pareto import at_batch, concurrency_levels, solve_front
+from shardlab.solvers.registry import get_solver
+
+# Points closer than this (relative) may differ between CP-SAT's integer tables and the
+# float cost model, and the sweep steps this far below the last latency.
+RTOL = 2e-4
+
+
+def every_plan(problem: Problem) -> np.ndarray:
+    space = problem.space
+    rows = []
+    for d in range(space.num_degree_tuples):
+        valid = [np.flatnonzero(space.mask(d)[v]) for v in range(1, space.n_vars)]
+        grid = np.stack(np.meshgrid(*valid, indexing="ij"), axis=-1).reshape(-1, len(valid))
+        rows.append(np.concatenate([np.full((len(grid), 1), d), grid], axis=1))
+    return np.concatenate(rows).astype(np.int64)
+
+
+# -- the front itself ---------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(*[st.integers(0, 6)] * 3),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_nondominated_keeps_exactly_the_undominated_points(points) -> None:
+    v = np.array(points, dtype=float)
+    keep = nondominated(v)
+    assert keep.any()
+    for i in range(len(v)):
+        dominated_by = [j for j in range(len(v)) if (v[j] <= v[i]).all() and (v[j] < v[i]).any()]
+        first_equal = min(j for j in range(len(v)) if (v[j] == v[i]).all())
+        assert keep[i] == (not dominated_by and first_equal == i)
+
+
+def test_latency_axes_follow_the_workload() -> None:
+    assert Workload(phase="prefill", objective="pareto").latency_axes == ("ttft_ms",)
+    assert Workload(phase="decode").latency_axes == ("tpot_ms",)
+    assert Workload(input_len=1024, output_len=256).latency_axes == ("tpot_ms",)
+    assert Workload(input_len=32768, output_len=512).latency_axes == ("tpot_ms", "ttft_ms")
+    assert "Pareto front of throughput per GPU vs TPOT" in Workload(objective="pareto").describe()
+    with pytest.raises(ShardlabError, match="objective"):
+        Workload(objective="fastest")  # type: ignore[arg-type]
+
+
+def test_concurrency_levels() -> None:
+    assert concurrency_levels(256) == (256, 128, 64, 32, 16, 8, 4, 2, 1)
+    assert concurrency_levels(100) == (100, 64, 32, 16, 8, 4, 2, 1)
+    assert concurrency_levels(1) == (1,)
+
+
+def test_pareto_ranks_plans_by_throughput_per_gpu() -> None:
+    base = Problem.build("llama-3.1-8b", "h100x2", "chat")
+    par = Problem.build("llama-3.1-8b", "h100x2", "chat", objective="pareto")
+    codes = base.space.sample(50, seed=0)
+    a, b = evaluate_batch(base, codes), evaluate_batch(par, codes)
+    np.testing.assert_allclose(b.objective, a.throughput_tok_s_per_gpu)
+
+
+def test_every_method_reports_the_front_of_the_plans_it_priced() -> None:
+    problem = Problem.build("llama-3.1-70b", "h100x4", "chat", objective="pareto")
+    r = solve(problem, "random", budget=Budget(max_evals=400), seed=1)
+    assert len(r.front) >= 2  # this instance's KV cache limits concurrency: a real trade-off
+    tpots = [p.metrics.tpot_ms for p in r.front]
+    assert tpots == sorted(tpots)
+    for p in r.front:
+        assert p.metrics.feasible and p.batch == 256
+        assert not any(dominates(problem, q.metrics, p.metrics) for q in r.front)
+    assert r.metrics is not None
+    assert r.metrics.objective == pytest.approx(
+        max(p.metrics.throughput_tok_s_per_gpu for p in r.front)
+    )
+
+
+# -- CP-SAT: exact --------------------------------------------------------------------------
+
+
+def test_cpsat_front_is_the_exhaustive_front_with_two_latency_axes() -> None:
+    # long prompts: TPOT and TTFT are both axes; 69,998 plans, all priced here.
+    problem = Problem.build("llama-3.1-8b", "h100x2", "long-context", objective="pareto")
+    assert problem.workload.latency_axes == ("tpot_ms", "ttft_ms")
+    codes = every_plan(problem)
+    assert len(codes) == problem.space.num_plans()
+    exact = Front(problem)
+    exact.add(codes, evaluate_batch(problem, codes))
+    r = solve(problem, "cpsat", budget=Budget(max_evals=None, seconds=300), seed=0)
+    assert r.status == "optimal"
+    assert len(exact) >= 2
+    assert len(r.front) == len(exact)
+    got = np.concatenate([minimized(problem, p.metrics) for p in r.front])
+    want = exact.values[np.lexsort((exact.values[:, 0], exact.values[:, 1]))]
+    np.testing.assert_allclose(got, want, rtol=RTOL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("instance", ["llama8b-h100x2-chat", "mixtral8x7b-h100x4-chat"])
+def test_no_optuna_point_dominates_a_cpsat_point(instance: str) -> None:
+    problem = get_instance(instance).problem()
+    exact = solve_front(problem, "cpsat", budget=Budget(max_evals=None, seconds=600), seed=0)
+    assert exact.status == "optimal"
+    found = solve_front(problem, "optuna", budget=Budget(max_evals=900, seconds=120), seed=0)
+    assert found.front
+    for o in found.front:
+        for c in exact.front:
+            assert not dominates(problem, o.metrics, c.metrics, rtol=RTOL), (o, c)
+    # and CP-SAT's front covers Optuna's: each Optuna point is matched or dominated
+    for o in found.front:
+        assert any(
+            dominates(problem, c.metrics, o.metrics, rtol=0)
+            or np.allclose(minimized(problem, c.metrics), minimized(problem, o.metrics), rtol=RTOL)
+            for c in exact.front
+        )
+
+
+def test_cpsat_front_over_levels_is_proven_and_sorted() -> None:
+    problem = Problem.build("llama-3.1-8b", "h100x2", "chat", batch=64, objective="pareto")
+    r = solve_front(problem, "cpsat", budget=Budget(max_evals=None, seconds=300), seed=0)
+    assert r.status == "optimal"
+    assert [b for b, _ in r.runs] == [64, 32, 16, 8, 4, 2, 1]
+    tpots = [p.metrics.tpot_ms for p in r.front]
+    assert tpots == sorted(tpots)
+    for p in r.front:  # every point is priced at its own batch
+        assert p.metrics == evaluate(at_batch(problem, p.batch), p.plan)
+    for _, level in r.runs:  # the merge keeps what no other level beats
+        for q in level.front:
+            assert any(
+                dominates(problem, p.metrics, q.metrics)
+                or (minimized(problem, p.metrics) == minimized(problem, q.metrics)).all()
+                for p in r.front
+            )
+    assert r.megatron and all(m.metrics.feasible for m in r.megatron)
+
+
+# -- Optuna -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sampler", ["nsga2", "tpe", "random"])
+def test_optuna_pareto_is_multi_objective(sampler: str) -> None:
+    problem = Problem.build("llama-3.1-70b", "h100x4", "chat", objective="pareto")
+    r = get_solver("optuna", sampler=sampler).solve(problem, budget=Budget(max_evals=150), seed=0)
+    assert r.status == "feasible"
+    assert r.facts["sampler"] == sampler
+    assert r.facts["study_front_trials"] >= 1
+    assert r.front and r.n_evals == 150
+
+
+def test_optuna_pareto_refuses_a_single_objective_study(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    single = Problem.build("llama-3.1-8b", "h100x2", "chat")
+    get_solver("optuna", storage=url, study="x").solve(single, budget=Budget(max_evals=5))
+    pareto = dataclasses.replace(
+        single, workload=dataclasses.replace(single.workload, objective="pareto")
+    )
+    with pytest.raises(ShardlabError, match="objective"):
+        get_solver("optuna", storage=url, study="x").solve(pareto, budget=Budget(max_evals=5))
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+def test_cli_pareto_json_table_and_figure(tmp_path) -> None:
+    runner = CliRunner()
+    png = tmp_path / "front.png"
+    args = [
+        "solve",
+        "--method",
+        "optuna",
+        "--model",
+        "llama-3.1-8b",
+        "--cluster",
+        "h100x2",
+        "--batch",
+        "16",
+        "--objective",
+        "pareto",
+        "--max-evals",
+        "250",
+        "--plot",
+        str(png),
+    ]
+    res = runner.invoke(app, [*args, "--format", "json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    front = data["pareto"]
+    assert front and {"batch", "plan", "metrics"} <= set(front[0])
+    tpots = [p["metrics"]["tpot_ms"] for p in front]
+    assert tpots == sorted(tpots)
+    assert data["plan"] is not None and data["megatron"]
+    assert {lv["batch"] for lv in data["levels"]} == {16, 8, 4, 2, 1}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".*.tmp"))
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "Pareto front" in res.stdout and "Megatron plan per batch" in res.stdout
