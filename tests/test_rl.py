@@ -160,3 +160,13 @@ def test_ppo_improves_the_mean_reward() -> None:
         search.step()
     first, last = means[0], float(np.mean(means[-5:]))
     assert last > first + 0.5, (first, last)
+
+
+def test_search_does_not_depend_on_its_budget() -> None:
+    """Anytime: the first 150 evaluations of a 400-evaluation run are a 150-evaluation run."""
+    problem = get_instance("llama70b-h100x4-chat").problem()
+    short = get_solver("rl").solve(problem, budget=Budget(max_evals=150), seed=2)
+    long = get_solver("rl").solve(problem, budget=Budget(max_evals=400), seed=2)
+    assert [(h.evals, h.best) for h in short.history] == [
+        (h.evals, h.best) for h in long.history if h.evals <= 150
+    ]
