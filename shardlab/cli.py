@@ -271,6 +271,11 @@ def solve(
         typer.Option(help="optuna: a storage URL (sqlite:///study.db, postgresql://...)."),
     ] = None,
     study: Annotated[str | None, typer.Option(help="optuna: the study name.")] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(help="rl: start from this policy checkpoint (`shardlab train-policy`)."),
+    ] = None,
+    algorithm: Annotated[str | None, typer.Option(help="rl: ppo (default) or reinforce.")] = None,
     out_file: Annotated[
         str | None, typer.Option("--out", help="Write the best plan here (JSON).")
     ] = None,
@@ -289,7 +294,13 @@ def solve(
     from shardlab.solvers.registry import get_solver
 
     options = _solver_options(
-        method, workers=workers, sampler=sampler, storage=storage, study=study
+        method,
+        workers=workers,
+        sampler=sampler,
+        storage=storage,
+        study=study,
+        policy=policy,
+        algorithm=algorithm,
     )
     solver = get_solver(method, **options)
     if max_evals is None and time_limit is None:
@@ -388,6 +399,59 @@ def _solve_front(
         raise SystemExit(1)
 
 
+@app.command("train-policy")
+def train_policy(
+    suite: Annotated[
+        str, typer.Option(help="Instances to train on: train, small, medium, all or a name.")
+    ] = "train",
+    out_file: Annotated[str, typer.Option("--out", help="Checkpoint to write.")] = "policy.pt",
+    evals: Annotated[
+        int, typer.Option("--evals", min=1, help="Evaluations per instance and round.")
+    ] = 500,
+    rounds: Annotated[int, typer.Option(min=1, help="Passes over the instances.")] = 1,
+    seed: Annotated[int, typer.Option(help="Same seed, same policy.")] = 0,
+    resume: Annotated[
+        str | None, typer.Option(help="Continue from a checkpoint this command wrote.")
+    ] = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Pretrain the RL policy across a suite's instances; `solve --method rl --policy`
+    starts from it. The checkpoint is rewritten (atomically) after every instance."""
+    from shardlab.problems.suite import get_suite
+    from shardlab.solvers.rl.train import TrainProgress
+    from shardlab.solvers.rl.train import train_policy as train
+
+    instances = get_suite(suite)
+    log: list[TrainProgress] = []
+
+    def progress(p: TrainProgress) -> None:
+        log.append(p)
+        best = "-" if p.best is None else f"{p.best:,.1f}"
+        err.print(
+            f"  round {p.round + 1} {p.instance}: {p.evals} evals, best {best}, {p.seconds:.0f} s"
+        )
+
+    path = train(
+        instances,
+        out=out_file,
+        seed=seed,
+        evals_per_instance=evals,
+        rounds=rounds,
+        resume=resume,
+        progress=progress,
+    )
+    if fmt is Format.json:
+        emit_json(
+            {
+                "out": str(path),
+                "instances": [i.name for i in instances],
+                "progress": [asdict(p) for p in log],
+            }
+        )
+    else:
+        out.print(f"trained on {len(instances)} instances x {rounds} round(s); wrote {path}")
+
+
 @app.command()
 def solvers(fmt: FormatOpt = Format.table) -> None:
     """List the registered methods."""
@@ -426,7 +490,10 @@ def compare(
         str, typer.Option(help="Comma-separated methods.")
     ] = "random,anneal,genetic",
     suite: Annotated[
-        str | None, typer.Option(help="small, medium, large, train, heldout, all, or an instance.")
+        str | None,
+        typer.Option(
+            help="small, medium, large, train, heldout, all, instance names; comma-separated."
+        ),
     ] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Seeds per method.")] = 3,
     max_evals: Annotated[int | None, typer.Option("--max-evals", min=1)] = 2000,
@@ -438,6 +505,10 @@ def compare(
         ),
     ] = None,
     time_limit: Annotated[float | None, typer.Option("--time-limit", min=0.001)] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(help="Also run rl from this pretrained policy (as method rl+policy)."),
+    ] = None,
     jobs: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 2,
     name: Annotated[str | None, typer.Option(help="Results folder name.")] = None,
     results_dir: Annotated[str, typer.Option("--results-dir")] = "results",
@@ -449,7 +520,7 @@ def compare(
 
     from shardlab.compare import run_comparison, summarize, write_results
     from shardlab.problems.suite import Instance, get_suite
-    from shardlab.solvers.registry import available_solvers
+    from shardlab.solvers.registry import available_solvers, get_solver
 
     wanted = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [m for m in wanted if m not in available_solvers()]
@@ -490,6 +561,8 @@ def compare(
             levels = []
         if not levels or levels[0] < 1:
             raise ShardlabError(f"--budgets {budgets!r}: give positive integers, e.g. 500,2000")
+    if policy is not None:
+        get_solver("rl", policy=policy)  # a bad checkpoint fails here, not in every run
     results = run_comparison(
         instances,
         wanted,
@@ -499,6 +572,7 @@ def compare(
         jobs=jobs,
         on_done=on_done,
         budgets=levels,
+        variants=[("rl+policy", "rl", {"policy": policy})] if policy else [],
     )
     rows = summarize(results)
     out_dir = Path(results_dir) / label

@@ -31,26 +31,31 @@ from pathlib import Path
 from typing import Any
 
 from shardlab.problems.suite import Instance
-from shardlab.solvers import Budget, solve
-from shardlab.solvers.registry import solver_class
+from shardlab.solvers import Budget
+from shardlab.solvers.registry import get_solver, solver_class
 
 
 @dataclass(frozen=True)
 class Task:
     instance: Instance
-    method: str
+    method: str  # the registered solver
     seed: int
     max_evals: int | None
     seconds: float | None
+    options: tuple[tuple[str, object], ...] = ()  # method-specific solver options
+    label: str = ""  # the name results carry (default: the method)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.method
 
 
 def run_task(task: Task) -> dict[str, Any]:
     """One solve, as a JSON-ready dict (runs in a worker process)."""
     problem = task.instance.problem()
     try:
-        r = solve(
+        r = get_solver(task.method, **dict(task.options)).solve(
             problem,
-            task.method,
             budget=Budget(max_evals=task.max_evals, seconds=task.seconds),
             seed=task.seed,
         )
@@ -58,7 +63,8 @@ def run_task(task: Task) -> dict[str, Any]:
         return {
             "task_max_evals": task.max_evals,
             "instance": task.instance.name,
-            "method": task.method,
+            "method": task.name,
+            "solver": task.method,
             "seed": task.seed,
             "status": "error",
             "message": f"{type(exc).__name__}: {exc}",
@@ -74,7 +80,8 @@ def run_task(task: Task) -> dict[str, Any]:
     return {
         "task_max_evals": task.max_evals,
         "instance": task.instance.name,
-        "method": task.method,
+        "method": task.name,
+        "solver": task.method,
         "seed": task.seed,
         "status": r.status,
         "message": r.message,
@@ -118,14 +125,17 @@ def run_comparison(
     jobs: int,
     on_done: Callable[[dict[str, Any]], None] | None = None,
     budgets: Sequence[int] | None = None,
+    variants: Sequence[tuple[str, str, dict[str, object]]] = (),
 ) -> list[dict[str, Any]]:
     """Every run as a dict; with ``budgets``, one record per run and budget (see the
-    module docstring), each with its ``budget``."""
-    all_methods = list(dict.fromkeys([*methods, "megatron"]))
+    module docstring), each with its ``budget``. ``variants`` are extra methods run
+    with options, as ``(label, method, options)`` (e.g. ``rl`` from a pretrained policy).
+    """
+    runs = [(m, m, {}) for m in dict.fromkeys([*methods, "megatron"])] + list(variants)
     tasks = [
-        Task(inst, m, s, b, seconds)
+        Task(inst, m, s, b, seconds, tuple(sorted(opts.items())), label)
         for inst in instances
-        for m in all_methods
+        for label, m, opts in runs
         for b in _budgets_of(m, max_evals, budgets)
         for s in (range(seeds) if m != "megatron" else range(1))
     ]
@@ -148,8 +158,8 @@ def run_comparison(
 
 def _at_budgets(run: dict[str, Any], budgets: Sequence[int]) -> list[dict[str, Any]]:
     """The records of one run at the budgets it stands for."""
-    cls = solver_class(run["method"])
-    if cls.exact or run["method"] == "megatron":
+    cls = solver_class(run["solver"])
+    if cls.exact or run["solver"] == "megatron":
         return [{**run, "budget": None}]
     if not cls.anytime:
         return [{**run, "budget": run["task_max_evals"]}]

@@ -233,3 +233,31 @@ def test_solve_json_with_method_options(tmp_path: Path, capsys, monkeypatch) -> 
     assert json.loads(out_file.read_text())["schema"] == "shardlab.plan/1"
     code, _, err = run_cli(["solve", "--method", "random", "--sampler", "tpe"], capsys, monkeypatch)
     assert code == 2 and "--sampler does not apply" in err
+
+
+def test_train_policy_then_solve_from_it(tmp_path: Path, capsys, monkeypatch) -> None:
+    policy = tmp_path / "policy.pt"
+    code, out, err = run_cli(
+        ["train-policy", "--suite", "llama8b-h100x2-chat", "--evals", "40", "--out", str(policy)],
+        capsys,
+        monkeypatch,
+    )
+    assert code == 0, err
+    assert policy.exists() and "wrote" in out and "40 evals" in err
+    assert not list(tmp_path.glob(".*tmp*"))
+    args = ["solve", "--method", "rl", "--policy", str(policy), "--model", "llama-3.1-8b"]
+    args += ["--cluster", "h100x2", "--max-evals", "60", "--seed", "4", "--format", "json"]
+    runs = []
+    for _ in range(2):
+        code, out, err = run_cli(args, capsys, monkeypatch)
+        assert code == 0, err
+        runs.append(json.loads(out))
+    assert runs[0]["plan"] == runs[1]["plan"] and runs[0]["n_evals"] <= 60
+    code, _, err = run_cli(
+        ["solve", "--method", "cpsat", "--policy", str(policy)], capsys, monkeypatch
+    )
+    assert code == 2 and "--policy does not apply" in err
+    code, _, err = run_cli(
+        ["solve", "--method", "rl", "--policy", str(tmp_path / "missing.pt")], capsys, monkeypatch
+    )
+    assert code == 2 and "missing.pt" in err and len(err.strip().splitlines()) == 1

@@ -190,7 +190,11 @@ def get_instance(name: str) -> Instance:
 
 
 def get_suite(name: str) -> tuple[Instance, ...]:
-    """Instances of a suite: a size tag, a split, ``all``, or one instance's name."""
+    """Instances of a suite: a size tag, a split, ``all``, one instance's name, or
+    several of these separated by commas (their instances in order, each once)."""
+    if "," in name:
+        parts = [get_suite(part.strip()) for part in name.split(",") if part.strip()]
+        return tuple(dict.fromkeys(i for part in parts for i in part))
     if name == "all":
         return INSTANCES
     if name in ("small", "medium", "large"):
