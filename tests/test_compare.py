@@ -54,3 +54,31 @@ def test_compare_small_suite_writes_its_results(tmp_path: Path) -> None:
     png = (out / "convergence.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert "ratio to best" in proc.stdout
+
+
+def test_budgets_read_anytime_runs_and_rerun_the_others(tmp_path: Path) -> None:
+    from shardlab.compare import run_comparison, summarize, summary_markdown
+    from shardlab.problems.suite import get_suite
+    from shardlab.solvers import Budget, solve
+
+    inst = get_suite("llama70b-h100x4-chat")
+    results = run_comparison(
+        inst, ["random", "anneal"], 1, max_evals=300, seconds=None, jobs=1, budgets=[60, 300]
+    )
+    by = {(r["method"], r["budget"]): r for r in results}
+    assert set(by) == {
+        ("random", 60),
+        ("random", 300),
+        ("anneal", 60),
+        ("anneal", 300),
+        ("megatron", None),
+    }
+    # random ran once (at 300) and is read at 60; anneal, whose schedule spans its
+    # budget, ran at each budget
+    assert by[("random", 60)]["task_max_evals"] == 300
+    assert by[("anneal", 60)]["task_max_evals"] == 60
+    short = solve(inst[0].problem(), "random", budget=Budget(max_evals=60), seed=0)
+    assert by[("random", 60)]["objective"] == pytest.approx(short.metrics.objective, rel=1e-12)
+    rows = summarize(results)
+    text = summary_markdown("t", "shardlab compare ...", rows)
+    assert "| budget |" in text and "random @60" in text and "anneal @300" in text
