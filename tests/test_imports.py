@@ -25,3 +25,18 @@ def test_solve_cpsat_does_not_import_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert '"status": "optimal"' in proc.stdout
+
+
+def test_gymnasium_env_does_not_import_torch() -> None:
+    code = (
+        "import sys, gymnasium, shardlab.envs\n"
+        "env = gymnasium.make('shardlab/Sharding-v0', instance='llama8b-h100x2-chat')\n"
+        "obs, info = env.reset(seed=0)\n"
+        "done = False\n"
+        "while not done:\n"
+        "    action = int(info['action_mask'].argmax())\n"
+        "    obs, reward, done, truncated, info = env.step(action)\n"
+        "sys.exit(3 if 'torch' in sys.modules else 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
