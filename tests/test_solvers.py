@@ -85,8 +85,8 @@ def test_ctrl_c_returns_the_best_plan_so_far(method: str) -> None:
 def test_anytime_best_after_n_evaluations_is_a_run_with_budget_n(method: str) -> None:
     # what `shardlab compare --budgets` relies on to read several budgets off one run
     problem = get_instance("llama70b-h100x4-chat").problem()
-    longer = solve(problem, method, budget=Budget(max_evals=300), seed=5)
-    for n in (40, 150):
+    longer = solve(problem, method, budget=Budget(max_evals=200), seed=5)
+    for n in (30, 120):
         short = solve(problem, method, budget=Budget(max_evals=n), seed=5)
         seen = [h.best for h in longer.history if h.evals <= n]
         assert short.n_evals <= n
