@@ -23,7 +23,6 @@ from shardlab.costmodel import BatchMetrics, Metrics, evaluate
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 
-
 CHUNK = 512  # plans merged into a front at a time
 
 
