@@ -308,7 +308,7 @@ def solve(
     else:
         budget = Budget(max_evals=max_evals, seconds=time_limit)
     if problem.workload.objective == "pareto":
-        _solve_front(problem, method, options, budget, seed, plot, fmt)
+        _solve_front(problem, method, options, budget, seed, plot, out_file, fmt)
         return
     with solve_progress(method, budget.max_evals, budget.seconds) as callback:
         result = solver.solve(problem, budget=budget, seed=seed, callback=callback)
@@ -364,6 +364,7 @@ def _solve_front(
     budget: object,
     seed: int,
     plot: str,
+    out_file: str | None,
     fmt: Format,
 ) -> None:
     from shardlab.plots import plot_front
@@ -374,6 +375,9 @@ def _solve_front(
         result = solve_front(
             problem, method, budget=budget, seed=seed, options=options, callback=callback
         )  # type: ignore[arg-type]
+    best = result.best
+    if out_file is not None and best is not None:  # the front's highest throughput per GPU
+        write_atomic(out_file, best.plan.to_json(problem.model, cluster=problem.cluster.name))
     if result.front:
         plot_front(
             plot,
@@ -395,6 +399,8 @@ def _solve_front(
         print_front(problem, result.front, result.megatron)
         if result.front:
             out.print(f"wrote {plot}")
+        if out_file is not None and best is not None:
+            out.print(f"wrote {out_file} (the plan of batch {best.batch}, the front's highest)")
     if result.status == "error":
         raise SystemExit(1)
 

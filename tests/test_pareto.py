@@ -234,6 +234,8 @@ def test_cli_pareto_json_table_and_figure(tmp_path) -> None:
     assert {lv["batch"] for lv in data["levels"]} == {16, 8, 4, 2, 1}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*.tmp"))
-    res = runner.invoke(app, args)
+    plan_file = tmp_path / "best.json"
+    res = runner.invoke(app, [*args, "--out", str(plan_file)])
     assert res.exit_code == 0, res.output
     assert "Pareto front" in res.stdout and "Megatron plan per batch" in res.stdout
+    assert json.loads(plan_file.read_text())["degrees"] == data["plan"]["degrees"]
