@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -34,6 +34,9 @@ from shardlab.render import (
     solve_progress,
     write_atomic,
 )
+
+if TYPE_CHECKING:
+    from shardlab.solvers import Budget
 
 app = typer.Typer(
     add_completion=False,
@@ -361,7 +364,7 @@ def _solve_front(
     problem: Problem,
     method: str,
     options: dict[str, object],
-    budget: object,
+    budget: Budget,
     seed: int,
     plot: str,
     out_file: str | None,
@@ -374,7 +377,7 @@ def _solve_front(
     with solve_progress(method, None, None) as callback:
         result = solve_front(
             problem, method, budget=budget, seed=seed, options=options, callback=callback
-        )  # type: ignore[arg-type]
+        )
     best = result.best
     if out_file is not None and best is not None:  # the front's highest throughput per GPU
         write_atomic(out_file, best.plan.to_json(problem.model, cluster=problem.cluster.name))

@@ -803,10 +803,9 @@ class CpSatSolver(Solver):
                 raise BudgetExhausted
             if r.status == "infeasible" or r.plan is None or r.metrics is None:
                 return []
-            if r.status != "optimal":
-                stats["unproven"] += 1
             ev.evaluate_plan(r.plan)
             if r.status != "optimal":
+                stats["unproven"] += 1
                 raise BudgetExhausted  # the clock ran out inside this solve
             return [r.metrics]
 
