@@ -16,6 +16,7 @@ from rich.table import Table
 from shardlab.cli_options import plan_command, problem_command
 from shardlab.costmodel import evaluate as cost_evaluate
 from shardlab.errors import ShardlabError
+from shardlab.files import write_text
 from shardlab.problems.catalog import CATALOG, load_model
 from shardlab.problems.cluster import builtin_accelerators
 from shardlab.problems.plan import Plan
@@ -32,7 +33,6 @@ from shardlab.render import (
     print_plan,
     problem_json,
     solve_progress,
-    write_atomic,
 )
 
 if TYPE_CHECKING:
@@ -317,7 +317,7 @@ def solve(
         result = solver.solve(problem, budget=budget, seed=seed, callback=callback)
     baseline = get_solver("megatron").solve(problem, seed=seed)
     if out_file is not None and result.plan is not None:
-        write_atomic(out_file, result.plan.to_json(problem.model, cluster=problem.cluster.name))
+        write_text(out_file, result.plan.to_json(problem.model, cluster=problem.cluster.name))
     ratio = None
     if result.metrics is not None and baseline.metrics is not None and baseline.metrics.feasible:
         from shardlab.compare import quality
@@ -380,7 +380,7 @@ def _solve_front(
         )
     best = result.best
     if out_file is not None and best is not None:  # the front's highest throughput per GPU
-        write_atomic(out_file, best.plan.to_json(problem.model, cluster=problem.cluster.name))
+        write_text(out_file, best.plan.to_json(problem.model, cluster=problem.cluster.name))
     if result.front:
         plot_front(
             plot,

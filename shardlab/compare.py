@@ -22,7 +22,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardlab.files import replacing
 from shardlab.problems.suite import Instance
 from shardlab.solvers import Budget
 from shardlab.solvers.registry import get_solver, solver_class
@@ -252,9 +252,8 @@ def write_results(
     out_dir.mkdir(parents=True, exist_ok=True)
 
     def atomic(path: Path, write: Callable[[Path], None]) -> None:
-        tmp = path.with_name(f".{path.name}.tmp")
-        write(tmp)
-        os.replace(tmp, path)
+        with replacing(path) as tmp:
+            write(tmp)
 
     atomic(
         out_dir / "results.json",

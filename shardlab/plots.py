@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from shardlab.files import replacing
 from shardlab.problems.problem import Problem
 from shardlab.solvers.front import FrontPoint
 
@@ -65,11 +65,8 @@ def plot_front(
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp")
     try:
-        fig.savefig(tmp, format="png", dpi=100)
-        os.replace(tmp, target)
+        with replacing(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=100)
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)

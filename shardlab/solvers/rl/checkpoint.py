@@ -1,16 +1,15 @@
 """Saving and loading a policy: its ``state_dict``, its knobs and its training state,
-written atomically (a temporary file in the same directory, then ``os.replace``)."""
+written whole or not at all (:func:`shardlab.files.replacing`)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from shardlab.errors import ShardlabError
+from shardlab.files import replacing
 from shardlab.solvers.rl.config import NETWORK_FIELDS, RLConfig
 from shardlab.solvers.rl.policy import Policy
 
@@ -34,14 +33,8 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "extra": extra or {},
     }
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(data, f)
-        os.replace(tmp, path)  # readers see the old file or the new one, never half of one
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replacing(path) as tmp:
+        torch.save(data, tmp)
     return path
 
 
