@@ -372,6 +372,26 @@ def dispatch_bytes(expert_dtype: str) -> float:
     return 1.0 if expert_dtype in ("fp8", "fp4") else ACT_BYTES
 
 
+def alltoall_messages(
+    problem: Problem, d: Degrees, group_tokens: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Per-rank bytes of the expert all-to-all's three exchanges over the ``ep`` axis:
+    the token counts (DeepEP's notify step), the dispatch and the combine.
+
+    ``group_tokens``: tokens entering one stage's MoE block over the ``dp_attn`` ranks.
+    The cost model prices these messages and the DTensor checks trace them.
+    """
+    moe = problem.model.moe
+    assert moe is not None
+    h = problem.model.hidden_size
+    sent = group_tokens / d.group * dispatch_copies(d.ep, moe.top_k, moe.num_experts) * h
+    return {
+        "counts": np.full_like(group_tokens, d.ep * COUNT_BYTES),
+        "dispatch": sent * dispatch_bytes(problem.weight_dtype("experts")),
+        "combine": sent * ACT_BYTES,
+    }
+
+
 def _experts_cost(ctx: CostContext, opt: OptionSpec, step: Step) -> OptionCost:
     m, d = ctx.model, ctx.d
     assert m.moe is not None
@@ -393,14 +413,10 @@ def _experts_cost(ctx: CostContext, opt: OptionSpec, step: Step) -> OptionCost:
     buffers = np.zeros_like(ctx.b)
     if opt.name == "alltoall":
         ep_span = axis_span("ep", d, ctx.cluster)
-        copies = dispatch_copies(d.ep, moe.top_k, moe.num_experts)
-        tokens_here = group_tokens / d.group
-        dispatch = tokens_here * copies * h * dispatch_bytes(ctx.problem.weight_dtype("experts"))
-        combine = tokens_here * copies * h * ACT_BYTES
-        counts = np.full_like(ctx.b, d.ep * COUNT_BYTES)
-        comm = collective_time("all_to_all", ep_span, counts, ctx.cluster)
-        comm = comm + collective_time("all_to_all", ep_span, dispatch, ctx.cluster)
-        comm = comm + collective_time("all_to_all", ep_span, combine, ctx.cluster)
+        messages = alltoall_messages(ctx.problem, d, group_tokens)
+        for message in messages.values():
+            comm = comm + collective_time("all_to_all", ep_span, message, ctx.cluster)
+        combine = messages["combine"]
         if d.etp > 1:
             etp_span = axis_span("etp", d, ctx.cluster)
             recv = assignments * h * ACT_BYTES

@@ -14,12 +14,7 @@ import numpy as np
 
 from shardlab.costmodel.constants import ACT_BYTES
 from shardlab.costmodel.evaluate import _assemble, units_of_plan
-from shardlab.costmodel.opcosts import (
-    COUNT_BYTES,
-    dispatch_bytes,
-    dispatch_copies,
-    output_width,
-)
+from shardlab.costmodel.opcosts import alltoall_messages, output_width
 from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.operators import HEAD_OPS, layer_edges, layer_ops
 from shardlab.problems.plan import Plan
@@ -98,21 +93,14 @@ def collectives_of(problem: Problem, plan: Plan, *, step: int = 0) -> list[Colle
         if kind == "moe" and opts["experts"].name == "alltoall" and d.group > 1:
             assert m.moe is not None
             tokens = b * st.tokens * dp
-            per_rank = tokens / d.group * dispatch_copies(d.ep, m.moe.top_k, m.moe.num_experts) * h
-            dtype = problem.weight_dtype("experts")
-            calls.append(
-                CollectiveCall(
-                    f"layer{layer}: experts counts", "all_to_all", "ep", d.ep, d.ep * COUNT_BYTES
-                )
-            )
-            for phase, nbytes in (("dispatch", dispatch_bytes(dtype)), ("combine", ACT_BYTES)):
+            for phase, message in alltoall_messages(problem, d, np.array([tokens])).items():
                 calls.append(
                     CollectiveCall(
                         f"layer{layer}: experts {phase}",
                         "all_to_all",
                         "ep",
                         d.ep,
-                        per_rank * nbytes,
+                        float(message[0]),
                     )
                 )
             if d.etp > 1:
