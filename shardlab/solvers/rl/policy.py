@@ -180,6 +180,11 @@ class Policy(nn.Module):
             )
             logq = torch.log_softmax(logits / temperature, dim=-1)
             a = torch.multinomial(logq.exp(), 1, generator=gen)[:, 0]
+            # The log-probability under the policy itself, not under the heated sampler:
+            # PPO's ratio then starts at 1 and a reheated batch is learned from as if the
+            # policy had drawn it. That is biased towards what the sampler explored, on
+            # purpose: the true ratio pi/q_T of a hot batch lies far outside the clip
+            # range, so PPO would learn nothing from the batches that found new plans.
             logp += torch.log_softmax(logits, dim=-1).gather(1, a[:, None])[:, 0]
             actions[:, t] = a.numpy()
             prev = cand[torch.arange(n), a]
