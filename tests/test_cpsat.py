@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from shardlab import Problem
@@ -81,3 +84,30 @@ def test_time_limit_reports_bound_and_gap() -> None:
     if r.status == "feasible":
         assert r.facts["bound"] >= r.metrics.objective
         assert 0 <= r.facts["gap"] <= 1
+
+
+def test_ctrl_c_during_a_solve_stops_the_run() -> None:
+    # A real SIGINT, sent while CP-SAT searches (the first incumbent is reported from
+    # CP-SAT's thread), in a child process so a lost interrupt cannot stop pytest.
+    script = """
+import os, signal, threading
+from shardlab import Problem
+from shardlab.solvers import get_solver
+
+sent = []
+def progress(p):
+    if not sent and threading.current_thread() is not threading.main_thread():
+        sent.append(p.evals)
+        os.kill(os.getpid(), signal.SIGINT)
+
+problem = Problem.build("llama-3.1-70b", "h100x8", "chat")
+r = get_solver("cpsat", workers=2).solve(problem, seed=0, callback=progress)
+print(r.status, r.plan is not None, bool(sent))
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr
+    # Before: CP-SAT's own handler ended one subproblem's search and the run went on to
+    # report "optimal".
+    assert run.stdout.split() == ["interrupted", "True", "True"]

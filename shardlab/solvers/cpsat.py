@@ -52,6 +52,7 @@ import dataclasses
 import itertools
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -645,16 +646,64 @@ class SubproblemModel:
         solver.parameters.max_time_in_seconds = max(seconds, 0.01)
         solver.parameters.num_workers = workers
         solver.parameters.random_seed = seed
+        # CP-SAT's own SIGINT handler lives on the solving thread and would take Ctrl-C
+        # from Python (aborting the process when the signal lands on another thread);
+        # _solve_interruptibly turns Ctrl-C into a stop instead.
+        solver.parameters.catch_sigint_signal = False
         if workers > 1:
             solver.parameters.interleave_search = True  # deterministic with several workers
         callback = _Incumbents(self, on_plan)
-        status = CP_STATUS.get(solver.Solve(self.model, callback), "unknown")
+        status = CP_STATUS.get(_solve_interruptibly(solver, self.model, callback), "unknown")
         if callback.stopped is not None:
             raise callback.stopped
         if status not in ("optimal", "feasible"):
             return SubSolution(status, None, None, math.inf if status == "infeasible" else 0.0)
         plan = self.space.decode(self.row(solver.Value))
         return SubSolution(status, plan, solver.ObjectiveValue(), solver.BestObjectiveBound())
+
+
+def _solve_interruptibly(
+    solver: cp_model.CpSolver, model: cp_model.CpModel, callback: _Incumbents
+) -> int:
+    """``solver.Solve`` on a thread of its own, so that Ctrl-C stops it.
+
+    Python runs signal handlers on the main thread only, between bytecodes, and a Solve
+    called there sits in C++ until it returns; with CP-SAT's own handler a Ctrl-C only
+    ended the current subproblem's search and the run went on (a 14 s solve
+    interrupted at 12 s reported ``optimal``). Here the main thread waits in short
+    joins, which a signal interrupts; the KeyboardInterrupt stops the search
+    (``stop_search`` is thread-safe), waits for the solver's thread and is raised again.
+    """
+    outcome: list[int | BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append(solver.Solve(model, callback))
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run, name="cp-sat")
+    thread.start()
+    # Waiting on an Event, not Thread.join: a KeyboardInterrupt inside join (or
+    # is_alive) makes CPython 3.11's _wait_for_tstate_lock (bpo-45274) release the lock
+    # the running thread holds and mark it stopped; the run then went on while CP-SAT
+    # still called back into the evaluator (a wrong best plan, or an abort at exit).
+    try:
+        while not done.wait(0.05):
+            pass
+    except KeyboardInterrupt:
+        solver.stop_search()
+        done.wait()
+        raise
+    finally:
+        if done.is_set():
+            thread.join()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 class _Incumbents(cp_model.CpSolverSolutionCallback):
@@ -664,12 +713,14 @@ class _Incumbents(cp_model.CpSolverSolutionCallback):
         super().__init__()
         self.model = model
         self.on_plan = on_plan
-        self.stopped: BudgetExhausted | None = None
+        self.stopped: BaseException | None = None
 
     def on_solution_callback(self) -> None:
         try:
             self.on_plan(self.model.space.decode(self.model.row(self.Value)))
-        except BudgetExhausted as exc:
+        except BaseException as exc:
+            # The budget, a progress callback's Ctrl-C or a bug: stop and raise it from
+            # SubproblemModel.solve, on the caller's thread.
             self.stopped = exc
             self.StopSearch()
 
