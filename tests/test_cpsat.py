@@ -94,6 +94,10 @@ import os, signal, threading
 from shardlab import Problem
 from shardlab.solvers import get_solver
 
+# Python's own Ctrl-C handler, as in a terminal: a job started in the background by a
+# non-interactive shell (as CI may be) inherits SIGINT ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 sent = []
 def progress(p):
     if not sent and threading.current_thread() is not threading.main_thread():
