@@ -670,9 +670,10 @@ def _solve_interruptibly(
     Python runs signal handlers on the main thread only, between bytecodes, and a Solve
     called there sits in C++ until it returns; with CP-SAT's own handler a Ctrl-C only
     ended the current subproblem's search and the run went on (a 14 s solve
-    interrupted at 12 s reported ``optimal``). Here the main thread waits in short
-    joins, which a signal interrupts; the KeyboardInterrupt stops the search
-    (``stop_search`` is thread-safe), waits for the solver's thread and is raised again.
+    interrupted at 12 s reported ``optimal``). Here the main thread waits for the
+    solver's thread in short slices, which a signal interrupts; the KeyboardInterrupt
+    stops the search (``stop_search`` is thread-safe), waits for the search to end and
+    is raised again.
     """
     outcome: list[int | BaseException] = []
     done = threading.Event()
