@@ -16,7 +16,14 @@ import typer
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.plan import Degrees, Plan
-from shardlab.problems.problem import DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_WORKLOAD, Problem
+from shardlab.problems.problem import (
+    DEFAULT_CLUSTER,
+    DEFAULT_ENGINE,
+    DEFAULT_MODEL,
+    DEFAULT_TIMING,
+    DEFAULT_WORKLOAD,
+    Problem,
+)
 
 PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     (
@@ -58,6 +65,19 @@ PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("weight_dtype", str | None, typer.Option(None, "--weight-dtype", help="bf16, fp8 or fp4.")),
     ("kv_dtype", str | None, typer.Option(None, "--kv-dtype", help="bf16 or fp8.")),
     ("tie", str, typer.Option("kind", help="'kind': options per layer kind; 'layer': per layer.")),
+    (
+        "timing",
+        str,
+        typer.Option(
+            DEFAULT_TIMING,
+            help="Kernel times: roofline, or silicon (measured, aiconfigurator-core).",
+        ),
+    ),
+    (
+        "engine",
+        str,
+        typer.Option(DEFAULT_ENGINE, help="Serving engine: trtllm, vllm or sglang."),
+    ),
 )
 
 DEGREE_NAMES = ("tp", "pp", "dp_attn", "ep", "etp", "replicas")
@@ -97,7 +117,16 @@ def problem_command(func: Callable[..., None]) -> Callable[..., None]:
         options = {name: kwargs.pop(name) for name, _, _ in PROBLEM_OPTIONS}
         model, cluster = options.pop("model"), options.pop("cluster")
         workload, tie = options.pop("workload"), options.pop("tie")
-        problem = Problem.build(model=model, cluster=cluster, workload=workload, tie=tie, **options)
+        timing, engine = options.pop("timing"), options.pop("engine")
+        problem = Problem.build(
+            model=model,
+            cluster=cluster,
+            workload=workload,
+            tie=tie,
+            timing=timing,
+            engine=engine,
+            **options,
+        )
         func(problem=problem, **kwargs)
 
     _extend(func, wrapper, "problem", extra)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, TextColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
@@ -32,32 +34,72 @@ def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
+# Seconds between two progress lines when stdout or stderr is not a terminal (a log).
+PLAIN_PROGRESS_S = 5.0
+
+
+def progress_line(method: str, p: Progress | None, used: float, seconds: float | None) -> str:
+    """One line of progress: time used of the time allowed (or evaluations), the phase
+    and the best objective so far."""
+    evals = 0 if p is None else p.evals
+    limit = None if p is None else p.max_evals
+    count = f"{evals:,}/{limit:,} evals" if limit else f"{evals:,} evals"
+    head = f"{used:.0f}/{seconds:g} s, {count}" if seconds else f"{count}, {used:.0f} s"
+    phase = "starting" if p is None else p.phase
+    best = "-" if p is None or p.best is None else f"{p.best:,.1f}"
+    return f"{method}: {head}, {phase}, best {best}"
+
+
 @contextmanager
 def solve_progress(
-    method: str, max_evals: int | None, seconds: float | None
+    method: str, max_evals: int | None, seconds: float | None, started: float | None = None
 ) -> Iterator[Callable[[Progress], None]]:
-    """A progress bar on stderr; yields the callback a solver reports to."""
-    columns = [
-        TextColumn(f"[bold]{method}[/]"),
-        BarColumn(),
-        TextColumn(
-            "{task.completed:,.0f}/{task.total:,.0f}"
-            if max_evals
-            else "{task.fields[evals]:,} evals"
-        ),
-        TextColumn("best {task.fields[best]}"),
-        TimeElapsedColumn(),
-    ]
-    total = float(max_evals) if max_evals else (seconds or None)
-    with RichProgress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task(method, total=total, evals=0, best="-")
+    """Progress on stderr; yields the callback a solver reports to.
 
-        def callback(p: Progress) -> None:
-            done = p.evals if max_evals else p.seconds
-            best = f"{p.best:,.1f}" if p.best is not None else "-"
-            bar.update(task, completed=done, evals=p.evals, best=best)
+    On a terminal a live bar, over the time allowed when there is a time limit (with
+    the phase the run is in) and over the evaluations otherwise; when stdout or stderr
+    is not a terminal, one line every few seconds. A thread redraws it, so a phase
+    that reports nothing (an exact solver's enumeration) still shows the time pass.
+    """
+    live = sys.stdout.isatty() and sys.stderr.isatty()
+    latest: list[Progress | None] = [None]
+    start = time.perf_counter() if started is None else started
+    stop = threading.Event()
 
-        yield callback
+    def callback(p: Progress) -> None:
+        latest[0] = p  # called from the solver's threads: only the display reads it
+
+    with ExitStack() as stack:
+        if live:
+            bar = stack.enter_context(
+                RichProgress(
+                    TextColumn(f"[bold]{method}[/]"),
+                    BarColumn(),
+                    TextColumn("{task.fields[line]}"),
+                    console=err,
+                    transient=True,
+                )
+            )
+            total = float(seconds) if seconds else (float(max_evals) if max_evals else None)
+            task = bar.add_task(method, total=total, line="")
+
+        def draw() -> None:
+            while not stop.wait(0.2 if live else PLAIN_PROGRESS_S):
+                p, used = latest[0], time.perf_counter() - start
+                line = progress_line(method, p, used, seconds)
+                if live:
+                    done = used if seconds else (p.evals if p is not None else 0)
+                    bar.update(task, completed=done, line=line.split(": ", 1)[1])
+                else:
+                    err.print(line, soft_wrap=True)
+
+        thread = threading.Thread(target=draw, name="progress", daemon=True)
+        thread.start()
+        try:
+            yield callback
+        finally:
+            stop.set()
+            thread.join()
 
 
 def problem_json(problem: Problem) -> dict:
@@ -66,7 +108,14 @@ def problem_json(problem: Problem) -> dict:
         "cluster": problem.cluster.name,
         "workload": asdict(problem.workload),
         "tie": problem.tie,
+        "timing": problem.timing,
+        "engine": problem.engine,
     }
+
+
+def problem_line(problem: Problem) -> str:
+    """The headline of an output: the problem, its workload and how it is timed."""
+    return f"[bold]{problem.name}[/]: {problem.workload.describe()}; {problem.timing_label}"
 
 
 def plan_json(problem: Problem, plan: Plan) -> dict:
@@ -119,7 +168,8 @@ def print_breakdown(m: Metrics, *, top: int) -> None:
         rows = sorted((b for b in m.breakdown if b.step == step), key=lambda b: -b.time_ms)
         total = sum(b.time_ms for b in rows)
         table = Table(title=f"{step} step: one micro-batch through the replica, {total:,.2f} ms")
-        for col in ("operator", "option", "layers", "ms", "share", "compute", "memory", "comm"):
+        columns = ("operator", "option", "layers", "ms", "share", "compute", "memory", "comm")
+        for col in (*columns, "timing"):
             table.add_column(col, justify="left" if col in ("operator", "option") else "right")
         for b in rows[:top]:
             share = f"{b.time_ms / total:.0%}" if total else "-"
@@ -132,6 +182,7 @@ def print_breakdown(m: Metrics, *, top: int) -> None:
                 f"{b.compute_ms:,.3f}",
                 f"{b.memory_ms:,.3f}",
                 f"{b.comm_ms:,.3f}",
+                b.timing,
             )
         out.print(table)
     first = next(iter(steps), None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
+from test_budgets import ENUMERABLE, HARD
 
 from shardlab.compare import quality
 from shardlab.costmodel import evaluate_batch
@@ -77,3 +78,33 @@ def test_bench_cpsat_time_to_optimum(benchmark, name: str) -> None:
         }
     )
     assert result.status == "optimal"
+
+
+# Exhaustive prices its largest space (0.9 M plans) in about 5 s: shorter limits.
+OVERRUN_CASES = [
+    (m, limit) for m in available_solvers() if m != "exhaustive" for limit in (5.0, 30.0)
+] + [("exhaustive", 1.0), ("exhaustive", 2.0)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("method", "limit"), OVERRUN_CASES)
+def test_bench_time_limit_overrun(benchmark, method: str, limit: float) -> None:
+    """Seconds past the time limit, from the call of ``solve`` (loading the method
+    included), on a search no method finishes in time; the budget contract is at most
+    max(1 s, 2%). Exhaustive runs on the largest space it accepts."""
+    problem = ENUMERABLE if method == "exhaustive" else HARD
+    budget = Budget(max_evals=None, seconds=limit)
+    result = benchmark.pedantic(
+        solve, args=(problem, method), kwargs={"budget": budget, "seed": 0}, rounds=1
+    )
+    stats = benchmark.stats
+    wall = stats["max"] if stats is not None else result.wall_s
+    benchmark.extra_info.update(
+        {
+            "limit_s": limit,
+            "overrun_s": wall - limit,
+            "status": result.status,
+            "ran_out_in": result.facts.get("ran_out_in"),
+        }
+    )
+    assert result.status in ("feasible", "unknown") or method == "megatron"

@@ -11,6 +11,7 @@ from shardlab import Degrees, Problem
 from shardlab.costmodel import evaluate, evaluate_batch
 from shardlab.costmodel.decompose import integer_tables, price, requests_per_rank
 from shardlab.costmodel.tables import degree_tables
+from shardlab.errors import ShardlabError
 from shardlab.problems.cluster import Cluster
 
 CASES = {
@@ -32,13 +33,17 @@ CASES = {
 PROBLEMS = {
     key: Problem.build(m, c, w, tie=tie, **over) for key, (m, c, w, tie, over) in CASES.items()
 }
+# The same problems with measured kernel times: the decomposition must hold for both.
+SILICON = {
+    f"{key}-silicon": dataclasses.replace(p, timing="silicon") for key, p in PROBLEMS.items()
+}
 
 
-@pytest.mark.parametrize("key", PROBLEMS)
+@pytest.mark.parametrize("key", [*PROBLEMS, *SILICON])
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1))
 def test_scalar_batched_and_tables_agree(key: str, seed: int) -> None:
-    problem = PROBLEMS[key]
+    problem = {**PROBLEMS, **SILICON}[key]
     space = problem.space
     codes = space.sample(8, seed=seed)
     batch = evaluate_batch(problem, codes)
@@ -57,6 +62,31 @@ def test_scalar_batched_and_tables_agree(key: str, seed: int) -> None:
         assert cost.timing.ttft_s[0] * 1e3 == pytest.approx(m.ttft_ms, rel=1e-4, abs=1e-6)
         assert cost.stage_bytes.max() / 1e9 == pytest.approx(m.memory_gb_per_gpu, rel=1e-9)
         assert cost.fits == ("memory" not in m.violations)
+
+
+@pytest.mark.parametrize("key", ["ds-chat-kind", "llama70-offline", "qwen-long"])
+def test_silicon_times_the_kernels_it_has_measurements_of(key: str) -> None:
+    """GEMMs, attention and experts are measured on a covered accelerator; norms stay
+    with the roofline; and the measured plan differs from the roofline's."""
+    problem = SILICON[f"{key}-silicon"]
+    plan = problem.space.megatron_plan(problem.space.degree_tuples[-1])
+    m = evaluate(problem, plan)
+    timing = {b.name.split(".")[1]: b.timing for b in m.breakdown}
+    assert timing["qkv_proj"] == timing["attention"] == timing["o_proj"] == "silicon"
+    assert timing["attn_norm"] == "roofline"
+    if problem.model.is_moe:
+        assert timing["experts"] == "silicon"
+    assert m.tpot_ms != evaluate(PROBLEMS[key], plan).tpot_ms
+
+
+def test_silicon_timing_refuses_an_accelerator_it_has_no_measurements_of() -> None:
+    cluster = PROBLEMS["llama70-offline"].cluster
+    custom = dataclasses.replace(
+        cluster, accelerator=dataclasses.replace(cluster.accelerator, key="my-gpu")
+    )
+    problem = dataclasses.replace(PROBLEMS["llama70-offline"], cluster=custom, timing="silicon")
+    with pytest.raises(ShardlabError, match=r"no measured kernels.*--timing roofline"):
+        evaluate(problem, problem.space.megatron_plan(problem.space.degree_tuples[0]))
 
 
 def _scaled_cluster(cluster: Cluster, factor: float, fields: tuple[str, ...]) -> Cluster:

@@ -7,6 +7,15 @@ from shardlab.costmodel.evaluate import (
     OpBreakdown,
     evaluate,
     evaluate_batch,
+    prepare,
 )
 
-__all__ = ["VIOLATIONS", "BatchMetrics", "Metrics", "OpBreakdown", "evaluate", "evaluate_batch"]
+__all__ = [
+    "VIOLATIONS",
+    "BatchMetrics",
+    "Metrics",
+    "OpBreakdown",
+    "evaluate",
+    "evaluate_batch",
+    "prepare",
+]

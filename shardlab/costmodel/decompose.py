@@ -79,30 +79,55 @@ class IntegerTables:
     hbm_bytes: int
 
 
+def time_ns(problem: Problem, degrees: Degrees, per_dp: np.ndarray) -> dict[str, np.ndarray]:
+    """The time tables of :class:`IntegerTables` for several concurrencies at once: each
+    table gains a trailing axis, one entry per value of ``per_dp``."""
+    t = degree_tables(problem, degrees)
+    bi = t.b_index(t.batching.b_of(np.asarray(per_dp), degrees.pp))
+
+    def at(table: np.ndarray) -> np.ndarray:
+        """Slice the b axis: the run's micro-batch, or one request for single steps."""
+        out = np.empty((*table.shape[:-1], len(bi)))
+        for si, step in enumerate(t.steps):
+            out[si] = table[si][..., [0] if step.single else bi]
+        return _ns(out)
+
+    return {
+        "op_ns": at(t.op_time),
+        "edge_ns": at(t.edge_time),
+        "inter_ns": at(t.inter_time),
+        "head_ns": at(t.head_time),
+        "emb_first_ns": at(t.emb_first),
+        "last_fnorm_ns": at(t.last_fnorm),
+        "fnorm_lm_ns": at(t.fnorm_lm),
+        "lm_sampler_ns": at(t.lm_sampler),
+        "p2p_ns": at(t.p2p),
+    }
+
+
+def kv_bytes(problem: Problem, degrees: Degrees, per_dp: np.ndarray) -> np.ndarray:
+    """KV-cache bytes per GPU of every (class, op, option) for each value of ``per_dp``
+    (a trailing axis): its per-request bytes times the requests the GPU holds."""
+    t = degree_tables(problem, degrees)
+    per_dp = np.asarray(per_dp)
+    held = np.where(t.op_kv_split[..., None], -(-per_dp // degrees.tp), per_dp)
+    return _bytes(t.op_kv[..., None] * held)
+
+
 def integer_tables(problem: Problem, degrees: Degrees, per_dp: int) -> IntegerTables:
     """Tables of ``degrees`` with ``per_dp`` requests on each dp rank."""
     t = degree_tables(problem, degrees)
     bt = t.batching
     if not 1 <= per_dp <= bt.per_dp_max or (not bt.inflight and per_dp != bt.per_dp_max):
         raise ValueError(f"per_dp={per_dp} is outside 1..{bt.per_dp_max} for this workload")
-    bi = int(t.b_index(bt.b_of(per_dp, degrees.pp)))
-    reqs_split = -(-per_dp // degrees.tp)
     last_b = len(t.b) - 1
-
-    def at(table: np.ndarray) -> np.ndarray:
-        """Slice the b axis: the run's micro-batch, or one request for single steps."""
-        out = np.empty(table.shape[:-1])
-        for si, step in enumerate(t.steps):
-            out[si] = table[si, ..., 0 if step.single else bi]
-        return out
-
     act = np.zeros(t.op_act.shape[1:-1])
     head_act = np.zeros(t.head_act.shape[1:-1])
     for si, step in enumerate(t.steps):
         b_act = 0 if step.single else last_b
         act = np.maximum(act, t.op_act[si, ..., b_act])
         head_act = np.maximum(head_act, t.head_act[si, ..., b_act])
-    kv = t.op_kv * np.where(t.op_kv_split, reqs_split, per_dp)
+    times = {k: v[..., 0] for k, v in time_ns(problem, degrees, np.array([per_dp])).items()}
     return IntegerTables(
         degrees=degrees,
         per_dp=per_dp,
@@ -110,17 +135,9 @@ def integer_tables(problem: Problem, degrees: Degrees, per_dp: int) -> IntegerTa
         classes=t.classes,
         kinds=t.kinds,
         edges=t.edges,
-        op_ns=_ns(at(t.op_time)),
-        edge_ns=_ns(at(t.edge_time)),
-        inter_ns=_ns(at(t.inter_time)),
-        head_ns=_ns(at(t.head_time)),
-        emb_first_ns=_ns(at(t.emb_first)),
-        last_fnorm_ns=_ns(at(t.last_fnorm)),
-        fnorm_lm_ns=_ns(at(t.fnorm_lm)),
-        lm_sampler_ns=_ns(at(t.lm_sampler)),
-        p2p_ns=_ns(at(t.p2p)),
+        **times,
         weight_bytes=_bytes(t.op_weight),
-        kv_bytes=_bytes(kv),
+        kv_bytes=kv_bytes(problem, degrees, np.array([per_dp]))[..., 0],
         act_bytes=_bytes(act),
         head_weight_bytes=_bytes(t.head_weight),
         head_act_bytes=_bytes(head_act),

@@ -33,7 +33,7 @@ from shardlab.costmodel.constants import RUNTIME_RESERVE_GB
 from shardlab.costmodel.regimes import judge, timing
 from shardlab.costmodel.tables import DegreeTables, degree_tables, layer_classes_of
 from shardlab.problems.operators import HEAD_OPS, layer_edges, layer_ops
-from shardlab.problems.plan import Plan
+from shardlab.problems.plan import Degrees, Plan
 from shardlab.problems.problem import Problem
 from shardlab.problems.space import SearchSpace
 
@@ -55,6 +55,8 @@ class OpBreakdown:
     weight_gb: float  # on the fullest GPU
     kv_gb: float
     act_gb: float
+    # how its kernels were timed: silicon (measured), roofline, or mixed over its layers
+    timing: str = "roofline"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -389,6 +391,12 @@ def _assemble(problem: Problem, t: DegreeTables, u: Units) -> _Assembled:
 # -- public entry points ---------------------------------------------------------------
 
 
+def prepare(problem: Problem, degrees: Degrees) -> None:
+    """Build the cost tables of one degree tuple (kept for later calls): the slow part
+    of pricing the first plan with these degrees, for callers that watch a clock."""
+    degree_tables(problem, degrees)
+
+
 def evaluate_batch(problem: Problem, codes: np.ndarray, *, check: bool = True) -> BatchMetrics:
     """Evaluate encoded plans (rows of ``problem.space``'s encoding).
 
@@ -480,6 +488,7 @@ def _breakdown(
             weight=0.0,
             kv=0.0,
             act=0.0,
+            source="roofline",
             _acc=acc,
         ) -> None:
             e = _acc.setdefault(
@@ -494,10 +503,13 @@ def _breakdown(
                     "weight": 0.0,
                     "kv": 0.0,
                     "act": 0.0,
+                    "timing": source,
                 },
             )
             if e["option"] != option:
                 e["option"] = "mixed"
+            if e["timing"] != source:
+                e["timing"] = "mixed"
             e["layers"] += 1
             e["time"] += time
             e["compute"] += compute
@@ -538,6 +550,7 @@ def _breakdown(
                     weight=c.weight_bytes,
                     kv=kv,
                     act=float(c.act_bytes[-1]),
+                    source=c.source,
                 )
         h = u.head[0]
         res = u.opts[0, :, t.res_index]
@@ -562,6 +575,7 @@ def _breakdown(
                 comm=comm,
                 weight=c.weight_bytes,
                 act=float(c.act_bytes[-1]),
+                source=c.source,
             )
         for s in range(t.degrees.pp - 1):
             last = int(res[int(u.ends[0, s]) - 1])
@@ -581,6 +595,7 @@ def _breakdown(
                     weight_gb=e["weight"] / 1e9,
                     kv_gb=e["kv"] / 1e9,
                     act_gb=e["act"] / 1e9,
+                    timing=e["timing"],
                 )
             )
     return tuple(out)

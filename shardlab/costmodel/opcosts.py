@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardlab.costmodel.collectives import axis_span, collective_time
+from shardlab.costmodel import silicon
+from shardlab.costmodel.collectives import Span, axis_span, collective_time
 from shardlab.costmodel.constants import (
     ACT_BYTES,
     ATTENTION_EFFICIENCY,
@@ -32,7 +33,9 @@ from shardlab.costmodel.constants import (
     HBM_EFFICIENCY,
     KERNEL_US,
 )
+from shardlab.costmodel.silicon import Kernels, gemm_shape
 from shardlab.costmodel.steps import Step, kv_context
+from shardlab.errors import ShardlabError
 from shardlab.problems.dtypes import BYTES_PER_VALUE
 from shardlab.problems.operators import OpSpec, OptionSpec
 from shardlab.problems.placements import REPLICATE, Layout, redistribute
@@ -52,6 +55,7 @@ class OptionCost:
     kv_bytes_per_req: float  # resident KV cache per GPU per request (its whole context)
     kv_split_tp: bool  # the requests' KV is split over tp (seq_sharded attention)
     act_bytes: np.ndarray  # activation workspace per GPU
+    source: str = "roofline"  # or "silicon": measured kernel times (compute_s holds them)
 
     @property
     def time_s(self) -> np.ndarray:
@@ -70,6 +74,23 @@ class CostContext:
         self.b = b.astype(float)
         self.hbm_rate = self.acc.hbm_gbps * 1e9 * HBM_EFFICIENCY
         self.kv_context = kv_context(problem.workload)
+        self.kernels: Kernels | None = None
+        if problem.timing == "silicon":
+            if not silicon.covers(self.acc.key):
+                raise ShardlabError(
+                    f"accelerator {self.acc.key!r} has no measured kernels (silicon timing "
+                    f"covers {', '.join(silicon.SYSTEMS)}); use --timing roofline"
+                )
+            self.kernels = silicon.kernels(self.acc.key, problem.engine)
+
+    def collective(self, kind: str, group: Span, nbytes: np.ndarray) -> np.ndarray:
+        """Seconds of one collective: measured inside a node where the database has the
+        group size, else the alpha-beta model."""
+        if self.kernels is not None and group.nodes == 1 and group.size > 1:
+            measured = self.kernels.collective(kind, group.size, nbytes)
+            if measured is not None:
+                return measured
+        return collective_time(kind, group, nbytes, self.cluster)
 
     # -- rates -------------------------------------------------------------------
 
@@ -161,7 +182,7 @@ class CostContext:
         total = np.zeros_like(np.asarray(full_bytes, dtype=float))
         for kind, axis, message in self.redistribution_steps(src, dst, full_bytes):
             group = axis_span(axis, self.d, self.cluster)
-            total = total + collective_time(kind, group, message, self.cluster)
+            total = total + self.collective(kind, group, message)
         return total
 
 
@@ -277,11 +298,16 @@ def _linear_cost(ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step) -> O
     width_in = ctx.local_width(input_width(op, ctx.problem), opt.inp)
     width_out = ctx.local_width(output_width(op, ctx.problem), opt.out)
     act = tokens * (width_in + width_out) * ACT_BYTES
+    zeros = np.zeros_like(ctx.b)
+    if ctx.kernels is not None:
+        n, k = gemm_shape(params, width_in)
+        dtype = ctx.problem.weight_dtype(op.family)
+        measured = ctx.kernels.gemm(n, k, dtype, tokens)
+        if measured is not None:
+            return OptionCost(measured, zeros, zeros, 0.0, wbytes, 0.0, False, act, "silicon")
     compute, memory = ctx.roofline(2.0 * tokens * params, wbytes + act, ctx.gemm_rate(op.family))
     kernels = 2 if op.family == "router" else 1  # the router adds a top-k kernel
-    return OptionCost(
-        compute, memory, np.zeros_like(ctx.b), kernels * KERNEL_US * 1e-6, wbytes, 0.0, False, act
-    )
+    return OptionCost(compute, memory, zeros, kernels * KERNEL_US * 1e-6, wbytes, 0.0, False, act)
 
 
 def _embedding_cost(ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step) -> OptionCost:
@@ -323,21 +349,68 @@ def _attention_cost(
     tokens = reqs * step.tokens
     act = tokens * (q_width + o_width) * ACT_BYTES
     nbytes = reqs * (step.kv_read(window) + step.tokens) * kv_token + act
-    rate = ctx.acc.bf16_tflops * 1e12 * ATTENTION_EFFICIENCY
-    compute, memory = ctx.roofline(flops, nbytes, rate)
     context = ctx.kv_context
     if window > 0:
         context = min(context, float(window))
+    kv_split = "tp" in opt.token_axes and ctx.d.tp > 1
+    zeros = np.zeros_like(ctx.b)
+    measured = _measured_attention(ctx, opt, step, window, reqs, heads)
+    if measured is not None:
+        return OptionCost(
+            measured, zeros, zeros, 0.0, 0.0, context * kv_token, kv_split, act, "silicon"
+        )
+    rate = ctx.acc.bf16_tflops * 1e12 * ATTENTION_EFFICIENCY
+    compute, memory = ctx.roofline(flops, nbytes, rate)
     return OptionCost(
-        compute,
-        memory,
-        np.zeros_like(ctx.b),
-        KERNEL_US * 1e-6,
-        0.0,
-        context * kv_token,
-        "tp" in opt.token_axes and ctx.d.tp > 1,
-        act,
+        compute, memory, zeros, KERNEL_US * 1e-6, 0.0, context * kv_token, kv_split, act
     )
+
+
+def _measured_attention(
+    ctx: CostContext,
+    opt: OptionSpec,
+    step: Step,
+    window: int,
+    reqs: np.ndarray,
+    heads: float,
+) -> np.ndarray | None:
+    """Measured attention of ``reqs`` requests per GPU in one step (None: not covered).
+
+    A prefill step runs each request's prompt; a decode step one token per request
+    over its mean context; a mixed round both, its prompts being ``reqs / output_len``
+    whole prompts (the prefill share of a request per round, as the steps define it).
+    """
+    if ctx.kernels is None:
+        return None
+    m = ctx.model
+    kv_heads = m.num_kv_heads
+    if "tp" in opt.weight_axes:
+        kv_heads = max(kv_heads // ctx.d.tp, 1)
+    shape = {
+        "heads": max(round(heads), 1),
+        "kv_heads": kv_heads,
+        "head_dim": m.head_dim,
+        "kv_dtype": ctx.problem.kv_dtype,
+        "window": window,
+        "mla": m.mla is not None,
+    }
+    total = np.zeros_like(ctx.b)
+    i = step.input_len
+    if step.kind == "prefill":
+        prompts = ctx.kernels.attention(context=True, length=i, requests=reqs, **shape)
+        return prompts
+    decode = ctx.kernels.attention(
+        context=False, length=step.decode_context(window), requests=reqs, **shape
+    )
+    if decode is None:
+        return None
+    total = total + decode
+    if step.kind == "mixed":
+        one = ctx.kernels.attention(context=True, length=i, requests=np.ones(1), **shape)
+        if one is None:
+            return None
+        total = total + one[0] * reqs / step.output_len
+    return total
 
 
 def expert_imbalance(ep: int, mean_load: np.ndarray) -> np.ndarray:
@@ -409,27 +482,47 @@ def _experts_cost(ctx: CostContext, opt: OptionSpec, step: Step) -> OptionCost:
     flops = 2.0 * assignments * expert_params
     nbytes = touched * expert_params * wb + act
     compute, memory = ctx.roofline(flops, nbytes, ctx.gemm_rate("experts"))
+    kernel_s, source = 3 * KERNEL_US * 1e-6, "roofline"
+    if ctx.kernels is not None:
+        # The database's expert GEMMs under its own power-law load (they replace the
+        # roofline's imbalance factor).
+        measured = ctx.kernels.experts(
+            hidden=h,
+            ffn=moe.expert_ffn_size,
+            top_k=moe.top_k,
+            num_experts=moe.num_experts,
+            ep=d.ep,
+            etp=d.etp,
+            dp=d.dp_attn,
+            dtype=ctx.problem.weight_dtype("experts"),
+            alpha=silicon.moe_alpha(m.name),
+            tokens_per_dp=ctx.b * step.tokens,
+        )
+        if measured is not None:
+            compute, memory = measured, np.zeros_like(ctx.b)
+            kernel_s, source = 0.0, "silicon"
     comm = np.zeros_like(ctx.b)
     buffers = np.zeros_like(ctx.b)
     if opt.name == "alltoall":
         ep_span = axis_span("ep", d, ctx.cluster)
         messages = alltoall_messages(ctx.problem, d, group_tokens)
         for message in messages.values():
-            comm = comm + collective_time("all_to_all", ep_span, message, ctx.cluster)
+            comm = comm + ctx.collective("all_to_all", ep_span, message)
         combine = messages["combine"]
         if d.etp > 1:
             etp_span = axis_span("etp", d, ctx.cluster)
             recv = assignments * h * ACT_BYTES
-            comm = comm + collective_time("all_gather", etp_span, recv, ctx.cluster)
-            comm = comm + collective_time("reduce_scatter", etp_span, recv, ctx.cluster)
+            comm = comm + ctx.collective("all_gather", etp_span, recv)
+            comm = comm + ctx.collective("reduce_scatter", etp_span, recv)
         buffers = 2.0 * np.maximum(combine, assignments * h * ACT_BYTES)
     return OptionCost(
         compute,
         memory,
         comm,
-        3 * KERNEL_US * 1e-6,
+        kernel_s,
         local_experts * expert_params * wb,
         0.0,
         False,
         act + buffers,
+        source,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.catalog import load_model
@@ -19,6 +19,13 @@ DEFAULT_MODEL = "llama-3.1-70b"
 DEFAULT_CLUSTER = "h100x8"
 DEFAULT_WORKLOAD = "chat"
 
+# How kernels are timed: measured tables (aiconfigurator-core) or the roofline.
+Timing = Literal["roofline", "silicon"]
+# The serving engine whose kernels (and, with silicon timing, measurements) apply.
+Engine = Literal["trtllm", "vllm", "sglang"]
+DEFAULT_TIMING: Timing = "roofline"
+DEFAULT_ENGINE: Engine = "trtllm"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Problem:
@@ -26,8 +33,15 @@ class Problem:
     cluster: Cluster
     workload: Workload
     tie: Tie = "kind"
+    timing: Timing = DEFAULT_TIMING
+    engine: Engine = DEFAULT_ENGINE
 
     def __post_init__(self) -> None:
+        for key, allowed in (("timing", Timing), ("engine", Engine)):
+            if getattr(self, key) not in get_args(allowed):
+                raise ShardlabError(
+                    f"{key} {getattr(self, key)!r} is not one of {', '.join(get_args(allowed))}"
+                )
         need = self.weight_bytes() / 1e9
         have = self.cluster.total_hbm_gb
         if need > have:
@@ -45,17 +59,33 @@ class Problem:
         workload: str | Workload = DEFAULT_WORKLOAD,
         *,
         tie: Tie = "kind",
+        timing: Timing = DEFAULT_TIMING,
+        engine: Engine = DEFAULT_ENGINE,
         **overrides: Any,
     ) -> Problem:
         """Build from catalog names or paths; ``overrides`` are :class:`Workload` fields."""
         m = model if isinstance(model, Model) else load_model(model)
         c = cluster if isinstance(cluster, Cluster) else parse_cluster(cluster)
         w = workload if isinstance(workload, Workload) else get_workload(workload)
-        return cls(model=m, cluster=c, workload=w.with_overrides(**overrides), tie=tie)
+        return cls(
+            model=m,
+            cluster=c,
+            workload=w.with_overrides(**overrides),
+            tie=tie,
+            timing=timing,
+            engine=engine,
+        )
 
     @property
     def name(self) -> str:
         return f"{self.model.name} on {self.cluster.name}, {self.workload.name}"
+
+    @property
+    def timing_label(self) -> str:
+        """How kernels are timed, as outputs state it."""
+        if self.timing == "silicon":
+            return f"silicon timing ({self.engine} measurements)"
+        return "roofline timing"
 
     @cached_property
     def space(self) -> SearchSpace:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 
 from shardlab.problems.problem import Problem
@@ -18,7 +20,14 @@ def solve(
     seed: int = 0,
     callback: Callable[[Progress], None] | None = None,
 ) -> SolveResult:
-    """Search ``problem`` with ``method`` (see :func:`available_solvers`)."""
+    """Search ``problem`` with ``method`` (see :func:`available_solvers`).
+
+    A time budget counts from this call: loading the method (PyTorch, for ``rl``) is
+    part of its start-up.
+    """
+    budget = budget or Budget()
+    if budget.seconds is not None and budget.started is None:
+        budget = dataclasses.replace(budget, started=time.perf_counter())
     return get_solver(method).solve(problem, budget=budget, seed=seed, callback=callback)
 
 

@@ -27,15 +27,25 @@ from shardlab.problems.space import SearchSpace
 from shardlab.solvers.evaluator import BudgetExhausted, Evaluator, HistoryPoint, Progress
 from shardlab.solvers.front import FrontPoint
 
-Status = Literal["optimal", "feasible", "infeasible", "interrupted", "error"]
+# unknown: the time budget ran out before any plan met memory and the SLOs
+Status = Literal["optimal", "feasible", "infeasible", "unknown", "interrupted", "error"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Budget:
-    """How much a solver may spend: distinct plans evaluated and/or wall seconds."""
+    """How much a solver may spend: distinct plans evaluated and/or wall seconds.
+
+    ``seconds`` is a contract: wall seconds from the call of :meth:`Solver.solve`, the
+    method's own set-up included, and every phase of every method reads the clock (a
+    run ends within ``max(1 s, 2%)`` of it; ``tests/test_budgets.py``). When it runs
+    out the run returns its best plan so far, ``feasible``, or ``unknown`` without one.
+    """
 
     max_evals: int | None = 2000
     seconds: float | None = None
+    # time.perf_counter() when the clock started, for a caller whose own start-up
+    # counts too (the CLI's --time-limit); None: at the call of solve
+    started: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_evals is not None and self.max_evals < 1:
@@ -123,7 +133,7 @@ class Solver(ABC):
         budget = budget or Budget()
         random.seed(seed)
         rng = np.random.default_rng(seed)
-        start = time.perf_counter()
+        start = time.perf_counter() if budget.started is None else budget.started
         evaluator = Evaluator(problem, budget.max_evals, budget.seconds, callback, start)
         ctx = SearchContext(problem=problem, evaluator=evaluator, budget=budget, seed=seed, rng=rng)
         outcome = Outcome()
@@ -165,6 +175,20 @@ class Solver(ABC):
         elif metrics is not None and metrics.feasible:
             proven = outcome.proven_optimal or ev.space_exhausted
             status = "optimal" if proven else "feasible"
+            if not proven and ev.ran_out_in is not None:
+                message = (
+                    f"the {ctx.budget.seconds:g} s time limit ran out in {ev.ran_out_in}; "
+                    "the best plan so far is reported"
+                )
+        elif ev.ran_out_in is not None and not outcome.proven_infeasible:
+            status = "unknown"
+            message = (
+                f"no plan yet: the {ctx.budget.seconds:g} s time limit ran out in "
+                f"{ev.ran_out_in} after {ev.n_evals:,} evaluations, before any plan met "
+                "memory and the SLOs; raise --time-limit"
+            )
+            plan = ev.least_infeasible_plan()
+            metrics = evaluate(ctx.problem, plan) if plan is not None else None
         else:
             status = "infeasible"
             message = ev.infeasibility_message(
@@ -183,6 +207,10 @@ class Solver(ABC):
             n_evals=ev.n_evals,
             wall_s=wall,
             history=tuple(ev.history),
-            facts={**outcome.facts, **({"stalled": True} if ev.stalled else {})},
+            facts={
+                **outcome.facts,
+                **({"stalled": True} if ev.stalled else {}),
+                **({"ran_out_in": ev.ran_out_in} if ev.ran_out_in is not None else {}),
+            },
             front=ev.front.points() if ev.front is not None else (),
         )

@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 from ortools.sat.python import cp_model
 
-from shardlab.costmodel.decompose import IntegerTables, integer_tables
+from shardlab.costmodel.decompose import IntegerTables, integer_tables, kv_bytes, time_ns
 from shardlab.costmodel.regimes import in_flight_requests
 from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.operators import HEAD_OPS
@@ -77,6 +77,7 @@ from shardlab.problems.space import (
 )
 from shardlab.solvers.base import Budget, Outcome, SearchContext, Solver
 from shardlab.solvers.evaluator import BudgetExhausted
+from shardlab.solvers.minsum import min_sum
 from shardlab.solvers.registry import register
 
 ROUNDING = 1e-5  # relative: bounds within this of the incumbent are still solved
@@ -132,29 +133,34 @@ def regime_time(
     return (ttft + (o - 1) * tpot if latency else tpot), ttft, tpot
 
 
-def _tokens(problem: Problem, d: Degrees, per_dp: int) -> float:
+def _tokens(problem: Problem, d: Degrees, per_dp: np.ndarray) -> np.ndarray:
     """K with throughput = K / time in this subproblem (see regimes.timing)."""
     w = problem.workload
     bt = degree_tables(problem, d).batching
-    in_flight = float(in_flight_requests(problem, d, bt.per_replica, per_dp))
+    in_flight = in_flight_requests(problem, d, bt.per_replica, per_dp)
     inflight = w.schedule == "inflight"
     if w.phase == "prefill":
-        return (in_flight if inflight else w.batch) * w.input_len
+        return (in_flight if inflight else np.full_like(in_flight, w.batch)) * w.input_len
     if w.phase == "decode":
-        return in_flight if inflight else w.batch
-    return in_flight if inflight else w.batch * w.output_len
+        return in_flight if inflight else np.full_like(in_flight, w.batch)
+    return in_flight if inflight else np.full_like(in_flight, w.batch * w.output_len)
+
+
+def objectives(problem: Problem, d: Degrees, per_dp: np.ndarray, time_ns: np.ndarray) -> np.ndarray:
+    """The workload's objective (higher is better) for subproblem times in ns."""
+    time_ns = np.asarray(time_ns, dtype=float)
+    if problem.workload.objective == "latency":
+        out = -time_ns / 1e6
+    else:
+        with np.errstate(divide="ignore"):
+            out = _tokens(problem, d, np.asarray(per_dp)) / (time_ns / 1e9)
+        if problem.workload.per_gpu:
+            out = out / problem.cluster.num_gpus
+    return np.where(time_ns <= 0, math.inf, out)
 
 
 def objective_of(problem: Problem, d: Degrees, per_dp: int, time_ns: float) -> float:
-    """The workload's objective (higher is better) for a subproblem time in ns."""
-    if time_ns <= 0:
-        return math.inf
-    if problem.workload.objective == "latency":
-        return -time_ns / 1e6
-    thr = _tokens(problem, d, per_dp) / (time_ns / 1e9)
-    if problem.workload.per_gpu:
-        return thr / problem.cluster.num_gpus
-    return thr
+    return float(objectives(problem, d, np.array([per_dp]), np.array([time_ns]))[0])
 
 
 # -- the subproblems and their bounds ---------------------------------------------------
@@ -178,29 +184,35 @@ def _valid_options(space: SearchSpace, d: Degrees) -> dict[tuple[str, str], list
     return out
 
 
-def _memory_bounds(problem: Problem, d: Degrees, t: IntegerTables) -> tuple[float, float]:
-    """(lowest, highest) memory of the fullest stage over every plan: an equal share of
-    the least memory, and the longest stage of the heaviest layers."""
+def _memory_bounds(
+    problem: Problem, d: Degrees, t: IntegerTables, per_dp: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(lowest, highest) memory of the fullest stage over every plan, for each value of
+    ``per_dp``: an equal share of the least memory, and the longest stage of the
+    heaviest layers. ``t`` gives what does not depend on the requests."""
     m = problem.model
     valid = _valid_options(problem.space, d)
-    mem_low = act_low = act_high = 0.0
-    heaviest = 0.0
+    kv = kv_bytes(problem, d, per_dp)  # (cls, op, opt, per_dp)
+    mem_low = np.zeros(len(per_dp))
+    heaviest = np.zeros(len(per_dp))
+    act_low = act_high = 0.0
     for ci, (kind, _) in enumerate(t.classes):
         count = sum(
             1
             for k, w in zip(m.layer_kinds, m.attention_windows, strict=True)
             if (k, w) == t.classes[ci]
         )
-        per_op = [valid[(kind, name)] for name in _op_names(problem.space, kind)]
-        low = high = 0.0
-        for ki, opts in enumerate(per_op):
-            mem = t.weight_bytes[ci, ki, opts] + t.kv_bytes[ci, ki, opts]
-            low += float(mem.min())
-            high += float(mem.max())
+        low = np.zeros(len(per_dp))
+        high = np.zeros(len(per_dp))
+        for ki, name in enumerate(_op_names(problem.space, kind)):
+            opts = valid[(kind, name)]
+            mem = t.weight_bytes[ci, ki, opts][:, None] + kv[ci, ki, opts]
+            low += mem.min(axis=0)
+            high += mem.max(axis=0)
             act_low = max(act_low, float(t.act_bytes[ci, ki, opts].min()))
             act_high = max(act_high, float(t.act_bytes[ci, ki, opts].max()))
         mem_low += count * low
-        heaviest = max(heaviest, high)
+        heaviest = np.maximum(heaviest, high)
     head = [valid[("head", op.name)] for op in HEAD_OPS]
     for ki, opts in enumerate(head):
         mem_low += float(t.head_weight_bytes[ki, opts].min())
@@ -231,61 +243,80 @@ def _step_weights(problem: Problem, kinds: list[str]) -> list[float]:
 
 
 def _time_bounds(
-    problem: Problem, d: Degrees, t: IntegerTables, valid: dict[tuple[str, str], list[int]]
-) -> tuple[float, float | None, float | None]:
-    """Lower bounds on (the time to minimize, TTFT, TPOT) of any plan: each layer kind
-    (and the model's ends) at its best joint choice of options, ignoring memory and
-    the pipeline's balance."""
+    problem: Problem,
+    d: Degrees,
+    t: IntegerTables,
+    per_dp: np.ndarray,
+    valid: dict[tuple[str, str], list[int]],
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Lower bounds on (the time to minimize, TTFT, TPOT) of any plan, for each value of
+    ``per_dp``: each layer kind (and the model's ends) at its best joint choice of
+    options, ignoring memory and the pipeline's balance. A layer kind's best joint
+    choice is a least sum over its operators' graph (:func:`min_sum`), per step and
+    for the regime's weighted sum of steps."""
     m = problem.model
     kinds = [s.kind for s in t.steps]
     n_steps = len(kinds)
     tied = problem.tie == "kind"
     pp = d.pp
     weights = np.array(_step_weights(problem, kinds))
+    ns = time_ns(problem, d, per_dp)  # each table: (step, ..., per_dp)
+    n_c = len(per_dp)
     layer_units = list(zip(m.layer_kinds, m.attention_windows, strict=True))
-    per_step = np.zeros(n_steps)  # each step at its own best: bounds TTFT and TPOT
-    joint = np.zeros(n_steps)  # one choice for all steps, best for the weighted time
+    per_step = np.zeros((n_steps, n_c))  # each step at its own best: bounds TTFT and TPOT
+    joint = np.zeros(n_c)  # the weighted time at one choice for all steps
 
-    def add(cost: np.ndarray) -> None:
-        nonlocal per_step, joint
-        per_step = per_step + cost.min(axis=1)
-        joint = joint + cost[:, int(np.argmin(weights @ cost))]
+    def weighted(tables: list[np.ndarray]) -> np.ndarray:
+        return sum(w * table for w, table in zip(weights, tables, strict=True))
 
+    inter_min = ns["inter_ns"].reshape(n_steps, -1, n_c).min(axis=1)  # (step, per_dp)
     for ci, cls in enumerate(t.classes):
         kind = cls[0]
         k = t.kinds.index(kind)
         names = _op_names(problem.space, kind)
-        combos = _combos(tuple(tuple(valid[(kind, n)]) for n in names))
-        cost = np.zeros((n_steps, len(combos)))
-        for ki in range(len(names)):
-            cost += t.op_ns[:, ci, ki][:, combos[:, ki]]
-        for e, (src, dst) in enumerate(t.edges[kind]):
-            cost += t.edge_ns[:, k, e][:, combos[:, src], combos[:, dst]]
+        opts = [valid[(kind, n)] for n in names]
         count = layer_units.count(cls)
         same = sum(1 for a, b in itertools.pairwise(layer_units) if a == b == cls)
-        if tied:
-            res = combos[:, 0]
-            add(count * cost + same * t.inter_ns[:, res, res])
-        else:
-            add(count * cost + same * t.inter_ns.reshape(n_steps, -1).min(axis=1)[:, None])
+        steps: list[list[tuple[tuple[int, ...], np.ndarray]]] = []
+        for st in range(n_steps):
+            factors = [((ki,), count * ns["op_ns"][st, ci, ki][o]) for ki, o in enumerate(opts)]
+            for e, (src, dst) in enumerate(t.edges[kind]):
+                table = ns["edge_ns"][st, k, e][opts[src]][:, opts[dst]]
+                factors.append(((src, dst), count * table))
+            if tied:
+                res = opts[0]
+                factors.append(((0,), same * ns["inter_ns"][st][res, res]))
+            steps.append(factors)
+        domains = [len(o) for o in opts]
+        extra = np.zeros((n_steps, n_c)) if tied else same * inter_min
+        for st, factors in enumerate(steps):
+            per_step[st] += min_sum(domains, factors) + extra[st]
+        mixed = [
+            (factors[0][0], weighted([step[i][1] for step in steps]))
+            for i, factors in enumerate(zip(*steps, strict=True))
+        ]
+        joint += min_sum(domains, mixed) + weights @ extra
     changes = sum(1 for a, b in itertools.pairwise(layer_units) if a != b)
-    inter = changes * t.inter_ns.reshape(n_steps, -1).min(axis=1)
-    per_step, joint = per_step + inter, joint + inter
+    inter = changes * inter_min
+    per_step, joint = per_step + inter, joint + weights @ inter
     heads = _combos(tuple(tuple(valid[("head", op.name)]) for op in HEAD_OPS))
-    cost = np.zeros((n_steps, len(heads)))
+    cost = np.zeros((n_steps, len(heads), n_c))
     for ki in range(len(HEAD_OPS)):
-        cost += t.head_ns[:, ki][:, heads[:, ki]]
-    cost += t.emb_first_ns[:, heads[:, 0]].min(axis=2)
-    cost += t.last_fnorm_ns[:, :, heads[:, 1]].min(axis=1)
-    cost += t.fnorm_lm_ns[:, heads[:, 1], heads[:, 2]]
-    cost += t.lm_sampler_ns[:, heads[:, 2], heads[:, 3]]
-    add(cost)
-    m_batches = min(pp, t.per_dp)
+        cost += ns["head_ns"][:, ki][:, heads[:, ki]]
+    cost += ns["emb_first_ns"][:, heads[:, 0]].min(axis=2)
+    cost += ns["last_fnorm_ns"][:, :, heads[:, 1]].min(axis=1)
+    cost += ns["fnorm_lm_ns"][:, heads[:, 1], heads[:, 2]]
+    cost += ns["lm_sampler_ns"][:, heads[:, 2], heads[:, 3]]
+    per_step += cost.min(axis=1)
+    joint += np.tensordot(weights, cost, axes=1).min(axis=0)
+    m_batches = np.minimum(pp, per_dp)
     sums = list(per_step)
-    time_low, ttft, tpot = regime_time(problem, kinds, m_batches, sums, [x / pp for x in sums], max)
+    time_low, ttft, tpot = regime_time(
+        problem, kinds, m_batches, sums, [x / pp for x in sums], np.maximum
+    )
     if pp == 1:  # one stage: the time is linear in the steps, the joint bound is tighter
-        time_low = max(time_low, float(weights @ joint))
-    return float(time_low), ttft, tpot
+        time_low = np.maximum(time_low, joint)
+    return np.asarray(time_low, dtype=float), ttft, tpot
 
 
 def _op_names(space: SearchSpace, kind: str) -> list[str]:
@@ -295,42 +326,64 @@ def _op_names(space: SearchSpace, kind: str) -> list[str]:
     raise KeyError(kind)
 
 
-def _misses_slo(problem: Problem, ttft_ns: float | None, tpot_ns: float | None) -> bool:
+def _misses_slo(
+    problem: Problem, ttft_ns: np.ndarray | None, tpot_ns: np.ndarray | None
+) -> np.ndarray | bool:
     w = problem.workload
-    if w.ttft_ms is not None and ttft_ns is not None and ttft_ns > w.ttft_ms * 1e6:
-        return True
-    return w.tpot_ms is not None and tpot_ns is not None and tpot_ns > w.tpot_ms * 1e6
+    miss: np.ndarray | bool = False
+    if w.ttft_ms is not None and ttft_ns is not None:
+        miss = miss | (np.asarray(ttft_ns) > w.ttft_ms * 1e6)
+    if w.tpot_ms is not None and tpot_ns is not None:
+        miss = miss | (np.asarray(tpot_ns) > w.tpot_ms * 1e6)
+    return miss
 
 
-def subproblems(problem: Problem) -> tuple[list[Subproblem], int]:
+# Concurrencies bounded in one numpy pass: keeps the tables of a pass to tens of MB,
+# and is how often the enumeration reads the clock inside one degree tuple.
+BOUND_CHUNK = 256
+
+
+def subproblems(
+    problem: Problem, check: Callable[[], None] = lambda: None
+) -> tuple[list[Subproblem], int]:
     """Subproblems that may hold a plan, best bound first; and how many were discarded
     (no plan fits the memory, every plan holds more requests, or the SLOs are out of
-    reach even at the time bound)."""
+    reach even at the time bound).
+
+    ``check`` is called between chunks of the work (the solver's clock); it may raise
+    to stop the enumeration.
+    """
     space = problem.space
     out: list[Subproblem] = []
     discarded = 0
     for di, d in enumerate(space.degree_tuples):
+        check()
         bt = degree_tables(problem, d).batching
         top = bt.per_dp_max
-        candidates = list(range(top, 0, -1)) if bt.inflight else [top]
+        cs = np.arange(1, top + 1) if bt.inflight else np.array([top])
+        t = integer_tables(problem, d, top)
+        mem_low, mem_high = _memory_bounds(problem, d, t, cs)
+        stop = 0
+        if bt.inflight:
+            # Every plan holds c + 1 requests: evaluation never runs one with c (nor fewer).
+            holds_more = np.flatnonzero(mem_high[1:] <= t.hbm_bytes)
+            stop = int(holds_more[-1]) + 1 if len(holds_more) else 0
+        considered = cs > stop
+        fits = considered & (mem_low <= t.hbm_bytes)
+        discarded += stop + int((considered & ~fits).sum())
         valid = _valid_options(space, d)
-        for i, c in enumerate(candidates):
-            t = integer_tables(problem, d, c)
-            mem_low, _ = _memory_bounds(problem, d, t)
-            if mem_low > t.hbm_bytes:
-                discarded += 1
-                continue
-            if c < top:
-                _, mem_high_next = _memory_bounds(problem, d, integer_tables(problem, d, c + 1))
-                if mem_high_next <= t.hbm_bytes:
-                    # Every plan holds c + 1 requests: evaluation never runs one with c.
-                    discarded += len(candidates) - i
-                    break
-            time_low, ttft_low, tpot_low = _time_bounds(problem, d, t, valid)
-            if _misses_slo(problem, ttft_low, tpot_low):
-                discarded += 1
-                continue
-            out.append(Subproblem(di, c, objective_of(problem, d, c, time_low)))
+        kept = cs[fits][::-1]
+        for start in range(0, len(kept), BOUND_CHUNK):
+            chunk = kept[start : start + BOUND_CHUNK]
+            check()
+            time_low, ttft_low, tpot_low = _time_bounds(problem, d, t, chunk, valid)
+            miss = np.broadcast_to(_misses_slo(problem, ttft_low, tpot_low), chunk.shape)
+            discarded += int(miss.sum())
+            bounds = objectives(problem, d, chunk, time_low)
+            out += [
+                Subproblem(di, int(c), float(bound))
+                for c, bound in zip(chunk[~miss], bounds[~miss], strict=True)
+            ]
     out.sort(key=lambda s: (-s.bound, s.degree_index, -s.per_dp))
     return out, discarded
 
@@ -349,7 +402,14 @@ class SubSolution:
 class SubproblemModel:
     """The CP-SAT model of one subproblem ``(d, C)`` (see the module docstring)."""
 
-    def __init__(self, problem: Problem, degree_index: int, per_dp: int) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        degree_index: int,
+        per_dp: int,
+        check: Callable[[], None] = lambda: None,
+    ) -> None:
+        """``check`` is called between the families of constraints (the clock)."""
         self.problem = problem
         self.space = problem.space
         self.m = problem.model
@@ -364,11 +424,15 @@ class SubproblemModel:
         self.model = cp_model.CpModel()
         self.steps = len(self.t.steps)
         self._pair_cache: dict[tuple[int, int], dict[tuple[int, int], cp_model.IntVar]] = {}
-        self._options()
-        self._partition()
-        self._stage_times()
-        self._memory()
-        self._objective()
+        for family in (
+            self._options,
+            self._partition,
+            self._stage_times,
+            self._memory,
+            self._objective,
+        ):
+            check()
+            family()
 
     # options ----------------------------------------------------------------------------
 
@@ -742,69 +806,82 @@ class CpSatSolver(Solver):
             return self._front(ctx)
         problem, ev = ctx.problem, ctx.evaluator
         start = time.perf_counter()
-        subs, discarded = subproblems(problem)
         space = ctx.space
-        hint = self._megatron_hint(ctx)
         counts = {"solved": 0, "infeasible": 0, "pruned": 0, "unfinished": 0}
         open_bounds: list[float] = []
         best = -math.inf
         cp_objective = None  # CP-SAT's own objective value of the best plan
-        for i, sub in enumerate(subs):
-            if math.isfinite(best) and sub.bound <= best + ROUNDING * abs(best):
-                counts["pruned"] = len(subs) - i
-                break
-            left = None if ctx.budget.seconds is None else ctx.budget.seconds - ev.elapsed
-            if left is not None and left <= 0:
-                open_bounds += [s.bound for s in subs[i:]]
-                counts["unfinished"] += len(subs) - i
-                break
-            model = SubproblemModel(problem, sub.degree_index, sub.per_dp)
-            if hint is not None and hint.degrees == model.d:
-                model.hint(hint)
-            before = ev.best_objective
-            try:
+        subs: list[Subproblem] | None = None
+        discarded = 0
+        done = 0  # subproblems solved, proven infeasible or pruned
+        hint = None
+        try:
+            # A plan to report however early the clock runs out, and the warm start.
+            ev.enter("pricing the megatron plan")
+            hint = self._megatron_hint(ctx)
+            ev.enter("bounding the (degrees, requests) subproblems")
+            subs, discarded = subproblems(problem, ev.check_time)
+            for i, sub in enumerate(subs):
+                if math.isfinite(best) and sub.bound <= best + ROUNDING * abs(best):
+                    counts["pruned"] = len(subs) - i
+                    done = len(subs)
+                    break
+                where = f"subproblem {i + 1} of {len(subs)}"
+                ev.enter(f"{where}: building its model")
+                model = SubproblemModel(problem, sub.degree_index, sub.per_dp, ev.check_time)
+                if hint is not None and hint.degrees == model.d:
+                    model.hint(hint)
+                before = ev.best_objective
+                ev.enter(f"{where}: solving")
+                left = ev.left()
                 result = model.solve(
                     left if left is not None else 3600.0,
                     self.workers,
                     ctx.seed,
                     ev.evaluate_plan,
                 )
-            except BudgetExhausted:
-                open_bounds += [s.bound for s in subs[i:]]
-                counts["unfinished"] += len(subs) - i
-                break
-            d = space.degree_tuples[sub.degree_index]
-            if result.status == "infeasible":
-                counts["infeasible"] += 1
-                continue
-            if result.status != "optimal":
-                counts["unfinished"] += 1
-                open_bounds.append(
-                    objective_of(problem, d, sub.per_dp, result.bound_ns)
-                    if result.bound_ns
-                    else sub.bound
-                )
-            else:
-                counts["solved"] += 1
-            if result.plan is not None and result.time_ns is not None:
-                ev.evaluate_plan(result.plan)
-                if ev.best_objective > before:
-                    best = ev.best_objective
-                    cp_objective = objective_of(problem, d, sub.per_dp, result.time_ns)
-        bound = max([best, *open_bounds]) if open_bounds else best
-        gap = 0.0 if not open_bounds or best <= -math.inf else (bound - best) / abs(bound)
-        proven = not open_bounds
+                done = i + 1
+                d = space.degree_tuples[sub.degree_index]
+                if result.status == "infeasible":
+                    counts["infeasible"] += 1
+                    continue
+                if result.status != "optimal":
+                    counts["unfinished"] += 1
+                    open_bounds.append(
+                        objective_of(problem, d, sub.per_dp, result.bound_ns)
+                        if result.bound_ns
+                        else sub.bound
+                    )
+                else:
+                    counts["solved"] += 1
+                if result.plan is not None and result.time_ns is not None:
+                    if space.encode(result.plan).tobytes() not in ev.cache:
+                        ev.evaluate_plan(result.plan)  # the solution callback prices each
+                    if ev.best_objective > before:
+                        best = ev.best_objective
+                        cp_objective = objective_of(problem, d, sub.per_dp, result.time_ns)
+        except BudgetExhausted:
+            if subs is not None:
+                open_bounds += [s.bound for s in subs[done:]]
+                counts["unfinished"] += len(subs) - done
+        complete = subs is not None
+        if complete:
+            bound: float | None = max([best, *open_bounds]) if open_bounds else best
+            gap = 0.0 if not open_bounds or best <= -math.inf else (bound - best) / abs(bound)
+        else:  # the clock ran out before every subproblem had a bound
+            bound = gap = None
+        proven = complete and not open_bounds
         if ev.best_code is None:
             self._diagnose(ctx)
         return Outcome(
             proven_optimal=proven and ev.best_code is not None,
             proven_infeasible=proven and ev.best_code is None,
             facts={
-                "subproblems": len(subs),
+                "subproblems": len(subs) if subs is not None else None,
                 "discarded_by_bounds": discarded,
                 **counts,
                 "cp_objective": cp_objective,
-                "bound": bound if math.isfinite(bound) else None,
+                "bound": bound if bound is not None and math.isfinite(bound) else None,
                 "gap": gap,
                 "workers": self.workers,
                 "seconds": time.perf_counter() - start,
@@ -841,23 +918,24 @@ class CpSatSolver(Solver):
                 problem,
                 workload=dataclasses.replace(w, objective="throughput_per_gpu", **slos),
             )
-            left = None if ctx.budget.seconds is None else ctx.budget.seconds - ev.elapsed
-            if left is not None and left <= 0:
-                raise BudgetExhausted
+            ev.check_time()
+            left = ev.left()
             r = CpSatSolver(self.workers).solve(
                 sub, budget=Budget(max_evals=None, seconds=left), seed=ctx.seed
             )
             stats["solves"] += 1
             if r.status == "interrupted":
                 raise KeyboardInterrupt
-            if r.status == "infeasible" and r.facts.get("unfinished"):
+            if r.status == "unknown" or (r.status == "infeasible" and r.facts.get("unfinished")):
                 stats["unproven"] += 1  # the clock ran out before the proof
+                ev.check_time()
                 raise BudgetExhausted
             if r.status == "infeasible" or r.plan is None or r.metrics is None:
                 return []
             ev.evaluate_plan(r.plan)
             if r.status != "optimal":
                 stats["unproven"] += 1
+                ev.check_time()
                 raise BudgetExhausted  # the clock ran out inside this solve
             return [r.metrics]
 
@@ -898,7 +976,10 @@ class CpSatSolver(Solver):
             ctx.evaluator.evaluate(np.array(codes))
 
     def _megatron_hint(self, ctx: SearchContext) -> Plan | None:
-        from shardlab.solvers.megatron import megatron_candidates
+        """The Megatron rule's plan, priced (the incumbent if the clock runs out early)."""
+        from shardlab.solvers.megatron import megatron_rule
 
-        candidates = megatron_candidates(ctx)
-        return ctx.space.megatron_plan(candidates[0]) if candidates else None
+        plan, tried = megatron_rule(ctx)
+        if plan is None and tried:
+            return ctx.space.megatron_plan(tried[0])
+        return plan

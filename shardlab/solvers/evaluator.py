@@ -14,6 +14,7 @@ plans it priced (:class:`~shardlab.solvers.front.Front`).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shardlab.costmodel import BatchMetrics, evaluate_batch
+from shardlab.costmodel import BatchMetrics, evaluate_batch, prepare
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.solvers.front import Front
@@ -39,6 +40,11 @@ class BudgetExhausted(Exception):
     plan of the space has been evaluated, or when the search stalls."""
 
 
+# Seconds between two progress reports of a phase that prices no plans (an exact
+# solver's enumeration, a study's set-up): often enough for a live display.
+TICK_S = 0.25
+
+
 class HistoryPoint(NamedTuple):
     evals: int
     seconds: float
@@ -51,6 +57,8 @@ class Progress:
     max_evals: int | None
     seconds: float
     best: float | None
+    phase: str = "search"
+    seconds_limit: float | None = None
 
 
 def excess(problem: Problem, m: BatchMetrics) -> np.ndarray:
@@ -97,6 +105,10 @@ class Evaluator:
         self.stalls = 0  # consecutive calls that proposed nothing new
         self.stalled = False
         self.front = Front(problem) if problem.workload.objective == "pareto" else None
+        self.phase = "search"  # what the run is doing (progress; where the clock ran out)
+        self.ran_out_in: str | None = None  # the phase the time budget ran out in
+        self._reported = -math.inf
+        self._prepared: set[int] = set()
 
     @property
     def space_exhausted(self) -> bool:
@@ -112,13 +124,47 @@ class Evaluator:
         return None if self.max_evals is None else self.max_evals - self.n_evals
 
     def out_of_time(self) -> bool:
-        return self.seconds is not None and self.elapsed >= self.seconds
+        if self.seconds is not None and self.elapsed >= self.seconds:
+            self.ran_out_in = self.ran_out_in or self.phase
+            return True
+        return False
+
+    def left(self) -> float | None:
+        """Seconds left of the time budget (None: no time limit)."""
+        return None if self.seconds is None else max(self.seconds - self.elapsed, 0.0)
+
+    def enter(self, phase: str) -> None:
+        """Name the phase the run is in, for the progress display and for the message
+        when the clock runs out there; stops the run if the time is already spent."""
+        self.phase = phase
+        self._reported = -math.inf
+        self.check_time()
+
+    def check_time(self) -> None:
+        """Stop the run (:class:`BudgetExhausted`) once the time budget is spent.
+
+        Phases that price no plans call this between chunks of their work; it also
+        keeps the progress display moving there.
+        """
+        if self.out_of_time():
+            raise BudgetExhausted
+        if self.callback is not None and self.elapsed - self._reported >= TICK_S:
+            self._report()
 
     def check_budget(self) -> None:
         if self.out_of_time() or (self.remaining is not None and self.remaining <= 0):
             raise BudgetExhausted
         if self.space_exhausted or self.stalled:
             raise BudgetExhausted
+
+    def _report(self) -> None:
+        if self.callback is None:
+            return
+        self._reported = self.elapsed
+        best = None if self.best_code is None else self.best_objective
+        self.callback(
+            Progress(self.n_evals, self.max_evals, self._reported, best, self.phase, self.seconds)
+        )
 
     def evaluate(self, codes: np.ndarray) -> np.ndarray:
         """Fitness of each row; new rows count against the budget.
@@ -137,6 +183,10 @@ class Evaluator:
         todo = list(new.values())
         if self.remaining is not None and len(todo) > self.remaining:
             todo, exhausted = todo[: self.remaining], True
+        if self.seconds is not None:
+            ready = self._prepare(codes[todo])
+            exhausted = exhausted or not ready.all()
+            todo = [i for i, ok in zip(todo, ready, strict=True) if ok]
         if todo:
             self._price(codes[todo], [keys[i] for i in todo])
             self.stalls = 0
@@ -146,6 +196,21 @@ class Evaluator:
         if exhausted or self.out_of_time() or self.space_exhausted:
             raise BudgetExhausted
         return np.array([self.cache[k] for k in keys])
+
+    def _prepare(self, codes: np.ndarray) -> np.ndarray:
+        """Build the cost tables of the rows' degree tuples while the time lasts; which
+        rows can be priced. A batch of new degree tuples is the slow part of pricing
+        (each builds its tables once), so the clock is read between them."""
+        ready = np.ones(len(codes), dtype=bool)
+        for di in dict.fromkeys(codes[:, 0].tolist()):
+            if di in self._prepared:
+                continue
+            if self.out_of_time():
+                ready &= np.isin(codes[:, 0], list(self._prepared))
+                break
+            prepare(self.problem, self.space.degree_tuples[di])
+            self._prepared.add(di)
+        return ready
 
     def _price(self, codes: np.ndarray, keys: list[bytes]) -> None:
         m = evaluate_batch(self.problem, codes)
@@ -182,9 +247,7 @@ class Evaluator:
         if not m.feasible[i] and fit[i] > self._least_fitness:
             self._least_fitness = float(fit[i])
             self._least_code = codes[i].copy()
-        if self.callback is not None:
-            best = None if self.best_code is None else self.best_objective
-            self.callback(Progress(self.n_evals, self.max_evals, self.elapsed, best))
+        self._report()
 
     def metrics(self, codes: np.ndarray) -> BatchMetrics:
         """Full metrics of rows; rows not seen before are counted like :meth:`evaluate`."""

@@ -13,7 +13,7 @@ replicas. SLOs play no part in the rule.
 
 from __future__ import annotations
 
-from shardlab.problems.plan import Degrees
+from shardlab.problems.plan import Degrees, Plan
 from shardlab.solvers.base import Outcome, SearchContext, Solver
 from shardlab.solvers.registry import register
 
@@ -51,16 +51,26 @@ def megatron_candidates(ctx: SearchContext) -> list[Degrees]:
     return out
 
 
+def megatron_rule(ctx: SearchContext) -> tuple[Plan | None, list[Degrees]]:
+    """The rule's plan (the first candidate that fits in memory; None if none does),
+    and the degrees it tried; each candidate is priced by ``ctx.evaluator``."""
+    tried = []
+    for d in megatron_candidates(ctx):
+        plan = ctx.space.megatron_plan(d)
+        metrics = ctx.evaluator.metrics(ctx.space.encode(plan)[None])
+        tried.append(d)
+        if not metrics.memory_violation[0]:
+            return plan, tried
+    return None, tried
+
+
 @register("megatron")
 class MegatronSolver(Solver):
     description = "Megatron-LM / vLLM default: TP in a node, PP across nodes, EP over TP"
 
     def _search(self, ctx: SearchContext) -> Outcome:
-        tried = []
-        for d in megatron_candidates(ctx):
-            code = ctx.space.encode(ctx.space.megatron_plan(d))[None]
-            metrics = ctx.evaluator.metrics(code)
-            tried.append(d.short())
-            if not metrics.memory_violation[0]:
-                return Outcome(facts={"degrees": d.short(), "tried": tried})
-        return Outcome(facts={"tried": tried})
+        plan, tried = megatron_rule(ctx)
+        facts: dict[str, object] = {"tried": [d.short() for d in tried]}
+        if plan is not None:
+            facts = {"degrees": plan.degrees.short(), **facts}
+        return Outcome(facts=facts)

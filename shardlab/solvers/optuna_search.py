@@ -273,6 +273,10 @@ class Layout:
 # -- study identity ------------------------------------------------------------------
 
 
+# Finished trials replayed per pass, between two readings of the clock.
+REPLAY_CHUNK = 512
+
+
 def fingerprint(problem: Problem) -> str:
     """Hash of the problem and its encoding: a study holds trials of one problem only."""
     space = problem.space
@@ -471,7 +475,9 @@ class OptunaSolver(Solver):
     # -- the search ------------------------------------------------------------------
 
     def _search(self, ctx: SearchContext) -> Outcome:
+        ev = ctx.evaluator
         with _quiet():
+            ev.enter("opening the study")
             layout = Layout(ctx.space)
             study = self._open(ctx, layout)
             sampler = self.sampler or ("nsga2" if pareto(ctx.problem) else "tpe")
@@ -492,6 +498,7 @@ class OptunaSolver(Solver):
             study.sampler = self._sampler(sampler, seed)
             try:
                 self._replay(ctx, existing, facts)
+                ev.enter("search")
                 while True:
                     ctx.evaluator.check_budget()  # before a trial exists: none left unpriced
                     self._trial(ctx, study, layout, facts)
@@ -520,14 +527,18 @@ class OptunaSolver(Solver):
                 f"study {facts['study']!r} holds plans outside this search space; "
                 "choose another --study"
             )
+        ev = ctx.evaluator
+        ev.enter(f"replaying the study's {len(done):,} finished trials")
         facts["replayed_trials"] = len(done)
         # A changed cost model would make the stored values stale: say so in the facts.
-        now = evaluate_batch(ctx.problem, codes).objective
         was = np.array([t.values[0] for t in done], dtype=float)
-        facts["replay_mismatches"] = int(
-            (~np.isclose(now, was, rtol=1e-9, atol=0.0, equal_nan=True)).sum()
-        )
-        ctx.evaluator.evaluate(codes)
+        for start in range(0, len(codes), REPLAY_CHUNK):
+            part = slice(start, start + REPLAY_CHUNK)
+            ev.evaluate(codes[part])  # reads the clock between new degree tuples
+            now = evaluate_batch(ctx.problem, codes[part]).objective
+            facts["replay_mismatches"] += int(
+                (~np.isclose(now, was[part], rtol=1e-9, atol=0.0, equal_nan=True)).sum()
+            )
 
     def _trial(self, ctx: SearchContext, study: optuna.Study, layout: Layout, facts: dict) -> None:
         ev = ctx.evaluator

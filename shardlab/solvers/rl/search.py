@@ -118,6 +118,7 @@ class Search:
     def step(self) -> None:
         """One iteration: sample a batch, evaluate it, learn from it."""
         cfg = self.config
+        self.ev.check_time()  # sampling long plans takes a good part of a second too
         elite = self.elite()
         roll = self.policy.sample(self.pt, elite, cfg.batch_size, self.gen, self.temperature)
         codes = self.dec.to_codes(roll.actions.numpy())
@@ -157,6 +158,8 @@ class Search:
         std = float(reward.std()) if len(reward) > 1 else 0.0
         adv = adv / std if std > 1e-8 else adv * 0.0
         for _ in range(epochs):
+            # an epoch over long plans takes a good part of a second: not past the limit
+            self.ev.check_time()
             logp, entropy = self.policy.evaluate(self.pt, elite, roll)
             if cfg.algorithm == "ppo":
                 ratio = torch.exp(logp - roll.logp)

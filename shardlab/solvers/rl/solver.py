@@ -48,6 +48,7 @@ class RLSolver(Solver):
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # small tensors; and the benchmark machine is shared
         try:
+            ctx.evaluator.enter("setting up the policy")
             seed = int(ctx.rng.integers(0, 2**62))
             policy = new_policy(self.config, seed)
             if self._state is not None:
@@ -55,6 +56,7 @@ class RLSolver(Solver):
             gen = torch.Generator().manual_seed(int(ctx.rng.integers(0, 2**62)))
             opt = torch.optim.Adam(policy.parameters(), lr=self.config.lr)
             search = Search(ctx.problem, ctx.evaluator, policy, opt, self.config, gen)
+            ctx.evaluator.enter("search")
             search.run()  # ends with BudgetExhausted (or KeyboardInterrupt): base catches it
         finally:
             torch.set_num_threads(threads)
