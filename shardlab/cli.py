@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, get_args
 
 import typer
 from rich.table import Table
@@ -35,6 +35,7 @@ from shardlab.render import (
     problem_json,
     problem_line,
     solve_progress,
+    timing_label,
 )
 
 if TYPE_CHECKING:
@@ -591,10 +592,11 @@ def compare(
         on_done=on_done,
         budgets=levels,
         variants=[("rl+policy", "rl", {"policy": policy})] if policy else [],
+        timing=problem.timing,
     )
     rows = summarize(results)
     out_dir = Path(results_dir) / label
-    write_results(out_dir, label, command, results, rows)
+    write_results(out_dir, label, command, results, rows, timing_label(problem))
     if fmt is Format.json:
         emit_json({"name": label, "summary": rows, "out_dir": str(out_dir)})
         return
@@ -625,45 +627,71 @@ def compare(
 
 @app.command()
 def validate(
-    out_path: Annotated[
-        str, typer.Option("--out", help="Markdown report to write.")
-    ] = "results/validation.md",
+    measurements: Annotated[
+        str | None,
+        typer.Option(help="Your own measurements (CSV; see shardlab/validation.py)."),
+    ] = None,
+    out_path: Annotated[str | None, typer.Option("--out", help="Markdown report to write.")] = None,
     engine: Annotated[
         str, typer.Option(help="Engine whose measured kernels price the silicon column.")
     ] = "trtllm",
+    calibration: Annotated[
+        str | None, typer.Option(help="Also predict with these corrections (YAML).")
+    ] = None,
+    aiconfigurator: Annotated[
+        str | None,
+        typer.Option(help="Instead: agreement with this grid of AIConfigurator agg estimates."),
+    ] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
-    """Predict every published measurement with both timing backends and compare (writes
-    results/validation.md)."""
+    """Predict every measurement with both timing backends and compare: the published
+    ones (written to results/validation.md) or yours (--measurements)."""
     from pathlib import Path
 
-    from shardlab.validation import predict_all, write_report
+    if aiconfigurator is not None:
+        _agreement(aiconfigurator, out_path or "aiconfigurator.md", fmt)
+        return
 
-    by_timing = {t: predict_all(t, engine) for t in ("roofline", "silicon")}
-    command = f"shardlab validate --out {out_path}" + (
-        f" --engine {engine}" if engine != "trtllm" else ""
+    from shardlab.problems.calibration import Calibration
+    from shardlab.validation import load_measurements, predict_all
+    from shardlab.validation import write_report as write_validation
+
+    rows = load_measurements(measurements)
+    if out_path is None:
+        out_path = "results/validation.md" if measurements is None else "validation.md"
+    by_timing = {t: predict_all(t, engine, rows) for t in ("roofline", "silicon")}
+    if calibration is not None:
+        cal = Calibration.load(calibration)
+        by_timing[f"{cal.timing}+calibration"] = predict_all(cal.timing, engine, rows, cal)
+    command = "shardlab validate" + "".join(
+        f" --{k} {v}"
+        for k, v in (
+            ("measurements", measurements),
+            ("out", out_path),
+            ("engine", engine if engine != "trtllm" else None),
+            ("calibration", calibration),
+        )
+        if v is not None
     )
-    summaries = write_report(Path(out_path), by_timing, command)
+    source = measurements or "shardlab/data/validation/measured.csv"
+    summaries = write_validation(Path(out_path), by_timing, command, source)
     if fmt is Format.json:
         emit_json(
             {
                 "summary": summaries,
                 "rows": {
-                    t: [{**asdict(r), "ratio": r.ratio} for r in rows]
-                    for t, rows in by_timing.items()
+                    t: [{**asdict(r), "ratio": r.ratio} for r in rs] for t, rs in by_timing.items()
                 },
             }
         )
         return
-    table = Table(title="cost model vs published measurements")
+    table = Table(title="cost model vs measurements")
     for col in ("id", "metric", "measured", *(f"{t} ratio" for t in by_timing), "note"):
         table.add_column(col, justify="left" if col in ("id", "metric", "note") else "right")
-    roofline, measured_kernels = by_timing["roofline"], by_timing["silicon"]
-    for r, s in zip(roofline, measured_kernels, strict=True):
-        table.add_row(
-            r.id, f"{r.metric} ({r.unit})", f"{r.measured:,.1f}", f"{r.ratio:.2f}",
-            f"{s.ratio:.2f}", s.note or r.note,
-        )  # fmt: skip
+    for i, r in enumerate(by_timing["roofline"]):
+        ratios = [f"{by_timing[t][i].ratio:.2f}" for t in by_timing]
+        note = "; ".join(dict.fromkeys(x for t in by_timing if (x := by_timing[t][i].note)))
+        table.add_row(r.id, f"{r.metric} ({r.unit})", f"{r.measured:,.1f}", *ratios, note)
     out.print(table)
     for t, summary in summaries.items():
         out.print(
@@ -673,6 +701,87 @@ def validate(
             f"({summary['worst_factor']:.2f}x)"
         )
     out.print(f"wrote {out_path}")
+
+
+def _agreement(grid: str, out_path: str, fmt: Format) -> None:
+    from pathlib import Path
+
+    from shardlab.validation import against_reference, agreement_summary, write_agreement
+
+    if not Path(grid).is_file():
+        raise ShardlabError(f"--aiconfigurator {grid!r}: no such file")
+    by_timing = {t: against_reference(grid, t) for t in ("roofline", "silicon")}
+    write_agreement(
+        Path(out_path), by_timing, f"shardlab validate --aiconfigurator {grid} --out {out_path}"
+    )
+    summaries = {t: agreement_summary(rows) for t, rows in by_timing.items()}
+    if fmt is Format.json:
+        emit_json({"summary": summaries})
+        return
+    for t, s in summaries.items():
+        out.print(
+            f"{t}: {len(by_timing[t])} points; median error TPOT {s['tpot_ms']:.1%}, TTFT "
+            f"{s['ttft_ms']:.1%}, throughput {s['tokens_s']:.1%}"
+        )
+    out.print(f"wrote {out_path}")
+
+
+@app.command()
+def calibrate(
+    measurements: Annotated[
+        str | None,
+        typer.Option(help="Measurements to fit (CSV; default: the published ones)."),
+    ] = None,
+    out_path: Annotated[str, typer.Option("--out", help="Calibration to write.")] = "cal.yaml",
+    timing: Annotated[str, typer.Option(help="The timing backend to correct.")] = "roofline",
+    engine: Annotated[str, typer.Option(help="trtllm, vllm or sglang.")] = "trtllm",
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Fit per-kernel-class corrections (GEMM, attention, MoE, communication, a cost
+    per iteration) to measurements; report the error before, after, and by
+    leave-one-out cross-validation. Apply them with --calibration."""
+    from shardlab.calibrate import calibrate as fit_calibration
+    from shardlab.problems.problem import Engine, Timing
+    from shardlab.validation import load_measurements
+
+    for key, value, allowed in (("timing", timing, Timing), ("engine", engine, Engine)):
+        if value not in get_args(allowed):
+            raise ShardlabError(f"--{key} {value!r}: use one of {', '.join(get_args(allowed))}")
+    rows = load_measurements(measurements)
+    report = fit_calibration(rows, timing, engine, measurements or "the published measurements")
+    write_text(out_path, report.calibration.to_yaml())
+    summary = report.summary()
+    if fmt is Format.json:
+        emit_json(
+            {
+                "calibration": asdict(report.calibration),
+                "summary": summary,
+                "rows": [
+                    {"id": m.id, "before": b, "after": a, "held_out": h}
+                    for m, b, a, h in zip(
+                        rows, report.before, report.after, report.held_out, strict=True
+                    )
+                ],
+            }
+        )
+        return
+    c = report.calibration
+    out.print(
+        f"factors: gemm {c.gemm:.3f}, attention {c.attention:.3f}, moe {c.moe:.3f}, "
+        f"communication {c.communication:.3f}; per iteration {c.iteration_ms:.3f} ms"
+    )
+    table = Table(title=f"{summary['rows']} rows, {timing} timing: predicted / measured")
+    for col in ("id", "before", "fitted", "left out"):
+        table.add_column(col, justify="left" if col == "id" else "right")
+    for m, b, a, h in zip(rows, report.before, report.after, report.held_out, strict=True):
+        table.add_row(m.id, f"{1 + b:.2f}", f"{1 + a:.2f}", f"{1 + h:.2f}")
+    out.print(table)
+    out.print(
+        f"median |error|: {summary['median_before']:.1%} before, {summary['median_after']:.1%} "
+        f"fitted, {summary['median_cross_validated']:.1%} leave-one-out (worst "
+        f"{summary['worst_before']:.2f}x, {summary['worst_after']:.2f}x, "
+        f"{summary['worst_cross_validated']:.2f}x); wrote {out_path}"
+    )
 
 
 def main() -> None:

@@ -78,6 +78,21 @@ PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         str,
         typer.Option(DEFAULT_ENGINE, help="Serving engine: trtllm, vllm or sglang."),
     ),
+    (
+        "calibration",
+        str | None,
+        typer.Option(None, help="Corrections from `shardlab calibrate` (YAML)."),
+    ),
+    (
+        "max_batch",
+        int | None,
+        typer.Option(None, "--max-batch", help="Engine's requests per DP rank (default: its own)."),
+    ),
+    (
+        "max_tokens",
+        int | None,
+        typer.Option(None, "--max-tokens", help="Engine's tokens per iteration per DP rank."),
+    ),
 )
 
 DEGREE_NAMES = ("tp", "pp", "dp_attn", "ep", "etp", "replicas")
@@ -125,6 +140,9 @@ def problem_command(func: Callable[..., None]) -> Callable[..., None]:
             tie=tie,
             timing=timing,
             engine=engine,
+            calibration=options.pop("calibration"),
+            max_batch=options.pop("max_batch"),
+            max_tokens=options.pop("max_tokens"),
             **options,
         )
         func(problem=problem, **kwargs)

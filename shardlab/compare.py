@@ -44,6 +44,7 @@ class Task:
     seconds: float | None
     options: tuple[tuple[str, object], ...] = ()  # method-specific solver options
     label: str = ""  # the name results carry (default: the method)
+    timing: str | None = None  # the instance's kernel timing (None: the problem default)
 
     @property
     def name(self) -> str:
@@ -52,7 +53,7 @@ class Task:
 
 def run_task(task: Task) -> dict[str, Any]:
     """One solve, as a JSON-ready dict (runs in a worker process)."""
-    problem = task.instance.problem()
+    problem = task.instance.problem(task.timing)
     try:
         r = get_solver(task.method, **dict(task.options)).solve(
             problem,
@@ -126,6 +127,7 @@ def run_comparison(
     on_done: Callable[[dict[str, Any]], None] | None = None,
     budgets: Sequence[int] | None = None,
     variants: Sequence[tuple[str, str, dict[str, object]]] = (),
+    timing: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every run as a dict; with ``budgets``, one record per run and budget (see the
     module docstring), each with its ``budget``. ``variants`` are extra methods run
@@ -133,7 +135,7 @@ def run_comparison(
     """
     runs = [(m, m, {}) for m in dict.fromkeys([*methods, "megatron"])] + list(variants)
     tasks = [
-        Task(inst, m, s, b, seconds, tuple(sorted(opts.items())), label)
+        Task(inst, m, s, b, seconds, tuple(sorted(opts.items())), label, timing)
         for inst in instances
         for label, m, opts in runs
         for b in _budgets_of(m, max_evals, budgets)
@@ -247,8 +249,10 @@ def write_results(
     command: str,
     results: list[dict[str, Any]],
     rows: list[dict[str, Any]],
+    timing: str = "",
 ) -> None:
-    """Write the four files atomically (each to a temporary name, then renamed)."""
+    """Write the four files atomically (each to a temporary name, then renamed);
+    ``timing`` says how the cost model timed the kernels."""
     out_dir.mkdir(parents=True, exist_ok=True)
 
     def atomic(path: Path, write: Callable[[Path], None]) -> None:
@@ -282,7 +286,10 @@ def write_results(
             w.writerows(results)
 
     atomic(out_dir / "results.csv", write_csv)
-    atomic(out_dir / "summary.md", lambda p: p.write_text(summary_markdown(name, command, rows)))
+    atomic(
+        out_dir / "summary.md",
+        lambda p: p.write_text(summary_markdown(name, command, rows, timing)),
+    )
     atomic(out_dir / "convergence.png", lambda p: plot_convergence(p, results, rows))
 
 
@@ -292,11 +299,12 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def summary_markdown(name: str, command: str, rows: list[dict[str, Any]]) -> str:
+def summary_markdown(name: str, command: str, rows: list[dict[str, Any]], timing: str = "") -> str:
     lines = [
         f"# Comparison `{name}`",
         "",
-        f"Produced by `{command}`; numbers are written by the code, never by hand.",
+        f"Produced by `{command}`; numbers are written by the code, never by hand."
+        + (f" Kernels: {timing}." if timing else ""),
         "",
         "Ratio to best: objective over the best known plan of the instance (the CP-SAT",
         "optimum where proven, marked *), mean over seeds. Evals to 99%: median number of",

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, TextColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from shardlab.costmodel import Metrics
+from shardlab.costmodel import Metrics, silicon
 from shardlab.problems.operators import HEAD_OPS, layer_ops
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
@@ -113,9 +113,21 @@ def problem_json(problem: Problem) -> dict:
     }
 
 
+def timing_label(problem: Problem) -> str:
+    """How a problem's kernels are timed, as every output states it."""
+    acc = problem.cluster.accelerator.key
+    if problem.timing == "silicon" and silicon.covers(acc):
+        label = f"silicon timing ({problem.engine} measurements)"
+    elif problem.timing == "silicon":
+        label = f"roofline timing (no measured kernels of {acc})"
+    else:
+        label = "roofline timing"
+    return label + (", calibrated" if problem.calibration is not None else "")
+
+
 def problem_line(problem: Problem) -> str:
     """The headline of an output: the problem, its workload and how it is timed."""
-    return f"[bold]{problem.name}[/]: {problem.workload.describe()}; {problem.timing_label}"
+    return f"[bold]{problem.name}[/]: {problem.workload.describe()}; {timing_label(problem)}"
 
 
 def plan_json(problem: Problem, plan: Plan) -> dict:

@@ -1,21 +1,28 @@
-"""Predictions of the cost model against published measurements.
+"""Predictions of the cost model against measurements: the published ones, or a user's.
 
-``data/measured.csv`` holds measured throughput and latency from public benchmark
-reports (rows ``V..``) and collective micro-benchmarks (rows ``C..``), each with its
-source. Every row is mapped here to the problem and plan it describes, under the
-scheduling regime the row states (in-flight batching with thousands of queued
-requests is the ``inflight`` regime capped by the KV cache; a static batch is
-``static``), and predicted with :func:`shardlab.evaluate`.
+A measurements file is a CSV, one row per measured number, which says what was run
+and what was measured (``shardlab/data/validation/measured.csv`` holds the published
+rows, each with its source):
 
-Approximations of the mapping, stated once:
-- Llama-3.3-70B has Llama-3.1-70B's shapes; DeepSeek-R1 has DeepSeek-V3's.
-- LLaMA-2-70B and the GPT-13B of kipp.ly's arithmetic are given by their shapes
-  below; GPT-13B's GELU MLP (2 matrices of 4h) is modeled as a SwiGLU MLP with the
-  same parameter count (3 matrices of 8h/3).
-- FP8 and FP4 runs use an FP8 KV cache (TensorRT-LLM's quantized benchmark setting).
-- The MLPerf row (V24) has a mean prompt of about 300 tokens and mean output of 292.
-- C01 and C04 are the very measurements the collective constants were fitted to: they
-  check the implementation of the fit, not the model.
+- ``id``, ``metric``, ``value`` (required), ``unit``, ``setup``, ``note``, ``source``;
+- the problem: ``model`` (a catalog name, a HuggingFace id or a config.json path) and
+  ``cluster`` (``GPUxCOUNT`` or a cluster YAML path; paths are relative to the CSV),
+  the workload ``phase``, ``schedule``, ``batch``, ``input_len``, ``output_len``,
+  ``weight_dtype``, ``kv_dtype`` (blank: the defaults of :class:`Workload`), and the
+  ``engine`` that was measured (trtllm, vllm or sglang; blank: the one asked for);
+- the plan: ``tp`` and, if not 1, ``replicas``, ``pp``, ``dp_attn``, ``ep``, ``etp``
+  (Megatron's operator options on those degrees, which is what engines run);
+- ``metric``, one of :data:`METRICS`; collectives (``allreduce_*``) need only
+  ``cluster`` (8 GPUs of one node) and ``message_bytes``.
+
+Each row is predicted under the scheduling regime it states (in-flight batching with
+thousands of queued requests is ``inflight``, capped by the KV cache; a static batch
+is ``static``). Approximations of the published rows' mapping, stated once:
+Llama-3.3-70B has Llama-3.1-70B's shapes and DeepSeek-R1 DeepSeek-V3's; LLaMA-2-70B
+and the GPT-13B of kipp.ly's arithmetic are config files next to the CSV (GPT-13B's
+GELU MLP as a SwiGLU MLP of the same parameter count); FP8 and FP4 runs use an FP8 KV
+cache (TensorRT-LLM's quantized benchmark setting); C01 and C04 are the measurements
+the roofline's collective constants were fitted to.
 """
 
 from __future__ import annotations
@@ -23,298 +30,164 @@ from __future__ import annotations
 import csv
 import dataclasses
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from shardlab.costmodel import evaluate, silicon
+from shardlab.costmodel import Metrics, evaluate, silicon
 from shardlab.costmodel.collectives import Span, collective_time
+from shardlab.errors import ShardlabError
 from shardlab.files import write_text
+from shardlab.problems.calibration import Calibration
 from shardlab.problems.catalog import load_model
-from shardlab.problems.cluster import Cluster, builtin_accelerators
-from shardlab.problems.model import Model, model_from_config
+from shardlab.problems.cluster import Cluster, parse_cluster
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
 from shardlab.problems.workload import Workload
 
-LLAMA2_70B = {  # meta-llama/Llama-2-70b-hf config.json shapes
-    "model_type": "llama",
-    "hidden_size": 8192,
-    "intermediate_size": 28672,
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "vocab_size": 32000,
-    "torch_dtype": "float16",
+# What each metric reads off the prediction, and its unit.
+METRICS: dict[str, tuple[Callable[[Metrics, Problem], float], str]] = {
+    "throughput_tok_s": (lambda m, p: m.throughput_tok_s, "tok/s"),
+    "throughput_tok_s_per_gpu": (lambda m, p: m.throughput_tok_s_per_gpu, "tok/s/GPU"),
+    "throughput_tok_s_per_node": (
+        lambda m, p: m.throughput_tok_s / p.cluster.num_nodes,
+        "tok/s per node",
+    ),
+    "ttft_ms": (lambda m, p: m.ttft_ms, "ms"),
+    "tpot_ms": (lambda m, p: m.tpot_ms, "ms"),
+    "allreduce_busbw_gbps": (lambda m, p: 0.0, "GB/s"),
+    "allreduce_latency_us": (lambda m, p: 0.0, "us"),
 }
-GPT_13B = {  # kipp.ly/transformer-inference-arithmetic 13B: 40 layers, d_model 5120
-    "model_type": "llama",
-    "hidden_size": 5120,
-    "intermediate_size": 13653,
-    "num_hidden_layers": 40,
-    "num_attention_heads": 40,
-    "num_key_value_heads": 40,
-    "vocab_size": 50257,
-    "torch_dtype": "float16",
-}
+COLLECTIVE_METRICS = ("allreduce_busbw_gbps", "allreduce_latency_us")
+DEGREE_COLUMNS = ("replicas", "pp", "tp", "dp_attn", "ep", "etp")
+WORKLOAD_COLUMNS = ("phase", "schedule", "batch", "input_len", "output_len")
+DTYPE_COLUMNS = ("weight_dtype", "kv_dtype")
 
 
-def _cluster(gpu: str, n: int) -> Cluster:
-    accs = builtin_accelerators()
-    if gpu == "a100-40":  # NVIDIA A100 datasheet, SXM 40GB: 1,555 GB/s
-        acc = dataclasses.replace(
-            accs["a100"], key="a100-40", name="A100 SXM 40GB", hbm_gb=40, hbm_gbps=1555
-        )
-    else:
-        acc = accs[gpu]
-    return Cluster(accelerator=acc, num_gpus=n, gpus_per_node=8)
+def builtin_measurements() -> Path:
+    """The published measurements shipped with shardlab."""
+    return Path(str(resources.files("shardlab") / "data" / "validation" / "measured.csv"))
 
 
-@dataclass(frozen=True, kw_only=True)
-class Case:
+@dataclass(frozen=True)
+class Measurement:
+    """One measured number and what it measures."""
+
     id: str
-    model: Callable[[], Model]
-    gpu: str
-    degrees: Degrees
-    workload: Workload
-    metric: Callable[..., float]  # (metrics, problem) -> value in the row's unit
-    note: str = ""
+    metric: str
+    value: float
+    unit: str
+    setup: str
+    note: str
+    source: str
+    cluster: Cluster
+    problem: Problem | None  # None for a collective micro-benchmark
+    degrees: Degrees | None
+    message_bytes: int | None
+    engine: str | None = None  # the engine measured (None: the one asked for)
 
 
-def _catalog(name: str) -> Callable[[], Model]:
-    return lambda: load_model(name)
+def _int(row: Mapping[str, str], key: str, where: str, default: int | None = None) -> int | None:
+    text = (row.get(key) or "").strip()
+    if not text:
+        return default
+    try:
+        value = int(float(text))
+    except ValueError:
+        raise ShardlabError(f"{where}: {key} {text!r} is not an integer") from None
+    if value < 1 or value != float(text):
+        raise ShardlabError(f"{where}: {key} must be a positive integer, got {text!r}")
+    return value
 
 
-def _config(cfg: dict, name: str) -> Callable[[], Model]:
-    return lambda: model_from_config(cfg, name=name, source=f"validation:{name}")
+def _resolve(text: str, base: Path) -> str:
+    """A path relative to the measurements file, or the text itself (a name)."""
+    candidate = base / text
+    return str(candidate) if text.endswith((".json", ".yaml", ".yml")) else text
 
 
-def _ifb(batch: int, i: int, o: int, dtype: str) -> Workload:
-    return Workload(
-        name="ifb",
-        phase="request",
-        schedule="inflight",
-        batch=batch,
-        input_len=i,
-        output_len=o,
-        weight_dtype=dtype,
-        kv_dtype="fp8",
+def load_measurements(path: str | Path | None = None) -> list[Measurement]:
+    """Read a measurements CSV (see the module docstring); the built-in one by default."""
+    path = Path(path) if path is not None else builtin_measurements()
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ShardlabError(f"measurements {str(path)!r}: cannot read it ({exc})") from None
+    reader = csv.DictReader(text.splitlines())
+    required = {"id", "metric", "value", "cluster"}
+    missing = required - set(reader.fieldnames or ())
+    if missing:
+        raise ShardlabError(
+            f"measurements {str(path)!r}: missing column(s) {', '.join(sorted(missing))}"
+        )
+    out = []
+    for n, row in enumerate(reader, start=2):
+        where = f"measurements {str(path)!r}, line {n} ({row.get('id') or 'no id'})"
+        out.append(_measurement(row, path.parent, where))
+    if not out:
+        raise ShardlabError(f"measurements {str(path)!r}: no rows")
+    return out
+
+
+def _measurement(row: Mapping[str, str], base: Path, where: str) -> Measurement:
+    metric = (row.get("metric") or "").strip()
+    if metric not in METRICS:
+        raise ShardlabError(f"{where}: metric {metric!r} is not one of {', '.join(METRICS)}")
+    try:
+        value = float(row["value"])
+    except (TypeError, ValueError):
+        raise ShardlabError(f"{where}: value {row.get('value')!r} is not a number") from None
+    if not np.isfinite(value) or value <= 0:
+        raise ShardlabError(f"{where}: value must be a positive number, got {row['value']!r}")
+    try:
+        cluster = parse_cluster(_resolve(row["cluster"].strip(), base))
+    except ShardlabError as exc:
+        raise ShardlabError(f"{where}: {exc}") from None
+    common = {
+        "id": row["id"].strip(),
+        "metric": metric,
+        "value": value,
+        "unit": (row.get("unit") or "").strip() or METRICS[metric][1],
+        "setup": (row.get("setup") or "").strip(),
+        "note": (row.get("note") or "").strip(),
+        "source": (row.get("source") or "").strip(),
+        "cluster": cluster,
+    }
+    if metric in COLLECTIVE_METRICS:
+        size = _int(row, "message_bytes", where)
+        if size is None:
+            raise ShardlabError(f"{where}: a collective row needs message_bytes")
+        return Measurement(**common, problem=None, degrees=None, message_bytes=size)
+    if not (row.get("model") or "").strip() or not (row.get("tp") or "").strip():
+        raise ShardlabError(f"{where}: a model row needs model and tp")
+    sizes = {k: _int(row, k, where, 1) for k in DEGREE_COLUMNS if k != "etp"}
+    ep = sizes["ep"]
+    etp = _int(row, "etp", where, sizes["tp"] * sizes["dp_attn"] // ep)
+    try:
+        degrees = Degrees(**sizes, etp=etp)
+        over: dict[str, Any] = {
+            k: _int(row, k, where) for k in ("batch", "input_len", "output_len") if row.get(k)
+        }
+        over |= {k: row[k].strip() for k in ("phase", "schedule", *DTYPE_COLUMNS) if row.get(k)}
+        workload = dataclasses.replace(Workload(name=common["id"]), **over)
+        model = load_model(_resolve(row["model"].strip(), base))
+        engine = (row.get("engine") or "").strip() or None
+        problem = Problem(
+            model=model, cluster=cluster, workload=workload, engine=engine or "trtllm"
+        )
+    except (ShardlabError, TypeError) as exc:
+        raise ShardlabError(f"{where}: {exc}") from None
+    if degrees.num_gpus != cluster.num_gpus:
+        raise ShardlabError(
+            f"{where}: the degrees use {degrees.num_gpus} GPUs, the cluster has {cluster.num_gpus}"
+        )
+    return Measurement(
+        **common, problem=problem, degrees=degrees, message_bytes=None, engine=engine
     )
-
-
-def _total(m, p) -> float:
-    return m.throughput_tok_s
-
-
-def _per_gpu(m, p) -> float:
-    return m.throughput_tok_s_per_gpu
-
-
-def _ttft(m, p) -> float:
-    return m.ttft_ms
-
-
-def _tpot(m, p) -> float:
-    return m.tpot_ms
-
-
-def _per_node(m, p) -> float:
-    return m.throughput_tok_s / p.cluster.num_nodes
-
-
-def _tp(n: int) -> Degrees:
-    return Degrees(tp=n, etp=n)
-
-
-CASES: tuple[Case, ...] = (
-    Case(
-        id="V01",
-        model=_catalog("llama-3.1-70b"),
-        gpu="h100",
-        degrees=_tp(2),
-        workload=_ifb(3000, 1000, 1000, "fp8"),
-        metric=_total,
-    ),
-    Case(
-        id="V02",
-        model=_catalog("llama-3.1-70b"),
-        gpu="h200",
-        degrees=_tp(1),
-        workload=_ifb(3000, 1000, 1000, "fp8"),
-        metric=_total,
-    ),
-    Case(
-        id="V03",
-        model=_catalog("llama-3.1-70b"),
-        gpu="b200",
-        degrees=_tp(1),
-        workload=_ifb(3000, 1000, 1000, "fp4"),
-        metric=_total,
-    ),
-    Case(
-        id="V04",
-        model=_catalog("llama-3.1-405b"),
-        gpu="h100",
-        degrees=_tp(8),
-        workload=_ifb(3000, 1000, 1000, "fp8"),
-        metric=_total,
-    ),
-    Case(
-        id="V05",
-        model=_catalog("llama-3.1-405b"),
-        gpu="h200",
-        degrees=_tp(8),
-        workload=_ifb(3000, 1000, 1000, "fp8"),
-        metric=_total,
-    ),
-    Case(
-        id="V09",
-        model=_catalog("llama-3.1-70b"),
-        gpu="h100",
-        degrees=_tp(1),
-        workload=_ifb(3000, 128, 2048, "fp8"),
-        metric=_total,
-    ),
-    Case(
-        id="V10",
-        model=_catalog("llama-3.1-70b"),
-        gpu="h100",
-        degrees=_tp(2),
-        workload=_ifb(3000, 128, 2048, "fp8"),
-        metric=_total,
-    ),
-    Case(
-        id="V11",
-        model=_catalog("llama-3.1-70b"),
-        gpu="h100",
-        degrees=_tp(4),
-        workload=_ifb(3000, 128, 2048, "fp8"),
-        metric=_total,
-    ),
-    Case(
-        id="V12",
-        model=_catalog("llama-3.1-70b"),
-        gpu="h100",
-        degrees=_tp(8),
-        workload=_ifb(3000, 128, 2048, "fp8"),
-        metric=_total,
-    ),
-    Case(
-        id="V16",
-        model=_config(LLAMA2_70B, "llama-2-70b"),
-        gpu="h100",
-        degrees=_tp(2),
-        workload=Workload(
-            name="static64",
-            phase="request",
-            schedule="static",
-            batch=64,
-            input_len=2048,
-            output_len=2048,
-            weight_dtype="fp8",
-            kv_dtype="fp8",
-        ),
-        metric=_per_gpu,
-    ),
-    Case(
-        id="V18",
-        model=_config(LLAMA2_70B, "llama-2-70b"),
-        gpu="h100",
-        degrees=_tp(4),
-        workload=Workload(
-            name="ttft",
-            phase="prefill",
-            schedule="static",
-            batch=1,
-            input_len=2048,
-            output_len=1,
-            weight_dtype="fp8",
-            kv_dtype="fp8",
-        ),
-        metric=_ttft,
-    ),
-    Case(
-        id="V20",
-        model=_config(GPT_13B, "gpt-13b"),
-        gpu="a100-40",
-        degrees=_tp(1),
-        workload=Workload(
-            name="prefill",
-            phase="prefill",
-            schedule="static",
-            batch=1,
-            input_len=512,
-            output_len=10,
-        ),
-        metric=_ttft,
-    ),
-    Case(
-        id="V21",
-        model=_config(GPT_13B, "gpt-13b"),
-        gpu="a100-40",
-        degrees=_tp(1),
-        workload=Workload(
-            name="decode", phase="decode", schedule="static", batch=1, input_len=512, output_len=10
-        ),
-        metric=_tpot,
-    ),
-    Case(
-        id="V22",
-        model=_config(GPT_13B, "gpt-13b"),
-        gpu="a100-40",
-        degrees=_tp(2),
-        workload=Workload(
-            name="decode", phase="decode", schedule="static", batch=1, input_len=512, output_len=10
-        ),
-        metric=_tpot,
-    ),
-    Case(
-        id="V24",
-        model=_config(LLAMA2_70B, "llama-2-70b"),
-        gpu="h200",
-        degrees=Degrees(replicas=8, tp=1, etp=1),
-        workload=Workload(
-            name="offline",
-            phase="request",
-            schedule="inflight",
-            batch=8 * 806,
-            input_len=300,
-            output_len=292,
-            weight_dtype="fp8",
-            kv_dtype="fp8",
-        ),
-        metric=_total,
-        note="mean prompt ~300 tokens (not verified by the source)",
-    ),
-    Case(
-        id="V29",
-        model=_catalog("deepseek-v3"),
-        gpu="h200",
-        degrees=Degrees(tp=1, dp_attn=8, ep=8, etp=1),
-        workload=_ifb(1024, 1024, 2048, "fp8"),
-        metric=_total,
-    ),
-    Case(
-        id="V31",
-        model=_catalog("deepseek-v3"),
-        gpu="h100",
-        degrees=Degrees(tp=1, dp_attn=32, ep=32, etp=1),
-        workload=Workload(
-            name="prefill",
-            phase="prefill",
-            schedule="static",
-            batch=32 * 4,
-            input_len=4096,
-            output_len=1,
-            weight_dtype="fp8",
-        ),
-        metric=_per_node,
-        note="16,384 prompt tokens per GPU = 4 prompts of 4,096",
-    ),
-)
 
 
 @dataclass(frozen=True)
@@ -333,88 +206,70 @@ class Row:
         return self.predicted / self.measured
 
 
-def _measured() -> dict[str, dict[str, str]]:
-    text = (resources.files("shardlab") / "data" / "measured.csv").read_text()
-    return {r["id"]: r for r in csv.DictReader(text.splitlines())}
+def problem_of(
+    m: Measurement, timing: str, engine: str, calibration: Calibration | None = None
+) -> tuple[Problem, str]:
+    """The row's problem under ``timing`` (the roofline where nothing is measured), and
+    the note that says so."""
+    assert m.problem is not None
+    used, note = timing, ""
+    if timing == "silicon" and not silicon.covers(m.cluster.accelerator.key):
+        used, note = "roofline", "no measured kernels: roofline"
+    problem = dataclasses.replace(
+        m.problem, timing=used, engine=m.engine or engine, calibration=calibration
+    )
+    return problem, note
 
 
-def _collective_rows(data: dict[str, dict[str, str]], timing: str, engine: str) -> list[Row]:
-    accs = builtin_accelerators()
-    rows = []
-    for cid, gpu, nbytes, kind in (
-        ("C01", "h100", 1 << 30, "busbw"),
-        ("C02", "a100", 1 << 30, "busbw"),
-        ("C03", "h100", 1 << 20, "latency"),
-        ("C04", "h100", 1 << 10, "latency"),
-    ):
-        r = data[cid]
-        cluster = Cluster(accelerator=accs[gpu], num_gpus=8, gpus_per_node=8)
-        measured = None
-        if timing == "silicon" and silicon.covers(gpu):
-            measured = silicon.kernels(gpu, engine).collective("all_reduce", 8, np.array(nbytes))
-        if measured is None:
-            measured = collective_time("all_reduce", Span(8, 8), np.array(nbytes), cluster)
-        t = float(measured)
-        predicted = 2 * 7 / 8 * nbytes / t / 1e9 if kind == "busbw" else t * 1e6
-        rows.append(
-            Row(
-                cid,
-                f"{r['model']}, 8 GPUs, {r['input_len']}",
-                r["metric"],
-                r["unit"],
-                predicted,
-                float(r["value"]),
-                "fitted to this row" if cid in ("C01", "C04") else "",
-                r["source"],
-            )
-        )
-    return rows
+def predict(
+    m: Measurement, timing: str = "roofline", engine: str = "trtllm", calibration=None
+) -> Row:
+    """One measurement and its prediction."""
+    if m.problem is None:
+        return _collective_row(m, timing, engine, calibration)
+    problem, used_note = problem_of(m, timing, engine, calibration)
+    assert m.degrees is not None
+    metrics = evaluate(problem, problem.space.megatron_plan(m.degrees))
+    notes = [x for x in (m.note, used_note) if x]
+    if not metrics.feasible:
+        notes.append("predicted infeasible: " + ", ".join(metrics.violations))
+    w = problem.workload
+    desc = m.setup or f"{problem.model.name} on {m.cluster.name}"
+    desc += f" ({m.degrees.short()}), {w.schedule} batch {w.batch}, {w.input_len}/{w.output_len}"
+    value = METRICS[m.metric][0](metrics, problem)
+    return Row(m.id, desc, m.metric, m.unit, value, m.value, "; ".join(notes), m.source)
 
 
-def predict_all(timing: str = "roofline", engine: str = "trtllm") -> list[Row]:
-    """Every row predicted with ``timing``; rows on an accelerator the measured tables
-    do not cover are predicted by the roofline (and say so)."""
-    data = _measured()
-    rows = []
-    for case in CASES:
-        r = data[case.id]
-        n = case.degrees.num_gpus
-        cluster = _cluster(case.gpu, n)
-        note = case.note
-        used = timing
-        if timing == "silicon" and not silicon.covers(cluster.accelerator.key):
-            used = "roofline"
-            note = (note + "; " if note else "") + "no measured kernels: roofline"
-        problem = Problem(
-            model=case.model(), cluster=cluster, workload=case.workload, timing=used, engine=engine
-        )
-        plan = problem.space.megatron_plan(case.degrees)
-        m = evaluate(problem, plan)
-        if not m.feasible:
-            note = (
-                (note + "; " if note else "") + "predicted infeasible: " + ", ".join(m.violations)
-            )
-        desc = (
-            f"{r['model']} {r['precision']} on {n}x {r['gpu']} ({case.degrees.short()}), "
-            f"{case.workload.schedule} batch {case.workload.batch}, "
-            f"{case.workload.input_len}/{case.workload.output_len}"
-        )
-        rows.append(
-            Row(
-                case.id,
-                desc,
-                r["metric"],
-                r["unit"],
-                case.metric(m, problem),
-                float(r["value"]),
-                note,
-                r["source"],
-            )
-        )
-    return rows + _collective_rows(data, timing, engine)
+def _collective_row(m: Measurement, timing: str, engine: str, calibration) -> Row:
+    key = m.cluster.accelerator.key
+    nbytes = np.array(float(m.message_bytes or 0))
+    measured = None
+    if timing == "silicon" and silicon.covers(key):
+        measured = silicon.kernels(key, engine).collective("all_reduce", 8, nbytes)
+    if measured is None:
+        measured = collective_time("all_reduce", Span(8, 8), nbytes, m.cluster)
+    t = float(measured) * (calibration.communication if calibration is not None else 1.0)
+    size = float(nbytes)
+    value = 2 * 7 / 8 * size / t / 1e9 if m.metric == "allreduce_busbw_gbps" else t * 1e6
+    return Row(
+        m.id, m.setup or f"all-reduce on {m.cluster.name}", m.metric, m.unit, value, m.value,
+        m.note, m.source,
+    )  # fmt: skip
 
 
-def summarize(rows: list[Row]) -> dict[str, float]:
+def predict_all(
+    timing: str = "roofline",
+    engine: str = "trtllm",
+    measurements: list[Measurement] | None = None,
+    calibration: Calibration | None = None,
+) -> list[Row]:
+    """Every measurement predicted with ``timing``; rows on an accelerator the measured
+    tables do not cover are predicted by the roofline (and say so)."""
+    rows = measurements if measurements is not None else load_measurements()
+    return [predict(m, timing, engine, calibration) for m in rows]
+
+
+def summarize(rows: list[Row]) -> dict[str, Any]:
     errors = [abs(r.ratio - 1.0) for r in rows]
     worst = max(rows, key=lambda r: max(r.ratio, 1 / r.ratio))
     return {
@@ -428,14 +283,16 @@ def summarize(rows: list[Row]) -> dict[str, float]:
     }
 
 
-def write_report(path: Path, by_timing: dict[str, list[Row]], command: str) -> dict[str, dict]:
-    """Write the markdown table, the timing backends side by side (the first one's
-    rows give the setups); return each backend's summary numbers."""
+def write_report(
+    path: Path, by_timing: dict[str, list[Row]], command: str, source: str
+) -> dict[str, dict]:
+    """Write the markdown table, the predictions side by side (the first set's rows
+    give the setups); return each set's summary numbers."""
     summaries = {name: summarize(rows) for name, rows in by_timing.items()}
     lines = [
-        "# Cost model vs published measurements",
+        "# Cost model vs measurements",
         "",
-        f"Produced by `{command}` from `shardlab/data/measured.csv`; do not edit by hand.",
+        f"Produced by `{command}` from `{source}`; do not edit by hand.",
         "",
     ]
     for name, s in summaries.items():
@@ -465,3 +322,123 @@ def write_report(path: Path, by_timing: dict[str, list[Row]], command: str) -> d
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, "\n".join(lines) + "\n")
     return summaries
+
+
+# -- agreement with another estimator's grid (AIConfigurator's agg estimates) -------------
+
+# aiconfigurator's model ids of the catalog's models (tests/data/aiconfigurator_agg.csv)
+REFERENCE_MODELS = {
+    "Llama-3.1-8B": "llama-3.1-8b",
+    "Llama-3.1-70B": "llama-3.1-70b",
+    "Qwen3-32B": "qwen3-32b",
+    "Qwen3-235B-A22B": "qwen3-235b-a22b",
+    "Qwen3-235B-A22B-FP8": "qwen3-235b-a22b",
+    "DeepSeek-V3": "deepseek-v3",
+    "Mixtral-8x7B": "mixtral-8x7b",
+}
+REFERENCE_SYSTEMS = {v: k for k, v in silicon.SYSTEMS.items()}
+REFERENCE_METRICS = ("tpot_ms", "ttft_ms", "tokens_s")
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """One reference estimate and shardlab's prediction of the same point."""
+
+    key: str  # model, system, engine, degrees, batch, lengths
+    engine: str
+    reference: dict[str, float]
+    predicted: dict[str, float]
+
+
+def against_reference(
+    path: str | Path, timing: str, *, every: int = 1, engines: tuple[str, ...] | None = None
+) -> list[Agreement]:
+    """Predict the ok rows of an AIConfigurator ``agg`` grid (one in ``every``): the same
+    model, GPUs, degrees, per-rank batch and lengths, in flight, megatron's options."""
+    rows = [r for r in csv.DictReader(Path(path).read_text().splitlines()) if r["status"] == "ok"]
+    out = []
+    for r in rows[::every]:
+        engine = r["backend"]
+        if engines is not None and engine not in engines:
+            continue
+        tp, pp, dp = int(r["tp"]), int(r["pp"]), int(r["dp_attn"])
+        ep = int(r["moe_ep"] or 1)
+        etp = int(r["moe_tp"] or tp * dp // ep)
+        degrees = Degrees(pp=pp, tp=tp, dp_attn=dp, ep=ep, etp=etp)
+        quant = "bf16" if r["weight_quant"] == "bfloat16" else "fp8"
+        kv = "bf16" if r["kv_quant"] == "bfloat16" else "fp8"
+        b = int(r["batch_size"])  # per attention-DP rank and pipeline micro-batch
+        workload = Workload(
+            name="reference",
+            phase="request",
+            schedule="inflight",
+            batch=b * dp * pp,
+            input_len=int(r["isl"]),
+            output_len=int(r["osl"]),
+            weight_dtype=quant,
+            kv_dtype=kv,
+        )
+        gpu = REFERENCE_SYSTEMS[r["system"]]
+        problem = Problem.build(
+            REFERENCE_MODELS[r["model"]],
+            f"{gpu}x{degrees.num_gpus}",
+            workload,
+            timing=timing,
+            engine=engine,
+        )
+        m = evaluate(problem, problem.space.megatron_plan(degrees))
+        if m.concurrency < workload.batch:
+            continue  # the KV cache holds fewer: not the same point
+        out.append(
+            Agreement(
+                key=f"{r['model']} {r['system']} {engine} {degrees.short()} b={b} "
+                f"{r['isl']}/{r['osl']}",
+                engine=engine,
+                reference={k: float(r[k]) for k in REFERENCE_METRICS},
+                predicted={
+                    "tpot_ms": m.tpot_ms,
+                    "ttft_ms": m.ttft_ms,
+                    "tokens_s": m.throughput_tok_s,
+                },
+            )
+        )
+    return out
+
+
+def agreement_summary(rows: list[Agreement]) -> dict[str, float]:
+    """Median |predicted / reference - 1| per metric."""
+    return {
+        k: statistics.median(abs(a.predicted[k] / a.reference[k] - 1.0) for a in rows)
+        for k in REFERENCE_METRICS
+    }
+
+
+def write_agreement(path: Path, by_timing: dict[str, list[Agreement]], command: str) -> None:
+    """Median errors per timing backend, overall and per engine, as markdown."""
+    lines = [
+        "# Agreement with AIConfigurator's agg estimates",
+        "",
+        f"Produced by `{command}`; do not edit by hand. The reference grid and the command "
+        "that made it are in `tests/data/`. Each row: the same model, GPUs, degrees, "
+        "per-rank batch and lengths, in flight. Median |shardlab / AIConfigurator - 1|:",
+        "",
+        "| timing | engine | points | TPOT | TTFT | throughput |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for timing, rows in by_timing.items():
+        engines = sorted({a.engine for a in rows})
+        for engine in ["all", *engines]:
+            sub = rows if engine == "all" else [a for a in rows if a.engine == engine]
+            s = agreement_summary(sub)
+            lines.append(
+                f"| {timing} | {engine} | {len(sub)} | {s['tpot_ms']:.1%} | {s['ttft_ms']:.1%} "
+                f"| {s['tokens_s']:.1%} |"
+            )
+    lines += [
+        "",
+        "TTFT is defined differently: AIConfigurator multiplies the prefill iterations by a "
+        "queueing factor of 2 to 4 (its backends' `_ttft_queuing_factor`); shardlab's TTFT "
+        "is one in-flight round plus the prompt's own prefill.",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, "\n".join(lines) + "\n")

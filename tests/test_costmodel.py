@@ -11,7 +11,6 @@ from shardlab import Degrees, Problem
 from shardlab.costmodel import evaluate, evaluate_batch
 from shardlab.costmodel.decompose import integer_tables, price, requests_per_rank
 from shardlab.costmodel.tables import degree_tables
-from shardlab.errors import ShardlabError
 from shardlab.problems.cluster import Cluster
 
 CASES = {
@@ -31,7 +30,8 @@ CASES = {
     ),
 }
 PROBLEMS = {
-    key: Problem.build(m, c, w, tie=tie, **over) for key, (m, c, w, tie, over) in CASES.items()
+    key: Problem.build(m, c, w, tie=tie, timing="roofline", **over)
+    for key, (m, c, w, tie, over) in CASES.items()
 }
 # The same problems with measured kernel times: the decomposition must hold for both.
 SILICON = {
@@ -79,14 +79,17 @@ def test_silicon_times_the_kernels_it_has_measurements_of(key: str) -> None:
     assert m.tpot_ms != evaluate(PROBLEMS[key], plan).tpot_ms
 
 
-def test_silicon_timing_refuses_an_accelerator_it_has_no_measurements_of() -> None:
+def test_silicon_timing_fills_in_an_accelerator_it_has_no_measurements_of() -> None:
     cluster = PROBLEMS["llama70-offline"].cluster
     custom = dataclasses.replace(
         cluster, accelerator=dataclasses.replace(cluster.accelerator, key="my-gpu")
     )
-    problem = dataclasses.replace(PROBLEMS["llama70-offline"], cluster=custom, timing="silicon")
-    with pytest.raises(ShardlabError, match=r"no measured kernels.*--timing roofline"):
-        evaluate(problem, problem.space.megatron_plan(problem.space.degree_tuples[0]))
+    silicon = dataclasses.replace(PROBLEMS["llama70-offline"], cluster=custom, timing="silicon")
+    roofline = dataclasses.replace(silicon, timing="roofline")
+    plan = silicon.space.megatron_plan(silicon.space.degree_tuples[0])
+    m = evaluate(silicon, plan)
+    assert {b.timing for b in m.breakdown} == {"roofline"}
+    assert m.tpot_ms == evaluate(roofline, plan).tpot_ms
 
 
 def _scaled_cluster(cluster: Cluster, factor: float, fields: tuple[str, ...]) -> Cluster:

@@ -1,5 +1,6 @@
 """How good a plan is: time, throughput, memory, feasibility, and where they come from."""
 
+from shardlab.costmodel import silicon
 from shardlab.costmodel.evaluate import (
     VIOLATIONS,
     BatchMetrics,
@@ -18,4 +19,5 @@ __all__ = [
     "evaluate",
     "evaluate_batch",
     "prepare",
+    "silicon",
 ]

@@ -107,11 +107,12 @@ def time_ns(problem: Problem, degrees: Degrees, per_dp: np.ndarray) -> dict[str,
 
 def kv_bytes(problem: Problem, degrees: Degrees, per_dp: np.ndarray) -> np.ndarray:
     """KV-cache bytes per GPU of every (class, op, option) for each value of ``per_dp``
-    (a trailing axis): its per-request bytes times the requests the GPU holds."""
+    (a trailing axis): its per-request bytes times the requests the GPU holds, as the
+    engine budgets them (its KV share; the other tables' bytes likewise)."""
     t = degree_tables(problem, degrees)
     per_dp = np.asarray(per_dp)
     held = np.where(t.op_kv_split[..., None], -(-per_dp // degrees.tp), per_dp)
-    return _bytes(t.op_kv[..., None] * held)
+    return _bytes(t.op_kv[..., None] * held * t.engine.kv_scale)
 
 
 def integer_tables(problem: Problem, degrees: Degrees, per_dp: int) -> IntegerTables:
@@ -128,6 +129,7 @@ def integer_tables(problem: Problem, degrees: Degrees, per_dp: int) -> IntegerTa
         act = np.maximum(act, t.op_act[si, ..., b_act])
         head_act = np.maximum(head_act, t.head_act[si, ..., b_act])
     times = {k: v[..., 0] for k, v in time_ns(problem, degrees, np.array([per_dp])).items()}
+    e = t.engine
     return IntegerTables(
         degrees=degrees,
         per_dp=per_dp,
@@ -136,12 +138,12 @@ def integer_tables(problem: Problem, degrees: Degrees, per_dp: int) -> IntegerTa
         kinds=t.kinds,
         edges=t.edges,
         **times,
-        weight_bytes=_bytes(t.op_weight),
+        weight_bytes=_bytes(t.op_weight * e.weight_scale),
         kv_bytes=kv_bytes(problem, degrees, np.array([per_dp]))[..., 0],
-        act_bytes=_bytes(act),
-        head_weight_bytes=_bytes(t.head_weight),
-        head_act_bytes=_bytes(head_act),
-        reserve_bytes=int(RUNTIME_RESERVE_GB * 1e9),
+        act_bytes=_bytes(act * e.reserve_scale),
+        head_weight_bytes=_bytes(t.head_weight * e.weight_scale),
+        head_act_bytes=_bytes(head_act * e.reserve_scale),
+        reserve_bytes=int(RUNTIME_RESERVE_GB * 1e9 * e.reserve_scale),
         hbm_bytes=int(problem.cluster.accelerator.hbm_gb * 1e9),
     )
 

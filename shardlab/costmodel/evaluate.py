@@ -19,7 +19,9 @@ tuple; the scalar path adds the per-operator breakdown. Definitions:
   (prefill phase: input tokens per round).
 - Memory per GPU: the stage's weights, the KV cache of the stage's layers for the
   requests the GPU holds, the activation workspace of the largest micro-batch step
-  (engines reserve it at start-up) and a runtime reserve, against HBM capacity.
+  (engines reserve it at start-up) and a runtime reserve, as the serving engine
+  budgets them (its KV-cache share, :mod:`shardlab.costmodel.engines`), against HBM
+  capacity; ``memory_gb_per_gpu`` is that budget, its parts are the bytes themselves.
 """
 
 from __future__ import annotations
@@ -285,15 +287,18 @@ def _assemble(problem: Problem, t: DegreeTables, u: Units) -> _Assembled:
         head_act = t.head_act[si][hi, u.head, at].max(1)
         act = np.maximum(act, np.maximum(unit_act, head_act))
     hbm = problem.cluster.accelerator.hbm_gb * 1e9
-    base = w_stage + RUNTIME_RESERVE_GB * 1e9 + act[:, None]
+    # as the engine budgets it (shardlab.costmodel.engines)
+    e = t.engine
+    base = w_stage * e.weight_scale + (RUNTIME_RESERVE_GB * 1e9 + act[:, None]) * e.reserve_scale
+    kvf_charged, kvs_charged = kvf_stage * e.kv_scale, kvs_stage * e.kv_scale
     bt = t.batching
     if bt.inflight:
         cand = np.arange(1, bt.per_dp_max + 1)
         splits = -(-cand // d.tp)
         mem = (
             base[:, :, None]
-            + kvf_stage[:, :, None] * cand[None, None, :]
-            + kvs_stage[:, :, None] * splits[None, None, :]
+            + kvf_charged[:, :, None] * cand[None, None, :]
+            + kvs_charged[:, :, None] * splits[None, None, :]
         )
         fits = (mem <= hbm).all(axis=1)
         per_dp = np.maximum(fits.sum(axis=1), 1)
@@ -301,7 +306,7 @@ def _assemble(problem: Problem, t: DegreeTables, u: Units) -> _Assembled:
     else:
         per_dp = np.full(n, bt.per_dp_max)
         memory_ok = np.ones(n, dtype=bool)
-    mem_stage = base + kvf_stage * per_dp[:, None] + kvs_stage * (-(-per_dp // d.tp))[:, None]
+    mem_stage = base + kvf_charged * per_dp[:, None] + kvs_charged * (-(-per_dp // d.tp))[:, None]
     if not bt.inflight:
         memory_ok = (mem_stage <= hbm).all(axis=1)
     fullest = mem_stage.argmax(axis=1)

@@ -19,7 +19,7 @@ rank (it has no KV heads to split); GQA splits KV heads down to one per rank.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -35,7 +35,6 @@ from shardlab.costmodel.constants import (
 )
 from shardlab.costmodel.silicon import Kernels, gemm_shape
 from shardlab.costmodel.steps import Step, kv_context
-from shardlab.errors import ShardlabError
 from shardlab.problems.dtypes import BYTES_PER_VALUE
 from shardlab.problems.operators import OpSpec, OptionSpec
 from shardlab.problems.placements import REPLICATE, Layout, redistribute
@@ -75,17 +74,13 @@ class CostContext:
         self.hbm_rate = self.acc.hbm_gbps * 1e9 * HBM_EFFICIENCY
         self.kv_context = kv_context(problem.workload)
         self.kernels: Kernels | None = None
-        if problem.timing == "silicon":
-            if not silicon.covers(self.acc.key):
-                raise ShardlabError(
-                    f"accelerator {self.acc.key!r} has no measured kernels (silicon timing "
-                    f"covers {', '.join(silicon.SYSTEMS)}); use --timing roofline"
-                )
+        if problem.timing == "silicon" and silicon.covers(self.acc.key):
+            # (an accelerator the database lacks is timed by the roofline throughout)
             self.kernels = silicon.kernels(self.acc.key, problem.engine)
 
     def collective(self, kind: str, group: Span, nbytes: np.ndarray) -> np.ndarray:
         """Seconds of one collective: measured inside a node where the database has the
-        group size, else the alpha-beta model."""
+        group size, else the alpha-beta model (uncalibrated: callers scale)."""
         if self.kernels is not None and group.nodes == 1 and group.size > 1:
             measured = self.kernels.collective(kind, group.size, nbytes)
             if measured is not None:
@@ -183,7 +178,12 @@ class CostContext:
         for kind, axis, message in self.redistribution_steps(src, dst, full_bytes):
             group = axis_span(axis, self.d, self.cluster)
             total = total + self.collective(kind, group, message)
-        return total
+        return total * self.communication_factor
+
+    @property
+    def communication_factor(self) -> float:
+        cal = self.problem.calibration
+        return 1.0 if cal is None else cal.communication
 
 
 # -- widths of the tensors operators produce (values per token) ------------------------
@@ -247,7 +247,42 @@ def _params(op: OpSpec, problem: Problem) -> float:
 # -- option costs --------------------------------------------------------------------
 
 
+def kernel_class(op: OpSpec) -> str | None:
+    """The calibration class of an operator's own kernels (None: not calibrated)."""
+    if op.family == "kv_cache":
+        return "attention"
+    if op.family == "experts":
+        return "moe"
+    if op.family in ("residual", "norm", "embedding", "sampler"):
+        return None
+    return "gemm"
+
+
 def option_cost(
+    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, window: int
+) -> OptionCost:
+    """The cost of one option, with the problem's calibration applied (each kernel
+    class by its factor, the operator's own collectives by the communication factor,
+    and the per-iteration cost on the sampler, which every step runs once)."""
+    cost = _option_cost(ctx, op, opt, step, window)
+    cal = ctx.problem.calibration
+    if cal is None:
+        return cost
+    cls = kernel_class(op)
+    f = cal.factor(cls) if cls is not None else 1.0
+    kernel = cost.kernel_s * f
+    if op.family == "sampler":
+        kernel += cal.iteration_ms * 1e-3
+    return replace(
+        cost,
+        compute_s=cost.compute_s * f,
+        memory_s=cost.memory_s * f,
+        kernel_s=kernel,
+        comm_s=cost.comm_s * cal.communication,
+    )
+
+
+def _option_cost(
     ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, window: int
 ) -> OptionCost:
     zeros = np.zeros_like(ctx.b)

@@ -11,7 +11,11 @@ The database answers one shape at a time (a few microseconds a query). A degree
 tuple's tables need an operator's time at every batch size ``b``, so each shape is
 queried once on a fixed grid of token counts (:data:`TOKEN_GRID`, every integer to 64,
 then 16 points per doubling) and interpolated linearly in between; the package itself
-interpolates between its measured points the same way. Curves are cached per process.
+interpolates between its measured points the same way. Past the largest size its
+tables hold (:data:`MEASURED_UP_TO`) the package extrapolates on its own terms (its
+SGLang MoE at DeepSeek-V3's 32-way prefill came out 3x its TensorRT-LLM one); here
+time grows in proportion to the work from the last measured point instead, as a
+kernel that large is bound by compute or bandwidth. Curves are cached per process.
 
 Used through aiconfigurator-core's public evaluation surface (``EngineHandle`` and
 ``build_ops_json``); no data of the package is copied here.
@@ -58,6 +62,16 @@ def _grid(top_log2: int) -> np.ndarray:
 # message sizes in bf16 elements for collectives (the tables reach 512 MiB).
 TOKEN_GRID = _grid(22)
 MESSAGE_GRID = _grid(28)
+# The largest size the h100_sxm trtllm tables measure, per kind of curve: GEMM rows,
+# MoE tokens (over all attention-DP ranks), context and generation attention requests,
+# collective elements (read off the parquet tables with pyarrow).
+MEASURED_UP_TO = {
+    "gemm": 32768,
+    "moe": 16384,
+    "context": 256,
+    "generation": 2048,
+    "nccl": 1 << 28,
+}
 
 # Operand formats tried in order for a weight format (the first with data wins).
 GEMM_MODES = {"bf16": ("bfloat16",), "fp8": ("fp8", "fp8_block"), "fp4": ("nvfp4",)}
@@ -96,19 +110,27 @@ class Kernels:
         db = get_database(self.system, engine, self.version)
         self._handle = EngineHandle.for_database(db)
         self._db = db
-        self._curves: dict[tuple, np.ndarray | None] = {}
+        self._curves: dict[tuple, tuple[np.ndarray, np.ndarray] | None] = {}
 
     # -- one curve per shape ---------------------------------------------------------
 
     def _curve(
-        self, key: tuple, make: Any, *, context: bool, grid_over: str, grid: np.ndarray = TOKEN_GRID
-    ) -> np.ndarray | None:
-        """Milliseconds of the op ``make()`` builds at every point of ``grid`` (token
-        counts, or requests at a fixed length for attention); None when the database
-        has no data for it."""
+        self,
+        key: tuple,
+        make: Any,
+        *,
+        context: bool,
+        grid_over: str,
+        up_to: float,
+        grid: np.ndarray = TOKEN_GRID,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(grid, milliseconds) of the op ``make()`` builds at the points of ``grid`` (token
+        counts, or requests at a fixed length for attention) up to ``up_to``; None when
+        the database has no data for it."""
         if key in self._curves:
             return self._curves[key]
-        curve: np.ndarray | None
+        grid = grid[grid <= max(up_to, 2)]
+        curve: tuple[np.ndarray, np.ndarray] | None
         try:
             op = make()
             ops_json = self._build([op])
@@ -123,24 +145,22 @@ class Kernels:
                     evaluate(ops_json, is_context=context, batch_size=int(b), s=length)
                     for b in grid
                 ]
-            curve = np.array([r[0][1] for r in rows], dtype=float)
-            if not np.isfinite(curve).all() or (curve < 0).any():
-                curve = None
+            ms = np.array([r[0][1] for r in rows], dtype=float)
+            curve = (grid, ms) if np.isfinite(ms).all() and (ms >= 0).all() else None
         except (RuntimeError, ValueError, KeyError):  # no data for this shape or format
             curve = None
         self._curves[key] = curve
         return curve
 
     @staticmethod
-    def _at(curve: np.ndarray, points: np.ndarray, grid: np.ndarray = TOKEN_GRID) -> np.ndarray:
-        """Seconds at ``points`` (linear between grid points, and past the last one)."""
+    def _at(curve: tuple[np.ndarray, np.ndarray], points: np.ndarray) -> np.ndarray:
+        """Seconds at ``points``: linear between grid points, in proportion past the last."""
+        grid, ms = curve
         x = np.asarray(points, dtype=float)
-        ms = np.interp(x, grid, curve)
-        slope = (curve[-1] - curve[-2]) / (grid[-1] - grid[-2])
-        ms = np.where(x > grid[-1], curve[-1] + slope * (x - grid[-1]), ms)
-        return ms * 1e-3
+        out = np.where(x > grid[-1], ms[-1] * x / grid[-1], np.interp(x, grid, ms))
+        return out * 1e-3
 
-    def _first(self, modes: tuple[str, ...], build: Any) -> np.ndarray | None:
+    def _first(self, modes: tuple[str, ...], build: Any) -> tuple[np.ndarray, np.ndarray] | None:
         for mode in modes:
             curve = build(mode)
             if curve is not None:
@@ -161,6 +181,7 @@ class Kernels:
                 lambda: self._ops.GEMM("gemm", 1, n, k, getattr(q, mode)),
                 context=True,
                 grid_over="tokens",
+                up_to=MEASURED_UP_TO["gemm"],
             )
 
         curve = self._first(GEMM_MODES.get(dtype, ()), build)
@@ -209,6 +230,7 @@ class Kernels:
                 lambda: make(fmha),
                 context=context,
                 grid_over="requests",
+                up_to=MEASURED_UP_TO["context" if context else "generation"],
             ),
         )
         return None if curve is None else self._at(curve, requests)
@@ -250,6 +272,7 @@ class Kernels:
                 ),
                 context=True,
                 grid_over="tokens",
+                up_to=MEASURED_UP_TO["moe"] / dp,
             )
 
         curve = self._first(MOE_MODES.get(dtype, ()), build)
@@ -268,12 +291,13 @@ class Kernels:
             lambda: self._ops.NCCL("nccl", 1, op, 1, ranks, half),
             context=True,
             grid_over="tokens",
+            up_to=MEASURED_UP_TO["nccl"],
             grid=MESSAGE_GRID,
         )
         if curve is None:
             return None
         elements = np.maximum(np.asarray(nbytes, dtype=float) / 2.0, 1.0)
-        return self._at(curve, elements, MESSAGE_GRID)
+        return self._at(curve, elements)
 
 
 @lru_cache(maxsize=16)

@@ -26,6 +26,7 @@ import numpy as np
 
 from shardlab.costmodel.collectives import hop_is_inter_node, p2p_time
 from shardlab.costmodel.constants import ACT_BYTES
+from shardlab.costmodel.engines import engine_limits
 from shardlab.costmodel.opcosts import (
     CostContext,
     OptionCost,
@@ -58,10 +59,18 @@ class Batching:
 
 
 def batching(problem: Problem, degrees: Degrees) -> Batching:
+    """In flight, a dp rank holds at most what its engine takes per iteration: its max
+    batch, and the requests whose tokens per round fit its max tokens."""
     w = problem.workload
     per_replica = -(-w.batch // degrees.replicas)
     per_dp = -(-per_replica // degrees.dp_attn)
-    return Batching(per_replica, per_dp, w.schedule == "inflight")
+    inflight = w.schedule == "inflight"
+    if inflight:
+        limits = engine_limits(problem, degrees.tp, degrees.pp, degrees.dp_attn)
+        per_round = steps_of(w)[0].tokens  # tokens a request brings to one round
+        by_tokens = max(int(limits.max_tokens // per_round), 1)
+        per_dp = min(per_dp, limits.max_batch, by_tokens)
+    return Batching(per_replica, per_dp, inflight)
 
 
 def layer_classes_of(model: Model) -> tuple[tuple[LayerKind, int], ...]:
@@ -76,6 +85,7 @@ class DegreeTables:
         self.problem = problem
         self.degrees = degrees
         self.batching = batching(problem, degrees)
+        self.engine = engine_limits(problem, degrees.tp, degrees.pp, degrees.dp_attn)
         bt = self.batching
         if bt.inflight:
             b_max = int(bt.b_of(bt.per_dp_max, degrees.pp))
@@ -180,7 +190,8 @@ class DegreeTables:
                     local = full / degrees.dp_attn
                     if opt.out[1].kind == "S":
                         local = local / degrees.tp
-                    self.p2p[st, s, oi] = p2p_time(local, inter, problem.cluster)
+                    hop = p2p_time(local, inter, problem.cluster)
+                    self.p2p[st, s, oi] = hop * ctx.communication_factor
 
     def _edge_table(self, src: OpSpec, dst: OpSpec, per_req: float, width: float) -> np.ndarray:
         o = self.n_opts

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from shardlab.errors import ShardlabError
+from shardlab.problems.calibration import Calibration
 from shardlab.problems.catalog import load_model
 from shardlab.problems.cluster import Cluster, parse_cluster
 from shardlab.problems.dtypes import BYTES_PER_VALUE
@@ -19,11 +20,12 @@ DEFAULT_MODEL = "llama-3.1-70b"
 DEFAULT_CLUSTER = "h100x8"
 DEFAULT_WORKLOAD = "chat"
 
-# How kernels are timed: measured tables (aiconfigurator-core) or the roofline.
+# How kernels are timed: measured tables (aiconfigurator-core; the roofline fills in
+# what they lack, a whole user-defined accelerator included) or the roofline alone.
 Timing = Literal["roofline", "silicon"]
 # The serving engine whose kernels (and, with silicon timing, measurements) apply.
 Engine = Literal["trtllm", "vllm", "sglang"]
-DEFAULT_TIMING: Timing = "roofline"
+DEFAULT_TIMING: Timing = "silicon"
 DEFAULT_ENGINE: Engine = "trtllm"
 
 
@@ -35,8 +37,20 @@ class Problem:
     tie: Tie = "kind"
     timing: Timing = DEFAULT_TIMING
     engine: Engine = DEFAULT_ENGINE
+    calibration: Calibration | None = None  # corrections fitted to measurements
+    # the engine's requests and tokens per iteration per attention-DP rank (None: its
+    # default, see shardlab.costmodel.engines)
+    max_batch: int | None = None
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        for key in ("max_batch", "max_tokens"):
+            value = getattr(self, key)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                flag = "--" + key.replace("_", "-")
+                raise ShardlabError(f"{flag} must be a positive integer, got {value!r}")
         for key, allowed in (("timing", Timing), ("engine", Engine)):
             if getattr(self, key) not in get_args(allowed):
                 raise ShardlabError(
@@ -61,12 +75,17 @@ class Problem:
         tie: Tie = "kind",
         timing: Timing = DEFAULT_TIMING,
         engine: Engine = DEFAULT_ENGINE,
+        calibration: Calibration | str | Path | None = None,
+        max_batch: int | None = None,
+        max_tokens: int | None = None,
         **overrides: Any,
     ) -> Problem:
         """Build from catalog names or paths; ``overrides`` are :class:`Workload` fields."""
         m = model if isinstance(model, Model) else load_model(model)
         c = cluster if isinstance(cluster, Cluster) else parse_cluster(cluster)
         w = workload if isinstance(workload, Workload) else get_workload(workload)
+        if calibration is not None and not isinstance(calibration, Calibration):
+            calibration = Calibration.load(calibration)
         return cls(
             model=m,
             cluster=c,
@@ -74,18 +93,14 @@ class Problem:
             tie=tie,
             timing=timing,
             engine=engine,
+            calibration=calibration,
+            max_batch=max_batch,
+            max_tokens=max_tokens,
         )
 
     @property
     def name(self) -> str:
         return f"{self.model.name} on {self.cluster.name}, {self.workload.name}"
-
-    @property
-    def timing_label(self) -> str:
-        """How kernels are timed, as outputs state it."""
-        if self.timing == "silicon":
-            return f"silicon timing ({self.engine} measurements)"
-        return "roofline timing"
 
     @cached_property
     def space(self) -> SearchSpace:

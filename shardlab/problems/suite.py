@@ -30,12 +30,14 @@ class Instance:
     tie: str = "kind"
     overrides: tuple[tuple[str, Any], ...] = field(default=())
 
-    def problem(self) -> Problem:
+    def problem(self, timing: str | None = None) -> Problem:
+        """The instance's problem (``timing``: the problem's default if None)."""
         return Problem.build(
             self.model,
             self.cluster,
             self.workload,
             tie=self.tie,  # type: ignore[arg-type]
+            **({"timing": timing} if timing is not None else {}),
             **dict(self.overrides),
         )
 

@@ -62,7 +62,13 @@ from typing import Any
 import numpy as np
 from ortools.sat.python import cp_model
 
-from shardlab.costmodel.decompose import IntegerTables, integer_tables, kv_bytes, time_ns
+from shardlab.costmodel.decompose import (
+    IntegerTables,
+    integer_tables,
+    kv_bytes,
+    requests_per_rank,
+    time_ns,
+)
 from shardlab.costmodel.regimes import in_flight_requests
 from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.operators import HEAD_OPS
@@ -76,7 +82,7 @@ from shardlab.problems.space import (
     option_valid,
 )
 from shardlab.solvers.base import Budget, Outcome, SearchContext, Solver
-from shardlab.solvers.evaluator import BudgetExhausted
+from shardlab.solvers.evaluator import INFEASIBLE, BudgetExhausted
 from shardlab.solvers.minsum import min_sum
 from shardlab.solvers.registry import register
 
@@ -814,11 +820,19 @@ class CpSatSolver(Solver):
         subs: list[Subproblem] | None = None
         discarded = 0
         done = 0  # subproblems solved, proven infeasible or pruned
-        hint = None
+        hint, hint_requests = None, 0
         try:
             # A plan to report however early the clock runs out, and the warm start.
             ev.enter("pricing the megatron plan")
             hint = self._megatron_hint(ctx)
+            if hint is not None and ev.evaluate_plan(hint) > INFEASIBLE:
+                hint_requests = requests_per_rank(problem, hint)
+            else:
+                # Only a plan that solves its subproblem is hinted (feasible, same
+                # requests): with interleaved searches CP-SAT 9.15 aborted the process
+                # (`Check failed: heuristics.fixed_search != nullptr`) on the Megatron
+                # hint of llama70b-h200x4-prefill's Pareto sweep, which missed its SLO.
+                hint = None
             ev.enter("bounding the (degrees, requests) subproblems")
             subs, discarded = subproblems(problem, ev.check_time)
             for i, sub in enumerate(subs):
@@ -829,7 +843,7 @@ class CpSatSolver(Solver):
                 where = f"subproblem {i + 1} of {len(subs)}"
                 ev.enter(f"{where}: building its model")
                 model = SubproblemModel(problem, sub.degree_index, sub.per_dp, ev.check_time)
-                if hint is not None and hint.degrees == model.d:
+                if hint is not None and (hint.degrees, hint_requests) == (model.d, sub.per_dp):
                     model.hint(hint)
                 before = ev.best_objective
                 ev.enter(f"{where}: solving")

@@ -1,0 +1,70 @@
+"""Corrections of the cost model fitted to someone's own measurements.
+
+``shardlab calibrate`` fits one factor per kernel class (the time of every GEMM, every
+attention kernel, every routed-expert computation and every collective is multiplied
+by its class's factor) and a fixed cost per engine iteration (scheduling, sampling and
+launch, added to every step) to measured rows; ``--calibration FILE`` applies them to
+any problem. A calibration is a small YAML file that says what it was fitted on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import yaml
+
+from shardlab.errors import ShardlabError
+
+KERNEL_CLASSES = ("gemm", "attention", "moe", "communication")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    gemm: float = 1.0
+    attention: float = 1.0
+    moe: float = 1.0
+    communication: float = 1.0
+    iteration_ms: float = 0.0  # added to every step of every iteration
+    timing: str = "roofline"  # the timing backend the factors correct
+    fitted_on: str = ""  # the measurements, and how well the fit generalizes
+
+    def __post_init__(self) -> None:
+        for key in KERNEL_CLASSES:
+            value = getattr(self, key)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ShardlabError(f"calibration: {key} must be a positive factor, got {value!r}")
+        ms = self.iteration_ms
+        if not isinstance(ms, int | float) or not math.isfinite(ms) or ms < 0:
+            raise ShardlabError(
+                f"calibration: iteration_ms must be a non-negative number, got {ms!r}"
+            )
+
+    def factor(self, kernel_class: str) -> float:
+        return float(getattr(self, kernel_class))
+
+    def to_yaml(self) -> str:
+        return "# shardlab calibration (shardlab calibrate); apply with --calibration\n" + (
+            yaml.safe_dump(asdict(self), sort_keys=False)
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        where = f"calibration {str(path)!r}"
+        try:
+            raw = yaml.safe_load(Path(path).read_text())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ShardlabError(f"{where}: cannot read it ({exc})") from None
+        except yaml.YAMLError:
+            raise ShardlabError(f"{where}: malformed YAML") from None
+        if not isinstance(raw, dict):
+            raise ShardlabError(f"{where}: must be a mapping written by `shardlab calibrate`")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ShardlabError(f"{where}: unknown keys {', '.join(unknown)}")
+        try:
+            return cls(**raw)
+        except ShardlabError as exc:
+            raise ShardlabError(f"{where}: {str(exc).removeprefix('calibration: ')}") from None
