@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from shardlab import Degrees, Problem
 from shardlab.costmodel import evaluate, evaluate_batch
 from shardlab.costmodel.decompose import integer_tables, price, requests_per_rank
+from shardlab.costmodel.engines import engine_limits
 from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.cluster import Cluster
 
@@ -202,3 +203,41 @@ def test_known_physics() -> None:
     tp = evaluate(ds, ds.space.megatron_plan(Degrees(tp=16, ep=16, etp=1)))
     dp = evaluate(ds, ds.space.megatron_plan(Degrees(tp=1, dp_attn=16, ep=16, etp=1)))
     assert tp.concurrency < dp.concurrency
+
+
+# -- the serving engine's limits ------------------------------------------------------
+
+
+def _kv_bound() -> Problem:
+    # more requests offered than the KV cache holds: the engine's budget decides
+    return Problem.build("llama-3.1-70b", "h100x4", "chat", batch=4096)
+
+
+@pytest.mark.parametrize("engine", ["trtllm", "vllm", "sglang"])
+def test_engine_budget_bounds_memory_and_concurrency(engine: str) -> None:
+    problem = dataclasses.replace(_kv_bound(), engine=engine)
+    plan = problem.space.megatron_plan(Degrees(tp=4, etp=4))
+    m = evaluate(problem, plan)
+    assert m.feasible and m.memory_gb_per_gpu <= m.hbm_gb
+    limits = engine_limits(problem, 4, 1, 1)
+    assert m.concurrency <= limits.max_batch
+    # the KV cache gets only the engine's share: the bytes themselves stay below HBM
+    assert m.weights_gb + m.kv_cache_gb + m.activations_gb < m.memory_gb_per_gpu
+    capped = evaluate(dataclasses.replace(problem, max_batch=64), plan)
+    assert capped.concurrency == 64 and capped.tpot_ms < m.tpot_ms
+
+
+def test_engines_budget_memory_differently() -> None:
+    plan = _kv_bound().space.megatron_plan(Degrees(tp=4, etp=4))
+    held = {
+        e: evaluate(dataclasses.replace(_kv_bound(), engine=e), plan).concurrency
+        for e in ("trtllm", "vllm", "sglang")
+    }
+    assert len(set(held.values())) == 3, held
+
+
+def test_max_tokens_caps_the_requests_of_a_round() -> None:
+    problem = dataclasses.replace(_kv_bound(), max_tokens=1000)
+    plan = problem.space.megatron_plan(Degrees(tp=4, etp=4))
+    # a chat round brings 1 + 1024/256 = 5 tokens per request
+    assert evaluate(problem, plan).concurrency == 200
