@@ -878,10 +878,15 @@ class CpSatSolver(Solver):
                     if ev.best_objective > before:
                         best = ev.best_objective
                         cp_objective = objective_of(problem, d, sub.per_dp, result.time_ns)
+                ev.check_time()  # the clock stopped this solve: say so, and where
         except BudgetExhausted:
             if subs is not None:
-                open_bounds += [s.bound for s in subs[done:]]
-                counts["unfinished"] += len(subs) - done
+                rest = subs[done:]
+                cut = best + ROUNDING * abs(best) if math.isfinite(best) else -math.inf
+                left_open = [s.bound for s in rest if s.bound > cut]
+                open_bounds += left_open
+                counts["unfinished"] += len(left_open)
+                counts["pruned"] += len(rest) - len(left_open)
         complete = subs is not None
         if complete:
             bound: float | None = max([best, *open_bounds]) if open_bounds else best
