@@ -28,20 +28,18 @@ from shardlab.costmodel.regimes import timing as regime_timing
 from shardlab.costmodel.steps import steps_of
 from shardlab.errors import ShardlabError
 from shardlab.problems.calibration import KERNEL_CLASSES, Calibration
-from shardlab.validation import METRICS, Measurement, predict, problem_of
+from shardlab.validation import (
+    MODEL_METRICS,
+    Measurement,
+    collective_seconds,
+    collective_value,
+    problem_of,
+)
 
 RIDGE = 0.05  # weight of (log factor)^2 against a row's (log error)^2
 FACTOR_RANGE = (0.2, 5.0)
 ITERATION_MS_MAX = 50.0
 CLASSES = (*KERNEL_CLASSES, "other")
-_GEMM_OPS = {"qkv_proj", "o_proj", "ffn_up", "ffn_down", "shared_up", "shared_down"}
-_GEMM_OPS |= {"router", "lm_head"}
-
-
-def _class_of(op_name: str) -> str:
-    if op_name in _GEMM_OPS:
-        return "gemm"
-    return {"attention": "attention", "experts": "moe"}.get(op_name, "other")
 
 
 @dataclass(frozen=True)
@@ -56,9 +54,7 @@ class Linearized:
         factors = np.array([*(cal.factor(k) for k in KERNEL_CLASSES), 1.0])
         m = self.measurement
         if m.problem is None:  # one collective: time scales with communication
-            seconds = float(self.parts[0] @ factors)
-            size = float(m.message_bytes or 0)
-            return 2 * 7 / 8 * size / seconds / 1e9 if "busbw" in m.metric else seconds * 1e6
+            return collective_value(m, float(self.parts[0] @ factors))
         problem, degrees, steps, per_dp, shares = self.base
         sums = self.parts @ factors + cal.iteration_ms * 1e-3
         per_replica = -(-problem.workload.batch // degrees.replicas)
@@ -78,19 +74,14 @@ class Linearized:
             ttft_ms=float(t.ttft_s[0]) * 1e3,
             tpot_ms=float(t.tpot_s[0]) * 1e3,
         )
-        return float(METRICS[m.metric][0](metrics, problem))
+        return float(MODEL_METRICS[m.metric][0](metrics, problem))
 
 
 def linearize(m: Measurement, timing: str, engine: str) -> Linearized:
     """Price ``m`` once and split its step times by kernel class."""
     if m.problem is None:
-        row = predict(m, timing, engine)
-        seconds = row.predicted * 1e-6 if "latency" in m.metric else None
-        if seconds is None:
-            size = float(m.message_bytes or 0)
-            seconds = 2 * 7 / 8 * size / (row.predicted * 1e9)
         parts = np.zeros((1, len(CLASSES)))
-        parts[0, CLASSES.index("communication")] = seconds
+        parts[0, CLASSES.index("communication")] = collective_seconds(m, timing, engine)
         return Linearized(m, parts, None)
     problem, _ = problem_of(m, timing, engine)
     assert m.degrees is not None
@@ -104,17 +95,11 @@ def linearize(m: Measurement, timing: str, engine: str) -> Linearized:
                 continue
             comm = b.comm_ms * 1e-3
             parts[si, CLASSES.index("communication")] += comm
-            parts[si, CLASSES.index(_class_of(b.name.split(".", 1)[1]))] += b.time_ms * 1e-3 - comm
+            parts[si, CLASSES.index(b.kernel_class or "other")] += b.time_ms * 1e-3 - comm
     # the bottleneck stage's share of a step: balanced stages (exact with one stage)
     shares = np.full(len(steps), 1.0 / plan.degrees.pp)
     per_dp = np.array([requests_per_rank(problem, plan)])
-    base = (problem, plan.degrees, steps, per_dp, shares)
-    lin = Linearized(m, parts, base)
-    check = lin.predict(Calibration())
-    want = METRICS[m.metric][0](metrics, problem)
-    if plan.degrees.pp == 1 and not math.isclose(check, want, rel_tol=1e-6):
-        raise AssertionError(f"{m.id}: linearized {check} != evaluated {want}")
-    return lin
+    return Linearized(m, parts, (problem, plan.degrees, steps, per_dp, shares))
 
 
 def _error(lin: Linearized, cal: Calibration) -> float:

@@ -12,7 +12,7 @@ rows, each with its source):
   ``engine`` that was measured (trtllm, vllm or sglang; blank: the one asked for);
 - the plan: ``tp`` and, if not 1, ``replicas``, ``pp``, ``dp_attn``, ``ep``, ``etp``
   (Megatron's operator options on those degrees, which is what engines run);
-- ``metric``, one of :data:`METRICS`; collectives (``allreduce_*``) need only
+- ``metric``, one of :data:`UNITS`; collectives (``allreduce_*``) need only
   ``cluster`` (8 GPUs of one node) and ``message_bytes``.
 
 Each row is predicted under the scheduling regime it states (in-flight batching with
@@ -49,8 +49,8 @@ from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
 from shardlab.problems.workload import Workload
 
-# What each metric reads off the prediction, and its unit.
-METRICS: dict[str, tuple[Callable[[Metrics, Problem], float], str]] = {
+# What each metric of a model row reads off the prediction, and its unit.
+MODEL_METRICS: dict[str, tuple[Callable[[Metrics, Problem], float], str]] = {
     "throughput_tok_s": (lambda m, p: m.throughput_tok_s, "tok/s"),
     "throughput_tok_s_per_gpu": (lambda m, p: m.throughput_tok_s_per_gpu, "tok/s/GPU"),
     "throughput_tok_s_per_node": (
@@ -59,10 +59,10 @@ METRICS: dict[str, tuple[Callable[[Metrics, Problem], float], str]] = {
     ),
     "ttft_ms": (lambda m, p: m.ttft_ms, "ms"),
     "tpot_ms": (lambda m, p: m.tpot_ms, "ms"),
-    "allreduce_busbw_gbps": (lambda m, p: 0.0, "GB/s"),
-    "allreduce_latency_us": (lambda m, p: 0.0, "us"),
 }
-COLLECTIVE_METRICS = ("allreduce_busbw_gbps", "allreduce_latency_us")
+# An all-reduce over the 8 GPUs of a node: its bus bandwidth or its latency.
+COLLECTIVE_METRICS = {"allreduce_busbw_gbps": "GB/s", "allreduce_latency_us": "us"}
+UNITS = {**{k: unit for k, (_, unit) in MODEL_METRICS.items()}, **COLLECTIVE_METRICS}
 DEGREE_COLUMNS = ("replicas", "pp", "tp", "dp_attn", "ep", "etp")
 WORKLOAD_COLUMNS = ("phase", "schedule", "batch", "input_len", "output_len")
 DTYPE_COLUMNS = ("weight_dtype", "kv_dtype")
@@ -135,8 +135,8 @@ def load_measurements(path: str | Path | None = None) -> list[Measurement]:
 
 def _measurement(row: Mapping[str, str], base: Path, where: str) -> Measurement:
     metric = (row.get("metric") or "").strip()
-    if metric not in METRICS:
-        raise ShardlabError(f"{where}: metric {metric!r} is not one of {', '.join(METRICS)}")
+    if metric not in UNITS:
+        raise ShardlabError(f"{where}: metric {metric!r} is not one of {', '.join(UNITS)}")
     try:
         value = float(row["value"])
     except (TypeError, ValueError):
@@ -151,7 +151,7 @@ def _measurement(row: Mapping[str, str], base: Path, where: str) -> Measurement:
         "id": row["id"].strip(),
         "metric": metric,
         "value": value,
-        "unit": (row.get("unit") or "").strip() or METRICS[metric][1],
+        "unit": (row.get("unit") or "").strip() or UNITS[metric],
         "setup": (row.get("setup") or "").strip(),
         "note": (row.get("note") or "").strip(),
         "source": (row.get("source") or "").strip(),
@@ -222,7 +222,10 @@ def problem_of(
 
 
 def predict(
-    m: Measurement, timing: str = "roofline", engine: str = "trtllm", calibration=None
+    m: Measurement,
+    timing: str = "roofline",
+    engine: str = "trtllm",
+    calibration: Calibration | None = None,
 ) -> Row:
     """One measurement and its prediction."""
     if m.problem is None:
@@ -236,11 +239,12 @@ def predict(
     w = problem.workload
     desc = m.setup or f"{problem.model.name} on {m.cluster.name}"
     desc += f" ({m.degrees.short()}), {w.schedule} batch {w.batch}, {w.input_len}/{w.output_len}"
-    value = METRICS[m.metric][0](metrics, problem)
+    value = MODEL_METRICS[m.metric][0](metrics, problem)
     return Row(m.id, desc, m.metric, m.unit, value, m.value, "; ".join(notes), m.source)
 
 
-def _collective_row(m: Measurement, timing: str, engine: str, calibration) -> Row:
+def collective_seconds(m: Measurement, timing: str, engine: str) -> float:
+    """Seconds of a collective row's all-reduce, uncalibrated."""
     key = m.cluster.accelerator.key
     nbytes = np.array(float(m.message_bytes or 0))
     measured = None
@@ -248,9 +252,24 @@ def _collective_row(m: Measurement, timing: str, engine: str, calibration) -> Ro
         measured = silicon.kernels(key, engine).collective("all_reduce", 8, nbytes)
     if measured is None:
         measured = collective_time("all_reduce", Span(8, 8), nbytes, m.cluster)
-    t = float(measured) * (calibration.communication if calibration is not None else 1.0)
-    size = float(nbytes)
-    value = 2 * 7 / 8 * size / t / 1e9 if m.metric == "allreduce_busbw_gbps" else t * 1e6
+    return float(measured)
+
+
+def collective_value(m: Measurement, seconds: float) -> float:
+    """A collective row's metric from its all-reduce's seconds (bus bandwidth counts the
+    2(n-1)/n of the message a ring moves)."""
+    if m.metric == "allreduce_busbw_gbps":
+        return 2 * 7 / 8 * float(m.message_bytes or 0) / seconds / 1e9
+    return seconds * 1e6
+
+
+def _collective_row(
+    m: Measurement, timing: str, engine: str, calibration: Calibration | None
+) -> Row:
+    seconds = collective_seconds(m, timing, engine)
+    if calibration is not None:
+        seconds *= calibration.communication
+    value = collective_value(m, seconds)
     return Row(
         m.id, m.setup or f"all-reduce on {m.cluster.name}", m.metric, m.unit, value, m.value,
         m.note, m.source,

@@ -32,6 +32,7 @@ from functools import lru_cache
 import numpy as np
 
 from shardlab.costmodel.constants import RUNTIME_RESERVE_GB
+from shardlab.costmodel.opcosts import kernel_class
 from shardlab.costmodel.regimes import judge, timing
 from shardlab.costmodel.tables import DegreeTables, degree_tables, layer_classes_of
 from shardlab.problems.operators import HEAD_OPS, layer_edges, layer_ops
@@ -59,6 +60,9 @@ class OpBreakdown:
     act_gb: float
     # how its kernels were timed: silicon (measured), roofline, or mixed over its layers
     timing: str = "roofline"
+    # its own kernels' calibration class (gemm, attention, moe; None: not calibrated);
+    # comm_ms is the communication class
+    kernel_class: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -494,6 +498,7 @@ def _breakdown(
             kv=0.0,
             act=0.0,
             source="roofline",
+            kernel=None,
             _acc=acc,
         ) -> None:
             e = _acc.setdefault(
@@ -509,6 +514,7 @@ def _breakdown(
                     "kv": 0.0,
                     "act": 0.0,
                     "timing": source,
+                    "kernel_class": kernel,
                 },
             )
             if e["option"] != option:
@@ -556,6 +562,7 @@ def _breakdown(
                     kv=kv,
                     act=float(c.act_bytes[-1]),
                     source=c.source,
+                    kernel=kernel_class(op),
                 )
         h = u.head[0]
         res = u.opts[0, :, t.res_index]
@@ -581,6 +588,7 @@ def _breakdown(
                 weight=c.weight_bytes,
                 act=float(c.act_bytes[-1]),
                 source=c.source,
+                kernel=kernel_class(op),
             )
         for s in range(t.degrees.pp - 1):
             last = int(res[int(u.ends[0, s]) - 1])
@@ -601,6 +609,7 @@ def _breakdown(
                     kv_gb=e["kv"] / 1e9,
                     act_gb=e["act"] / 1e9,
                     timing=e["timing"],
+                    kernel_class=e["kernel_class"],
                 )
             )
     return tuple(out)

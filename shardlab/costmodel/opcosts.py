@@ -429,23 +429,16 @@ def _measured_attention(
         "window": window,
         "mla": m.mla is not None,
     }
-    total = np.zeros_like(ctx.b)
-    i = step.input_len
+    prompt = step.input_len
     if step.kind == "prefill":
-        prompts = ctx.kernels.attention(context=True, length=i, requests=reqs, **shape)
-        return prompts
+        return ctx.kernels.attention(context=True, length=prompt, requests=reqs, **shape)
     decode = ctx.kernels.attention(
         context=False, length=step.decode_context(window), requests=reqs, **shape
     )
-    if decode is None:
-        return None
-    total = total + decode
-    if step.kind == "mixed":
-        one = ctx.kernels.attention(context=True, length=i, requests=np.ones(1), **shape)
-        if one is None:
-            return None
-        total = total + one[0] * reqs / step.output_len
-    return total
+    if decode is None or step.kind == "decode":
+        return decode
+    one = ctx.kernels.attention(context=True, length=prompt, requests=np.ones(1), **shape)
+    return None if one is None else decode + one[0] * reqs / step.output_len
 
 
 def expert_imbalance(ep: int, mean_load: np.ndarray) -> np.ndarray:

@@ -119,14 +119,14 @@ class Kernels:
         key: tuple,
         make: Any,
         *,
-        context: bool,
-        grid_over: str,
         up_to: float,
         grid: np.ndarray = TOKEN_GRID,
+        attention: tuple[bool, int] | None = None,
     ) -> tuple[np.ndarray, np.ndarray] | None:
-        """(grid, milliseconds) of the op ``make()`` builds at the points of ``grid`` (token
-        counts, or requests at a fixed length for attention) up to ``up_to``; None when
-        the database has no data for it."""
+        """(grid, milliseconds) of the op ``make()`` builds at the points of ``grid`` up to
+        ``up_to``: token counts, or for ``attention=(context, length)`` requests of that
+        many new (context) or cached (generation) tokens. None when the database has no
+        data for it."""
         if key in self._curves:
             return self._curves[key]
         grid = grid[grid <= max(up_to, 2)]
@@ -135,12 +135,12 @@ class Kernels:
             op = make()
             ops_json = self._build([op])
             evaluate = self._handle.evaluate_ops_json
-            if grid_over == "tokens":
+            if attention is None:
                 rows = [
                     evaluate(ops_json, is_context=True, batch_size=1, s=1, x=int(x)) for x in grid
                 ]
-            else:  # requests: attention at a fixed sequence length
-                length = int(key[-1])
+            else:
+                context, length = attention
                 rows = [
                     evaluate(ops_json, is_context=context, batch_size=int(b), s=length)
                     for b in grid
@@ -179,8 +179,6 @@ class Kernels:
             return self._curve(
                 ("gemm", n, k, mode),
                 lambda: self._ops.GEMM("gemm", 1, n, k, getattr(q, mode)),
-                context=True,
-                grid_over="tokens",
                 up_to=MEASURED_UP_TO["gemm"],
             )
 
@@ -196,7 +194,7 @@ class Kernels:
         head_dim: int,
         kv_dtype: str,
         window: int,
-        length: int,
+        length: float,
         requests: np.ndarray,
         mla: bool,
     ) -> np.ndarray | None:
@@ -205,8 +203,8 @@ class Kernels:
         cached tokens (generation)."""
         c = self._common
         kv = getattr(c.KVCacheQuantMode, KV_MODES[kv_dtype])
-        length = max(length, 1)
-        key = ("attn", context, heads, kv_heads, head_dim, kv_dtype, window, mla, length)
+        tokens = max(round(length), 1)
+        key = ("attn", context, heads, kv_heads, head_dim, kv_dtype, window, mla, tokens)
 
         def make(fmha: str) -> Any:
             f = getattr(c.FMHAQuantMode, fmha)
@@ -226,11 +224,10 @@ class Kernels:
         curve = self._first(
             ("bfloat16", "fp8"),  # engines without a bf16 prefill kernel over fp8 KV
             lambda fmha: self._curve(
-                (*key[:-1], fmha, length),
+                (*key, fmha),
                 lambda: make(fmha),
-                context=context,
-                grid_over="requests",
                 up_to=MEASURED_UP_TO["context" if context else "generation"],
+                attention=(context, tokens),
             ),
         )
         return None if curve is None else self._at(curve, requests)
@@ -270,8 +267,6 @@ class Kernels:
                     distribution,
                     dp,
                 ),
-                context=True,
-                grid_over="tokens",
                 up_to=MEASURED_UP_TO["moe"] / dp,
             )
 
@@ -289,8 +284,6 @@ class Kernels:
         curve = self._curve(
             ("nccl", op, ranks),
             lambda: self._ops.NCCL("nccl", 1, op, 1, ranks, half),
-            context=True,
-            grid_over="tokens",
             up_to=MEASURED_UP_TO["nccl"],
             grid=MESSAGE_GRID,
         )

@@ -26,7 +26,7 @@ import numpy as np
 
 from shardlab.costmodel.collectives import hop_is_inter_node, p2p_time
 from shardlab.costmodel.constants import ACT_BYTES
-from shardlab.costmodel.engines import engine_limits
+from shardlab.costmodel.engines import EngineLimits, engine_limits
 from shardlab.costmodel.opcosts import (
     CostContext,
     OptionCost,
@@ -58,7 +58,7 @@ class Batching:
         return -(-per_dp // m)
 
 
-def batching(problem: Problem, degrees: Degrees) -> Batching:
+def batching(problem: Problem, degrees: Degrees, limits: EngineLimits) -> Batching:
     """In flight, a dp rank holds at most what its engine takes per iteration: its max
     batch, and the requests whose tokens per round fit its max tokens."""
     w = problem.workload
@@ -66,7 +66,6 @@ def batching(problem: Problem, degrees: Degrees) -> Batching:
     per_dp = -(-per_replica // degrees.dp_attn)
     inflight = w.schedule == "inflight"
     if inflight:
-        limits = engine_limits(problem, degrees.tp, degrees.pp, degrees.dp_attn)
         per_round = steps_of(w)[0].tokens  # tokens a request brings to one round
         by_tokens = max(int(limits.max_tokens // per_round), 1)
         per_dp = min(per_dp, limits.max_batch, by_tokens)
@@ -84,8 +83,8 @@ class DegreeTables:
     def __init__(self, problem: Problem, degrees: Degrees) -> None:
         self.problem = problem
         self.degrees = degrees
-        self.batching = batching(problem, degrees)
         self.engine = engine_limits(problem, degrees.tp, degrees.pp, degrees.dp_attn)
+        self.batching = batching(problem, degrees, self.engine)
         bt = self.batching
         if bt.inflight:
             b_max = int(bt.b_of(bt.per_dp_max, degrees.pp))

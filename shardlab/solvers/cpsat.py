@@ -12,11 +12,15 @@ bounds that separate them. Measured on the suite (``tests/test_benchmarks.py``),
 bounds below leave 1 to 8 subproblems to solve out of 4 to 1,480.
 
 Subproblems are visited in decreasing order of an upper bound on their objective
-(each layer kind and the model's ends at their best joint choice of options,
-enumerated with numpy, ignoring memory and the pipeline's balance) and skipped once
-the bound cannot beat the incumbent. Bounds also discard the ``(d, C)`` no plan can
-have: ``C`` requests fit for no plan, every plan fits ``C + 1`` (then evaluation would
-run it with more), or even the time bound misses an SLO.
+(each layer kind and the model's ends at their best joint choice of options, found
+exactly by min-sum elimination over the operators' graph (:mod:`~shardlab.solvers.minsum`)
+for every ``C`` of a degree tuple at once, ignoring memory and the pipeline's balance)
+and skipped once the bound cannot beat the incumbent. Bounds also discard the
+``(d, C)`` no plan can have: ``C`` requests fit for no plan, every plan fits ``C + 1``
+(then evaluation would run it with more), or even the time bound misses an SLO. The
+Megatron rule's plan is priced first (the incumbent however early the clock runs out)
+and hints the subproblem it solves; the clock is read between chunks of the bounds,
+between the constraint families of each model, and after every solve.
 
 The model of one subproblem, one method per family of constraints:
 
@@ -83,6 +87,7 @@ from shardlab.problems.space import (
 )
 from shardlab.solvers.base import Budget, Outcome, SearchContext, Solver
 from shardlab.solvers.evaluator import INFEASIBLE, BudgetExhausted
+from shardlab.solvers.megatron import megatron_candidates, megatron_rule
 from shardlab.solvers.minsum import min_sum
 from shardlab.solvers.registry import register
 
@@ -828,7 +833,7 @@ class CpSatSolver(Solver):
         try:
             # A plan to report however early the clock runs out, and the warm start.
             ev.enter("pricing the megatron plan")
-            hint = self._megatron_hint(ctx)
+            hint = megatron_rule(ctx)[0]
             if hint is not None and ev.evaluate_plan(hint) > INFEASIBLE:
                 hint_requests = requests_per_rank(problem, hint)
             else:
@@ -991,18 +996,7 @@ class CpSatSolver(Solver):
     def _diagnose(self, ctx: SearchContext) -> None:
         """No plan exists: price a few (Megatron's and a sample) so the message can say
         which constraint they all miss, and by how much."""
-        from shardlab.solvers.megatron import megatron_candidates
-
         codes = [ctx.space.encode(ctx.space.megatron_plan(d)) for d in megatron_candidates(ctx)]
         codes += list(ctx.space.sample(64, seed=ctx.seed))
         with contextlib.suppress(BudgetExhausted):
             ctx.evaluator.evaluate(np.array(codes))
-
-    def _megatron_hint(self, ctx: SearchContext) -> Plan | None:
-        """The Megatron rule's plan, priced (the incumbent if the clock runs out early)."""
-        from shardlab.solvers.megatron import megatron_rule
-
-        plan, tried = megatron_rule(ctx)
-        if plan is None and tried:
-            return ctx.space.megatron_plan(tried[0])
-        return plan

@@ -58,7 +58,6 @@ class Progress:
     seconds: float
     best: float | None
     phase: str = "search"
-    seconds_limit: float | None = None
 
 
 def excess(problem: Problem, m: BatchMetrics) -> np.ndarray:
@@ -162,9 +161,7 @@ class Evaluator:
             return
         self._reported = self.elapsed
         best = None if self.best_code is None else self.best_objective
-        self.callback(
-            Progress(self.n_evals, self.max_evals, self._reported, best, self.phase, self.seconds)
-        )
+        self.callback(Progress(self.n_evals, self.max_evals, self._reported, best, self.phase))
 
     def evaluate(self, codes: np.ndarray) -> np.ndarray:
         """Fitness of each row; new rows count against the budget.
