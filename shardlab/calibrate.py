@@ -24,6 +24,7 @@ import numpy as np
 
 from shardlab.costmodel import evaluate
 from shardlab.costmodel.decompose import requests_per_rank
+from shardlab.costmodel.evaluate import at_capacity
 from shardlab.costmodel.regimes import timing as regime_timing
 from shardlab.costmodel.steps import steps_of
 from shardlab.errors import ShardlabError
@@ -85,7 +86,7 @@ def linearize(m: Measurement, timing: str, engine: str) -> Linearized:
         return Linearized(m, parts, None)
     problem, _ = problem_of(m, timing, engine)
     assert m.degrees is not None
-    plan = problem.space.megatron_plan(m.degrees)
+    plan = at_capacity(problem, problem.space.megatron_plan(m.degrees))
     metrics = evaluate(problem, plan)
     steps = steps_of(problem.workload)
     parts = np.zeros((len(steps), len(CLASSES)))

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from shardlab.cli_options import plan_command, problem_command
 from shardlab.costmodel import evaluate as cost_evaluate
+from shardlab.costmodel.evaluate import with_concurrency
 from shardlab.errors import ShardlabError
 from shardlab.files import write_text
 from shardlab.problems.catalog import CATALOG, load_model
@@ -202,11 +203,14 @@ def space(problem: Problem, fmt: FormatOpt = Format.table) -> None:
 def _report(problem: Problem, plan: Plan, fmt: Format, *, top: int | None) -> None:
     """A plan's metrics (and, with ``top``, its breakdown) as tables or JSON."""
     metrics = cost_evaluate(problem, plan)
+    chosen = problem.workload.schedule == "inflight" and plan.concurrency is None
+    plan = with_concurrency(problem, plan, metrics)
     if fmt is Format.json:
         emit_json(
             {
                 "problem": problem_json(problem),
                 "plan": plan_json(problem, plan),
+                "concurrency_chosen": chosen,
                 **metrics.to_dict(breakdown=top is not None),
             }
         )
@@ -214,6 +218,12 @@ def _report(problem: Problem, plan: Plan, fmt: Format, *, top: int | None) -> No
     out.print(problem_line(problem))
     print_plan(problem, plan)
     print_metrics(metrics)
+    if chosen:
+        out.print(
+            f"  concurrency chosen: {metrics.requests_per_rank} requests per attention-DP "
+            "rank, the best under the SLOs (give --concurrency or the plan's "
+            "'concurrency' to fix it)"
+        )
     if top is not None:
         print_breakdown(metrics, top=top)
 
@@ -297,8 +307,9 @@ def solve(
     """Search the best plan with one method; prints it and its ratio to megatron.
 
     With ``--objective pareto``: the front of throughput per GPU against TPOT (and TTFT
-    for prefill-heavy workloads) over plans and concurrency (powers of two up to
-    ``--batch``), as a table, a PNG (``--plot``) and, in JSON, a ``pareto`` list.
+    for prefill-heavy workloads) over plans and concurrency (in flight every concurrency
+    up to ``--batch``; static, powers of two up to it), as a table, a PNG (``--plot``)
+    and, in JSON, a ``pareto`` list.
     """
     from shardlab.solvers import Budget
     from shardlab.solvers.registry import get_solver
@@ -381,9 +392,9 @@ def _solve_front(
     fmt: Format,
 ) -> None:
     from shardlab.plots import plot_front
-    from shardlab.solvers.pareto import concurrency_levels, solve_front
+    from shardlab.solvers.pareto import levels_of, solve_front
 
-    levels = concurrency_levels(problem.workload.batch)
+    levels = levels_of(problem)
     with solve_progress(method, None, None) as callback:
         result = solve_front(
             problem, method, budget=budget, seed=seed, options=options, callback=callback

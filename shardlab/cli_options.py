@@ -7,6 +7,7 @@ flags and calls it with the chosen :class:`Plan`. One definition, every command.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -178,13 +179,30 @@ def plan_command(func: Callable[..., None]) -> Callable[..., None]:
             )
             for name in DEGREE_NAMES
         ),
+        inspect.Parameter(
+            "concurrency",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[
+                int | None,
+                typer.Option(
+                    min=1,
+                    help="In flight: requests per attention-DP rank (the engine's max batch "
+                    "size); default: the plan's, else the best under the SLOs.",
+                ),
+            ],
+        ),
     ]
 
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> None:
         plan_file = kwargs.pop("plan_file")
         degrees = {name: kwargs.pop(name) for name in DEGREE_NAMES}
-        func(plan=plan_from_options(kwargs["problem"], plan_file, degrees), **kwargs)
+        plan = plan_from_options(kwargs["problem"], plan_file, degrees)
+        concurrency = kwargs.pop("concurrency")
+        if concurrency is not None:
+            plan = dataclasses.replace(plan, concurrency=concurrency)
+        func(plan=plan, **kwargs)
 
     _extend(func, wrapper, "plan", extra)
     return wrapper

@@ -136,6 +136,11 @@ def plan_json(problem: Problem, plan: Plan) -> dict:
 
 def print_plan(problem: Problem, plan: Plan) -> None:
     out.print(f"[bold]plan[/] {plan.degrees.short()}  stages {list(plan.stage_layers)}")
+    if plan.concurrency is not None:
+        out.print(
+            f"  concurrency {plan.concurrency} requests per attention-DP rank "
+            "(the engine's max batch size)"
+        )
     kinds = problem.model.kinds
     table = Table(box=None, pad_edge=False)
     table.add_column("operator")
@@ -162,7 +167,9 @@ def print_metrics(m: Metrics) -> None:
         out.print(f"[red]infeasible: {', '.join(m.violations)}[/]")
     out.print(
         f"  throughput {m.throughput_tok_s:,.0f} tok/s ({m.throughput_tok_s_per_gpu:,.1f} per "
-        f"GPU, {m.num_gpus} GPUs, {m.concurrency} requests in flight)"
+        f"GPU, {m.num_gpus} GPUs, {m.concurrency} requests in flight: "
+        f"{m.requests_per_rank} per attention-DP rank, whose KV cache holds "
+        f"{m.capacity_per_rank})"
     )
     out.print(
         f"  TTFT {m.ttft_ms:,.1f} ms   TPOT {m.tpot_ms:,.2f} ms   latency {m.latency_ms:,.0f} ms"

@@ -40,6 +40,7 @@ import numpy as np
 
 from shardlab.costmodel import Metrics, evaluate, silicon
 from shardlab.costmodel.collectives import Span, collective_time
+from shardlab.costmodel.evaluate import at_capacity
 from shardlab.errors import ShardlabError
 from shardlab.files import write_text
 from shardlab.problems.calibration import Calibration
@@ -232,7 +233,8 @@ def predict(
         return _collective_row(m, timing, engine, calibration)
     problem, used_note = problem_of(m, timing, engine, calibration)
     assert m.degrees is not None
-    metrics = evaluate(problem, problem.space.megatron_plan(m.degrees))
+    # measured serving runs what its KV cache holds, not the best concurrency
+    metrics = evaluate(problem, at_capacity(problem, problem.space.megatron_plan(m.degrees)))
     notes = [x for x in (m.note, used_note) if x]
     if not metrics.feasible:
         notes.append("predicted infeasible: " + ", ".join(metrics.violations))
@@ -405,8 +407,9 @@ def against_reference(
             timing=timing,
             engine=engine,
         )
-        m = evaluate(problem, problem.space.megatron_plan(degrees))
-        if m.concurrency < workload.batch:
+        plan = dataclasses.replace(problem.space.megatron_plan(degrees), concurrency=b * pp)
+        m = evaluate(problem, plan)
+        if "memory" in m.violations:
             continue  # the KV cache holds fewer: not the same point
         out.append(
             Agreement(

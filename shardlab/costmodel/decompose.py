@@ -79,29 +79,36 @@ class IntegerTables:
     hbm_bytes: int
 
 
-def time_ns(problem: Problem, degrees: Degrees, per_dp: np.ndarray) -> dict[str, np.ndarray]:
+def time_ns(
+    problem: Problem, degrees: Degrees, per_dp: np.ndarray, *, floor: bool = False
+) -> dict[str, np.ndarray]:
     """The time tables of :class:`IntegerTables` for several concurrencies at once: each
-    table gains a trailing axis, one entry per value of ``per_dp``."""
+    table gains a trailing axis, one entry per value of ``per_dp``. ``floor``: each
+    entry is the least over that concurrency and every larger one
+    (:meth:`~shardlab.costmodel.tables.DegreeTables.floor`), a lower bound valid for
+    all of them."""
     t = degree_tables(problem, degrees)
     bi = t.b_index(t.batching.b_of(np.asarray(per_dp), degrees.pp))
 
-    def at(table: np.ndarray) -> np.ndarray:
+    def at(name: str) -> np.ndarray:
         """Slice the b axis: the run's micro-batch, or one request for single steps."""
+        table = getattr(t, name)
+        run = t.floor(name) if floor else table
         out = np.empty((*table.shape[:-1], len(bi)))
         for si, step in enumerate(t.steps):
-            out[si] = table[si][..., [0] if step.single else bi]
+            out[si] = table[si][..., [0]] if step.single else run[si][..., bi]
         return _ns(out)
 
     return {
-        "op_ns": at(t.op_time),
-        "edge_ns": at(t.edge_time),
-        "inter_ns": at(t.inter_time),
-        "head_ns": at(t.head_time),
-        "emb_first_ns": at(t.emb_first),
-        "last_fnorm_ns": at(t.last_fnorm),
-        "fnorm_lm_ns": at(t.fnorm_lm),
-        "lm_sampler_ns": at(t.lm_sampler),
-        "p2p_ns": at(t.p2p),
+        "op_ns": at("op_time"),
+        "edge_ns": at("edge_time"),
+        "inter_ns": at("inter_time"),
+        "head_ns": at("head_time"),
+        "emb_first_ns": at("emb_first"),
+        "last_fnorm_ns": at("last_fnorm"),
+        "fnorm_lm_ns": at("fnorm_lm"),
+        "lm_sampler_ns": at("lm_sampler"),
+        "p2p_ns": at("p2p"),
     }
 
 
@@ -115,8 +122,11 @@ def kv_bytes(problem: Problem, degrees: Degrees, per_dp: np.ndarray) -> np.ndarr
     return _bytes(t.op_kv[..., None] * held * t.engine.kv_scale)
 
 
-def integer_tables(problem: Problem, degrees: Degrees, per_dp: int) -> IntegerTables:
-    """Tables of ``degrees`` with ``per_dp`` requests on each dp rank."""
+def integer_tables(
+    problem: Problem, degrees: Degrees, per_dp: int, *, floor: bool = False
+) -> IntegerTables:
+    """Tables of ``degrees`` with ``per_dp`` requests on each dp rank (``floor``: times
+    that bound every concurrency from ``per_dp`` on from below, see :func:`time_ns`)."""
     t = degree_tables(problem, degrees)
     bt = t.batching
     if not 1 <= per_dp <= bt.per_dp_max or (not bt.inflight and per_dp != bt.per_dp_max):
@@ -128,7 +138,9 @@ def integer_tables(problem: Problem, degrees: Degrees, per_dp: int) -> IntegerTa
         b_act = 0 if step.single else last_b
         act = np.maximum(act, t.op_act[si, ..., b_act])
         head_act = np.maximum(head_act, t.head_act[si, ..., b_act])
-    times = {k: v[..., 0] for k, v in time_ns(problem, degrees, np.array([per_dp])).items()}
+    times = {
+        k: v[..., 0] for k, v in time_ns(problem, degrees, np.array([per_dp]), floor=floor).items()
+    }
     e = t.engine
     return IntegerTables(
         degrees=degrees,
@@ -163,7 +175,10 @@ class TableCost:
 
 
 def requests_per_rank(problem: Problem, plan: Plan) -> int:
-    """Requests per dp rank that :func:`shardlab.evaluate` runs ``plan`` with."""
+    """Requests per dp rank that :func:`shardlab.evaluate` runs ``plan`` with: its own
+    concurrency, else the best."""
+    if plan.concurrency is not None:
+        return plan.concurrency
     t = degree_tables(problem, plan.degrees)
     return int(_assemble(problem, t, units_of_plan(problem, t, plan)).per_dp[0])
 

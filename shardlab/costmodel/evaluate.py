@@ -13,10 +13,15 @@ tuple; the scalar path adds the per-operator breakdown. Definitions:
   round, latency ``TTFT + (output_len - 1) * TPOT``, throughput
   ``batch * output_len / latency`` (prefill phase: ``batch * input_len / TTFT``; decode
   phase: ``batch / TPOT``).
-- ``inflight`` schedule: concurrency per rank is the most requests whose KV cache fits
-  (at most the offered batch); TPOT is the mixed round; TTFT is a round plus the
-  prefill of one prompt through the pipeline; throughput is requests in flight / TPOT
-  (prefill phase: input tokens per round).
+- ``inflight`` schedule: the concurrency ``c`` (requests per dp rank, the engine's max
+  batch size) is a decision of the plan, ``1 <= c <=`` what the workload offers a rank
+  (``--batch`` over the replicas and dp ranks, within the engine's max batch and max
+  tokens). A plan that fixes it (``Plan.concurrency``) runs with it; otherwise every
+  ``c`` up to what its KV cache holds is priced and the best one under the SLOs is
+  kept (none feasible: ``c = 1``, the nearest to feasible, as every latency and the
+  memory grow with ``c``). TPOT is the mixed round; TTFT is a round plus the prefill of
+  one prompt through the pipeline; throughput is requests in flight / TPOT (prefill
+  phase: input tokens per round).
 - Memory per GPU: the stage's weights, the KV cache of the stage's layers for the
   requests the GPU holds, the activation workspace of the largest micro-batch step
   (engines reserve it at start-up) and a runtime reserve, as the serving engine
@@ -26,6 +31,7 @@ tuple; the scalar path adds the per-operator breakdown. Definitions:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
@@ -35,6 +41,7 @@ from shardlab.costmodel.constants import RUNTIME_RESERVE_GB
 from shardlab.costmodel.opcosts import kernel_class
 from shardlab.costmodel.regimes import judge, timing
 from shardlab.costmodel.tables import DegreeTables, degree_tables, layer_classes_of
+from shardlab.errors import ShardlabError
 from shardlab.problems.operators import HEAD_OPS, layer_edges, layer_ops
 from shardlab.problems.plan import Degrees, Plan
 from shardlab.problems.problem import Problem
@@ -79,6 +86,10 @@ class Metrics:
     hbm_gb: float
     num_gpus: int
     concurrency: int  # requests in flight in the whole cluster
+    # requests per attention-DP rank the plan runs with (the engine's max batch size),
+    # and the most whose KV cache fits (at most what the workload offers a rank)
+    requests_per_rank: int
+    capacity_per_rank: int
     weights_gb: float  # parts of the fullest GPU's memory
     kv_cache_gb: float
     activations_gb: float
@@ -108,6 +119,8 @@ class BatchMetrics:
     memory_gb_per_gpu: np.ndarray
     num_gpus: np.ndarray
     concurrency: np.ndarray
+    requests_per_rank: np.ndarray
+    capacity_per_rank: np.ndarray
     weights_gb: np.ndarray
     kv_cache_gb: np.ndarray
     activations_gb: np.ndarray
@@ -249,13 +262,36 @@ def _counts(keys: np.ndarray, n_keys: int, u: Units) -> np.ndarray:
 @dataclass(frozen=True)
 class _Assembled:
     metrics: BatchMetrics
-    b_index: np.ndarray
-    per_dp: np.ndarray  # requests per dp rank
-    stage_times: list[np.ndarray]  # per step: (n, pp)
+    b_index: np.ndarray  # (n,) index into the tables' b of the chosen concurrency
+    per_dp: np.ndarray  # (n,) requests per dp rank: the chosen concurrency
+    stage_times: list[np.ndarray]  # per step: (n, pp) at the chosen concurrency
     fullest_stage: np.ndarray
+    curves: dict[str, np.ndarray]  # every candidate concurrency: (n, J) each
 
 
-def _assemble(problem: Problem, t: DegreeTables, u: Units) -> _Assembled:
+def _capacity(
+    base: np.ndarray, kv_full: np.ndarray, kv_split: np.ndarray, tp: int, hbm: float, top: int
+) -> np.ndarray:
+    """``(n,)``: the most requests per dp rank (at most ``top``; 0 for none) whose memory
+    fits on every stage. Memory grows with the requests, so a bisection finds it."""
+    n = len(base)
+    lo = np.zeros(n, dtype=np.int64)
+    hi = np.full(n, top, dtype=np.int64)
+    while (active := lo < hi).any():
+        mid = (lo + hi + 1) // 2
+        mem = base + kv_full * mid[:, None] + kv_split * (-(-mid // tp))[:, None]
+        ok = (mem <= hbm).all(axis=1)
+        lo = np.where(active & ok, mid, lo)
+        hi = np.where(active & ~ok, mid - 1, hi)
+    return lo
+
+
+def _assemble(
+    problem: Problem, t: DegreeTables, u: Units, per_dp: np.ndarray | None = None
+) -> _Assembled:
+    """Metrics of the plans ``u`` (one degree tuple) at ``per_dp`` requests per dp rank,
+    or, when None, at the concurrency each plan does best with (see the module
+    docstring; the static schedule runs its batch)."""
     d = t.degrees
     n = len(u.opts)
     n_units = len(u.unit_class)
@@ -296,37 +332,30 @@ def _assemble(problem: Problem, t: DegreeTables, u: Units) -> _Assembled:
     base = w_stage * e.weight_scale + (RUNTIME_RESERVE_GB * 1e9 + act[:, None]) * e.reserve_scale
     kvf_charged, kvs_charged = kvf_stage * e.kv_scale, kvs_stage * e.kv_scale
     bt = t.batching
-    if bt.inflight:
-        cand = np.arange(1, bt.per_dp_max + 1)
-        splits = -(-cand // d.tp)
-        mem = (
-            base[:, :, None]
-            + kvf_charged[:, :, None] * cand[None, None, :]
-            + kvs_charged[:, :, None] * splits[None, None, :]
-        )
-        fits = (mem <= hbm).all(axis=1)
-        per_dp = np.maximum(fits.sum(axis=1), 1)
-        memory_ok = fits[:, 0]
-    else:
-        per_dp = np.full(n, bt.per_dp_max)
-        memory_ok = np.ones(n, dtype=bool)
-    mem_stage = base + kvf_charged * per_dp[:, None] + kvs_charged * (-(-per_dp // d.tp))[:, None]
-    if not bt.inflight:
-        memory_ok = (mem_stage <= hbm).all(axis=1)
-    fullest = mem_stage.argmax(axis=1)
-    memory = mem_stage[rows, fullest]
-    kv_gb = (
-        kvf_stage[rows, fullest] * per_dp + kvs_stage[rows, fullest] * -(-per_dp // d.tp)
-    ) / 1e9
+    capacity = _capacity(base, kvf_charged, kvs_charged, d.tp, hbm, bt.per_dp_max)
 
-    # -- time per step -----------------------------------------------------------------
-    b = bt.b_of(per_dp, d.pp)
-    bi = t.b_index(b)
+    # -- candidate concurrencies: (rows or 1, J), and the b column each one reads --------
+    if per_dp is not None:
+        cand = np.asarray(per_dp, dtype=np.int64).reshape(n, 1)
+        b_sel = t.b_index(bt.b_of(cand, d.pp))  # (n, 1)
+        col = np.zeros(1, dtype=np.int64)
+    elif bt.inflight:
+        top = max(int(capacity.max()), 1)  # no plan holds more
+        cand = np.arange(1, top + 1)[None, :]
+        b_run = bt.b_of(cand[0], d.pp)
+        b_sel = t.b_index(np.arange(1, int(b_run[-1]) + 1))[None, :]
+        col = t.b_index(b_run)
+    else:
+        cand = np.array([[bt.per_dp_max]])
+        b_sel = t.b_index(bt.b_of(cand, d.pp))
+        col = np.zeros(1, dtype=np.int64)
+
+    # -- time per step and stage, at each b column ----------------------------------------
     edge_src = np.zeros((n_units, t.n_edges), dtype=np.int64)
     edge_dst = np.zeros_like(edge_src)
     for ui, kind_i in enumerate(u.unit_kind):
-        for e, (s_, d_) in enumerate(t.edges[t.kinds[kind_i]]):
-            edge_src[ui, e], edge_dst[ui, e] = s_, d_
+        for k_, (s_, d_) in enumerate(t.edges[t.kinds[kind_i]]):
+            edge_src[ui, k_], edge_dst[ui, k_] = s_, d_
     uu = np.arange(n_units)[None, :, None]
     src = u.opts[rows[:, None, None], uu, edge_src[None]]
     dst = u.opts[rows[:, None, None], uu, edge_dst[None]]
@@ -337,64 +366,104 @@ def _assemble(problem: Problem, t: DegreeTables, u: Units) -> _Assembled:
     h = u.head
     res_first = res_u[:, u.layer_unit[0]]
     res_end = res_u[:, u.layer_unit[-1]]
-    # All steps at once: step s reads its tables at b (one request for single steps).
-    ns = len(t.steps)
-    sx = np.arange(ns)[:, None]
-    bis = np.stack([np.zeros_like(bi) if st_.single else bi for st_ in t.steps])  # (ns, n)
-    b4 = bis[:, :, None, None]
-    s4 = sx[:, :, None, None]
-    unit_t = t.op_time[s4, cls[None], kk[None], u.opts[None], b4].sum(-1) + t.edge_time[
-        s4, uk[None], ee[None], src[None], dst[None], b4
-    ].sum(-1)  # (ns, n, U)
-    st_all = np.einsum("rsu,kru->krs", unit_count, unit_t)
-    st_all += np.einsum(
-        "rsp,krp->krs",
-        pair_count,
-        t.inter_time[sx[:, :, None], res_a[None], res_b[None], bis[:, :, None]],
-    )
-    st_all[:, :, 0] += (
-        t.head_time[sx, 0, h[None, :, 0], bis]
-        + t.emb_first[sx, h[None, :, 0], res_first[None], bis]
-    )
-    st_all[:, :, -1] += (
-        t.head_time[sx, 1, h[None, :, 1], bis]
-        + t.head_time[sx, 2, h[None, :, 2], bis]
-        + t.head_time[sx, 3, h[None, :, 3], bis]
-        + t.last_fnorm[sx, res_end[None], h[None, :, 1], bis]
-        + t.fnorm_lm[sx, h[None, :, 1], h[None, :, 2], bis]
-        + t.lm_sampler[sx, h[None, :, 2], h[None, :, 3], bis]
-    )
-    if d.pp > 1:
-        st_all[:, :, :-1] += t.p2p[
-            sx[:, :, None], np.arange(d.pp - 1)[None, None, :], res_last[None], bis[:, :, None]
-        ]
-    stage_times = list(st_all)
-    sums = list(st_all.sum(2))
-    maxes = list(st_all.max(2))
 
-    # -- regimes ---------------------------------------------------------------------------
-    tm = timing(problem, d, t.steps, bt.per_replica, per_dp, sums, maxes)
-    j = judge(problem, tm, memory_ok)
+    def stage_times(si: int, b: np.ndarray) -> np.ndarray:
+        """``(n, pp, B)``: step ``si``'s stage times at b indices ``b`` (rows or 1, B)."""
+        b3 = b[:, None, None, :]
+        unit_t = t.op_time[si][cls[..., None], kk[..., None], u.opts[..., None], b3].sum(2)
+        unit_t = unit_t + t.edge_time[si][
+            uk[..., None], ee[..., None], src[..., None], dst[..., None], b3
+        ].sum(2)  # (n, U, B)
+        st = np.einsum("rsu,rub->rsb", unit_count, unit_t)
+        st += np.einsum(
+            "rsp,rpb->rsb",
+            pair_count,
+            t.inter_time[si][res_a[..., None], res_b[..., None], b[:, None, :]],
+        )
+        c1 = lambda x: x[:, None]  # noqa: E731 (a row's option against the b columns)
+        st[:, 0] += (
+            t.head_time[si][0, c1(h[:, 0]), b] + t.emb_first[si][c1(h[:, 0]), c1(res_first), b]
+        )
+        st[:, -1] += (
+            t.head_time[si][1, c1(h[:, 1]), b]
+            + t.head_time[si][2, c1(h[:, 2]), b]
+            + t.head_time[si][3, c1(h[:, 3]), b]
+            + t.last_fnorm[si][c1(res_end), c1(h[:, 1]), b]
+            + t.fnorm_lm[si][c1(h[:, 1]), c1(h[:, 2]), b]
+            + t.lm_sampler[si][c1(h[:, 2]), c1(h[:, 3]), b]
+        )
+        if d.pp > 1:
+            st[:, :-1] += t.p2p[si][
+                np.arange(d.pp - 1)[None, :, None], res_last[:, :, None], b[:, None, :]
+            ]
+        return st
+
+    single = np.zeros((1, 1), dtype=np.int64)
+    per_step = [stage_times(si, single if s.single else b_sel) for si, s in enumerate(t.steps)]
+    cols = [np.zeros_like(col) if s.single else col for s in t.steps]
+    sums = [st.sum(1)[:, k] for st, k in zip(per_step, cols, strict=True)]
+    maxes = [st.max(1)[:, k] for st, k in zip(per_step, cols, strict=True)]
+
+    # -- regimes at every candidate, and the best one per plan ------------------------------
+    tm = timing(problem, d, t.steps, bt.per_replica, cand, sums, maxes)
+    fits = cand <= capacity[:, None]
+    j = judge(problem, tm, np.broadcast_to(fits, sums[0].shape))
+    if sums[0].shape[1] == 1:
+        pick = np.zeros(n, dtype=np.int64)
+    else:  # the best feasible concurrency; none: one request, the nearest to feasible
+        score = np.where(j.feasible, j.objective, -np.inf)
+        top = score.max(axis=1, keepdims=True)
+        # of (near-)ties the fewest requests, whatever the float order of the sums
+        near = score >= top - TIE * np.abs(top)
+        pick = np.where(j.feasible.any(axis=1), near.argmax(axis=1), 0)
+
+    def chosen(x: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(x, sums[0].shape)[rows, pick]
+
+    c = chosen(cand)
+    memory_ok = chosen(fits)
+    splits = -(-c // d.tp)
+    mem_stage = base + kvf_charged * c[:, None] + kvs_charged * splits[:, None]
+    fullest = mem_stage.argmax(axis=1)
+    memory = mem_stage[rows, fullest]
+    kv_gb = (kvf_stage[rows, fullest] * c + kvs_stage[rows, fullest] * splits) / 1e9
+    b_chosen = col[pick]
+    stage_at = [
+        st[:, :, 0] if s.single else st[rows, :, b_chosen]
+        for st, s in zip(per_step, t.steps, strict=True)
+    ]
     gpus = problem.cluster.num_gpus
+    throughput = chosen(tm.throughput)
     metrics = BatchMetrics(
-        feasible=j.feasible,
-        objective=j.objective,
-        ttft_ms=tm.ttft_s * 1e3,
-        tpot_ms=tm.tpot_s * 1e3,
-        latency_ms=tm.latency_s * 1e3,
-        throughput_tok_s=tm.throughput,
-        throughput_tok_s_per_gpu=tm.throughput / gpus,
+        feasible=chosen(j.feasible),
+        objective=chosen(j.objective),
+        ttft_ms=chosen(tm.ttft_s) * 1e3,
+        tpot_ms=chosen(tm.tpot_s) * 1e3,
+        latency_ms=chosen(tm.latency_s) * 1e3,
+        throughput_tok_s=throughput,
+        throughput_tok_s_per_gpu=throughput / gpus,
         memory_gb_per_gpu=memory / 1e9,
         num_gpus=np.full(n, gpus),
-        concurrency=tm.concurrency.astype(np.int64),
+        concurrency=chosen(tm.concurrency).astype(np.int64),
+        requests_per_rank=c.astype(np.int64),
+        capacity_per_rank=capacity,
         weights_gb=w_stage[rows, fullest] / 1e9,
         kv_cache_gb=kv_gb,
         activations_gb=act / 1e9,
         memory_violation=~memory_ok,
-        ttft_violation=j.ttft_violation,
-        tpot_violation=j.tpot_violation,
+        ttft_violation=chosen(j.ttft_violation),
+        tpot_violation=chosen(j.tpot_violation),
     )
-    return _Assembled(metrics, bi, per_dp, stage_times, fullest)
+    b_index = np.asarray(b_sel)[0 if b_sel.shape[0] == 1 else rows, b_chosen]
+    shape = sums[0].shape
+    curves = {
+        "per_rank": np.broadcast_to(cand, shape),
+        "feasible": j.feasible,
+        "throughput_tok_s_per_gpu": tm.throughput / gpus,
+        "ttft_ms": tm.ttft_s * 1e3,
+        "tpot_ms": tm.tpot_s * 1e3,
+    }
+    return _Assembled(metrics, b_index, c, stage_at, fullest, curves)
 
 
 # -- public entry points ---------------------------------------------------------------
@@ -406,8 +475,24 @@ def prepare(problem: Problem, degrees: Degrees) -> None:
     degree_tables(problem, degrees)
 
 
-def evaluate_batch(problem: Problem, codes: np.ndarray, *, check: bool = True) -> BatchMetrics:
-    """Evaluate encoded plans (rows of ``problem.space``'s encoding).
+# Objectives this close (relative) are a tie between concurrencies: the fewest wins.
+TIE = 1e-9
+
+# Table entries one pass of the free-concurrency search gathers (rows x units x
+# operators x b columns): keeps its arrays to tens of MB.
+GATHER_CHUNK = 1 << 22
+
+
+def evaluate_batch(
+    problem: Problem,
+    codes: np.ndarray,
+    *,
+    check: bool = True,
+    per_rank: np.ndarray | None = None,
+) -> BatchMetrics:
+    """Evaluate encoded plans (rows of ``problem.space``'s encoding), each at the
+    concurrency it does best with, or at ``per_rank`` requests per dp rank (one value
+    per row, within the workload's offer; in flight only).
 
     ``check=False`` skips the validity check, for callers whose codes come from the
     space's own sampling and masks.
@@ -422,9 +507,15 @@ def evaluate_batch(problem: Problem, codes: np.ndarray, *, check: bool = True) -
     order = np.argsort(codes[:, 0], kind="stable")
     starts = np.flatnonzero(np.diff(codes[order, 0], prepend=-1))
     parts = []
-    for rows in np.split(order, starts[1:]):
-        tables = degree_tables(problem, space.degree_tuples[int(codes[rows[0], 0])])
-        parts.append(_assemble(problem, tables, units_of_codes(space, tables, codes[rows])).metrics)
+    for group in np.split(order, starts[1:]):
+        tables = degree_tables(problem, space.degree_tuples[int(codes[group[0], 0])])
+        width = len(_space_units(space).unit_class) * tables.n_ops * len(tables.b)
+        step = len(group) if per_rank is not None else max(1, GATHER_CHUNK // width)
+        for i in range(0, len(group), step):
+            rows = group[i : i + step]
+            units = units_of_codes(space, tables, codes[rows])
+            fixed = None if per_rank is None else _requests(problem, tables, per_rank[rows])
+            parts.append(_assemble(problem, tables, units, fixed).metrics)
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
     return BatchMetrics(
@@ -435,11 +526,102 @@ def evaluate_batch(problem: Problem, codes: np.ndarray, *, check: bool = True) -
     )
 
 
+@dataclass(frozen=True)
+class ConcurrencyPoints:
+    """Feasible (plan, concurrency) points: ``row`` indexes the codes they came from."""
+
+    row: np.ndarray
+    per_rank: np.ndarray
+    throughput_tok_s_per_gpu: np.ndarray
+    ttft_ms: np.ndarray
+    tpot_ms: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.row)
+
+
+def concurrency_points(problem: Problem, codes: np.ndarray) -> ConcurrencyPoints:
+    """Every feasible point of the encoded plans: in flight, one per concurrency up to
+    what each plan's KV cache holds (the trade-off a Pareto front is over); otherwise
+    each plan's one point."""
+    space = problem.space
+    codes = np.atleast_2d(np.asarray(codes, dtype=np.int64))
+    order = np.argsort(codes[:, 0], kind="stable")
+    starts = np.flatnonzero(np.diff(codes[order, 0], prepend=-1))
+    parts: list[tuple[np.ndarray, ...]] = []
+    for group in np.split(order, starts[1:]):
+        tables = degree_tables(problem, space.degree_tuples[int(codes[group[0], 0])])
+        width = len(_space_units(space).unit_class) * tables.n_ops * len(tables.b)
+        step = max(1, GATHER_CHUNK // width)
+        for i in range(0, len(group), step):
+            rows = group[i : i + step]
+            cv = _assemble(problem, tables, units_of_codes(space, tables, codes[rows])).curves
+            r, k = np.nonzero(cv["feasible"])
+            parts.append(
+                (
+                    rows[r],
+                    *(
+                        cv[name][r, k]
+                        for name in ConcurrencyPoints.__dataclass_fields__
+                        if name != "row"
+                    ),
+                )
+            )
+    if not parts:
+        return ConcurrencyPoints(*(np.zeros(0) for _ in range(5)))
+    return ConcurrencyPoints(*(np.concatenate(cols) for cols in zip(*parts, strict=True)))
+
+
+def _requests(problem: Problem, t: DegreeTables, per_rank: np.ndarray) -> np.ndarray:
+    """Requests per dp rank given to a plan, checked against what the workload offers."""
+    per_rank = np.asarray(per_rank, dtype=np.int64)
+    bt = t.batching
+    if not bt.inflight:
+        if (per_rank != bt.per_dp_max).any():
+            raise ShardlabError(
+                f"plan concurrency {int(per_rank[0])} per rank: the static schedule runs "
+                f"its batch ({bt.per_dp_max} per attention-DP rank); drop the plan's "
+                "'concurrency' or use --schedule inflight"
+            )
+        return per_rank
+    if (per_rank < 1).any() or (per_rank > bt.per_dp_max).any():
+        raise ShardlabError(
+            f"plan concurrency {int(per_rank.max())} per rank is more than this workload "
+            f"offers an attention-DP rank under {t.degrees.short()} ({bt.per_dp_max}: "
+            "--batch over replicas and dp_attn, the engine's max batch and max tokens); "
+            "raise --batch or lower the plan's 'concurrency'"
+        )
+    return per_rank
+
+
+def with_concurrency(problem: Problem, plan: Plan, metrics: Metrics) -> Plan:
+    """``plan`` with the concurrency ``metrics`` were evaluated at (in flight), so that
+    its JSON says the engine's max batch size and re-evaluates to the same point."""
+    if problem.workload.schedule != "inflight" or plan.concurrency is not None:
+        return plan
+    return dataclasses.replace(plan, concurrency=metrics.requests_per_rank)
+
+
+def at_capacity(problem: Problem, plan: Plan) -> Plan:
+    """``plan`` at the concurrency an engine left at its defaults runs it with: every
+    offered request its KV cache holds (in flight; at least one). Measurements of
+    "max-throughput" serving are taken there, not at the best concurrency."""
+    if problem.workload.schedule != "inflight":
+        return plan
+    t = degree_tables(problem, plan.degrees)
+    held = _assemble(problem, t, units_of_plan(problem, t, plan)).metrics.capacity_per_rank[0]
+    return dataclasses.replace(plan, concurrency=max(int(held), 1))
+
+
 def evaluate(problem: Problem, plan: Plan) -> Metrics:
-    """Evaluate one plan, with the per-operator breakdown."""
+    """Evaluate one plan, with the per-operator breakdown: at its ``concurrency`` when
+    it has one, else at the concurrency it does best with."""
     tables = degree_tables(problem, plan.degrees)
     units = units_of_plan(problem, tables, plan)
-    a = _assemble(problem, tables, units)
+    fixed = None
+    if plan.concurrency is not None:
+        fixed = _requests(problem, tables, np.array([plan.concurrency]))
+    a = _assemble(problem, tables, units, fixed)
     bm = a.metrics
     violations = tuple(
         name
@@ -463,6 +645,8 @@ def evaluate(problem: Problem, plan: Plan) -> Metrics:
         hbm_gb=problem.cluster.accelerator.hbm_gb,
         num_gpus=int(bm.num_gpus[0]),
         concurrency=int(bm.concurrency[0]),
+        requests_per_rank=int(bm.requests_per_rank[0]),
+        capacity_per_rank=int(bm.capacity_per_rank[0]),
         weights_gb=float(bm.weights_gb[0]),
         kv_cache_gb=float(bm.kv_cache_gb[0]),
         activations_gb=float(bm.activations_gb[0]),

@@ -94,14 +94,14 @@ def timing(
         latency = ttft + (o_len - 1) * tpot
         thr = in_flight / tpot
     concurrency = in_flight if inflight else np.full_like(in_flight, float(w.batch))
-    return Timing(ttft, tpot, latency, thr, concurrency)
+    return Timing(ttft, tpot, latency, thr, np.broadcast_to(concurrency, np.shape(thr)))
 
 
 def judge(problem: Problem, t: Timing, memory_ok: np.ndarray) -> Judgement:
     """Objective (higher is better) and SLO violations."""
     w = problem.workload
-    ttft_bad = np.zeros(len(memory_ok), dtype=bool)
-    tpot_bad = np.zeros(len(memory_ok), dtype=bool)
+    ttft_bad = np.zeros(np.shape(memory_ok), dtype=bool)
+    tpot_bad = np.zeros(np.shape(memory_ok), dtype=bool)
     if w.ttft_ms is not None and w.phase != "decode":
         ttft_bad = t.ttft_s * 1e3 > w.ttft_ms
     if w.tpot_ms is not None and w.phase != "prefill":

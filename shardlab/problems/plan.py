@@ -7,11 +7,14 @@ A plan is serialized as JSON with a versioned schema (``PLAN_SCHEMA``)::
      "stage_layers": [61],
      "options": {"head": {"embedding": "vocab_sharded", ...},
                  "dense": {"qkv_proj": "column", ...}, "moe": {...}},
-     "layers": [{"qkv_proj": "column", ...}, ...]}
+     "layers": [{"qkv_proj": "column", ...}, ...],
+     "concurrency": 96}
 
 ``options`` holds one entry per layer kind when every layer of a kind has the same
 options; otherwise ``layers`` lists every layer's options and ``options`` holds only
-``head``.
+``head``. ``concurrency`` (in-flight schedule; optional) is the requests each
+attention-DP rank runs at once, the engine's max batch size; a plan without it is
+evaluated at the concurrency it does best with.
 """
 
 from __future__ import annotations
@@ -89,8 +92,14 @@ class Plan:
     stage_layers: tuple[int, ...]
     layer_options: tuple[tuple[str, ...], ...]
     head_options: tuple[str, ...]
+    # requests per attention-DP rank in flight (the engine's max batch size); None:
+    # the evaluator chooses the best
+    concurrency: int | None = None
 
     def __post_init__(self) -> None:
+        c = self.concurrency
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+            raise ShardlabError(f"plan: concurrency must be a positive integer, got {c!r}")
         if len(self.stage_layers) != self.degrees.pp:
             raise ShardlabError(
                 f"plan: {len(self.stage_layers)} pipeline stages listed but pp={self.degrees.pp}"
@@ -141,6 +150,8 @@ class Plan:
                 data["options"].setdefault(kind, opts)
         else:
             data["layers"] = per_layer
+        if self.concurrency is not None:
+            data["concurrency"] = self.concurrency
         return data
 
     @classmethod
@@ -195,8 +206,20 @@ class Plan:
                     options[kind], layer_ops(model, kind), f"{where}: options.{kind}"
                 )
             rows = tuple(per_kind[kind] for kind in model.layer_kinds)
+        concurrency = data.get("concurrency")
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise ShardlabError(
+                f"{where}: key 'concurrency' must be a positive integer (requests per "
+                f"attention-DP rank), got {concurrency!r}"
+            )
         return cls(
-            degrees=degrees, stage_layers=tuple(stages), layer_options=rows, head_options=head
+            degrees=degrees,
+            stage_layers=tuple(stages),
+            layer_options=rows,
+            head_options=head,
+            concurrency=concurrency,
         )
 
     def to_json(self, model: Model, *, cluster: str = "") -> str:

@@ -5,6 +5,9 @@ ground truth), ``medium`` ones are too large for that but solved exactly by CP-S
 with options tied per layer kind, ``large`` ones are at the scale of the Learning to
 Shard evaluation (hundreds of GPUs, or options chosen per layer). ``train`` and
 ``heldout`` split the instances for the RL policy's pretraining and its transfer test.
+``slo`` instances are AIConfigurator's default problem (1,024 in, 256 out, TTFT <= 2 s,
+TPOT <= 50 ms, in flight) at an offered load of 4,096 requests, where the SLOs decide
+each plan's concurrency.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any, Literal
 from shardlab.errors import ShardlabError
 from shardlab.problems.problem import Problem
 
-Size = Literal["small", "medium", "large"]
+Size = Literal["small", "medium", "large", "slo"]
 Split = Literal["train", "heldout"]
 
 
@@ -177,9 +180,26 @@ INSTANCES: tuple[Instance, ...] = (
         size="large",
         split="train",
     ),
+    # slo: the concurrency is chosen under binding SLOs
+    *(
+        Instance(
+            name=f"{short}-{cluster}-slo",
+            model=model,
+            cluster=cluster,
+            workload="chat",
+            size="slo",
+            split="heldout",
+            overrides=(("batch", 4096), ("ttft_ms", 2000.0), ("tpot_ms", 50.0)),
+        )
+        for short, model, cluster in (
+            ("llama70b", "llama-3.1-70b", "h100x8"),
+            ("qwen235b", "qwen3-235b-a22b", "h200x16"),
+            ("deepseek-v3", "deepseek-v3", "h200x16"),
+        )
+    ),
 )
 
-SUITES = ("small", "medium", "large", "train", "heldout", "all")
+SUITES = ("small", "medium", "large", "slo", "train", "heldout", "all")
 
 
 def get_instance(name: str) -> Instance:
@@ -199,7 +219,7 @@ def get_suite(name: str) -> tuple[Instance, ...]:
         return tuple(dict.fromkeys(i for part in parts for i in part))
     if name == "all":
         return INSTANCES
-    if name in ("small", "medium", "large"):
+    if name in ("small", "medium", "large", "slo"):
         return tuple(i for i in INSTANCES if i.size == name)
     if name in ("train", "heldout"):
         return tuple(i for i in INSTANCES if i.split == name)

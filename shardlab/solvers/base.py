@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from shardlab.costmodel import Metrics, evaluate
+from shardlab.costmodel.evaluate import with_concurrency
 from shardlab.errors import ShardlabError
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
@@ -197,6 +198,8 @@ class Solver(ABC):
             if metrics is not None and not metrics.feasible:
                 plan, metrics = ev.least_infeasible_plan(), None
                 metrics = evaluate(ctx.problem, plan) if plan is not None else None
+        if plan is not None and metrics is not None:
+            plan = with_concurrency(ctx.problem, plan, metrics)
         return SolveResult(
             method=self.name,
             seed=ctx.seed,

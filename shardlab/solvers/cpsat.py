@@ -1,25 +1,29 @@
 """CP-SAT exact search: the plan the cost model rates best, with a proof.
 
 Decomposition. A plan's degree tuple ``d`` and the requests each attention-data-
-parallel rank holds, ``C`` (the static batch; in flight, the most requests whose KV
-cache fits, which evaluation chooses), fix every table of the cost model
+parallel rank holds, ``C`` (the static batch; in flight, the plan's concurrency, a
+decision between one and what the rank is offered) fix every table of the cost model
 (:mod:`shardlab.costmodel.decompose`). The search therefore splits into subproblems
 ``(d, C)`` enumerated outside CP-SAT: inside one, the objective is linear in Boolean
 choices, whereas ``C`` enters every table non-linearly and ``d`` changes which
 options exist. Degree Booleans inside one model were not built: ``C`` would still be
 enumerated, and the model would be the union of the subproblems' models without the
-bounds that separate them. Measured on the suite (``tests/test_benchmarks.py``), the
-bounds below leave 1 to 8 subproblems to solve out of 4 to 1,480.
+bounds that separate them.
 
 Subproblems are visited in decreasing order of an upper bound on their objective
 (each layer kind and the model's ends at their best joint choice of options, found
 exactly by min-sum elimination over the operators' graph (:mod:`~shardlab.solvers.minsum`)
 for every ``C`` of a degree tuple at once, ignoring memory and the pipeline's balance)
 and skipped once the bound cannot beat the incumbent. Bounds also discard the
-``(d, C)`` no plan can have: ``C`` requests fit for no plan, every plan fits ``C + 1``
-(then evaluation would run it with more), or even the time bound misses an SLO. The
-Megatron rule's plan is priced first (the incumbent however early the clock runs out)
-and hints the subproblem it solves; the clock is read between chunks of the bounds,
+``(d, C)`` no plan can have: ``C`` requests fit for no plan, or even the time bound
+misses an SLO. When a subproblem proves infeasible, a bisection over ``C`` with
+*floor* models (every time at its least over ``C`` requests or more, a relaxation of
+all of them; :class:`_Feasibility`) finds the requests from which the degree tuple
+holds no plan, and every subproblem from there on is skipped: an SLO that binds costs
+a logarithmic number of proofs per degree tuple, not one per concurrency. The Megatron
+rule's plan is priced first (the incumbent however early the clock runs out); each
+solve is warm-started from the last plan found with its degrees when that plan meets
+memory and the SLOs at its requests. The clock is read between chunks of the bounds,
 between the constraint families of each model, and after every solve.
 
 The model of one subproblem, one method per family of constraints:
@@ -35,8 +39,7 @@ The model of one subproblem, one method per family of constraints:
   membership), the model's ends on the first and last stage, the send of the
   residual stream after the stage's last layer;
 - ``_memory``: per stage, weights + KV cache of its layers for ``C`` requests + the
-  workspace (at least every chosen option's) + reserve <= HBM; when ``C`` is below the
-  offered requests, some stage overflows at ``C + 1``;
+  workspace (at least every chosen option's) + reserve <= HBM;
 - (a solution callback hands every improving solution to the evaluator as found);
 - ``_objective``: the regime's time (see :mod:`shardlab.costmodel.regimes`) with
   ``MX >= T_s`` for the bottleneck stage and ``R >= SUM, R >= m * MX`` for rounds;
@@ -70,10 +73,12 @@ from shardlab.costmodel.decompose import (
     IntegerTables,
     integer_tables,
     kv_bytes,
+    price,
     requests_per_rank,
     time_ns,
 )
-from shardlab.costmodel.regimes import in_flight_requests
+from shardlab.costmodel.evaluate import evaluate
+from shardlab.costmodel.regimes import in_flight_requests, judge
 from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.operators import HEAD_OPS
 from shardlab.problems.plan import Degrees, Plan
@@ -86,7 +91,8 @@ from shardlab.problems.space import (
     option_valid,
 )
 from shardlab.solvers.base import Budget, Outcome, SearchContext, Solver
-from shardlab.solvers.evaluator import INFEASIBLE, BudgetExhausted
+from shardlab.solvers.evaluator import BudgetExhausted
+from shardlab.solvers.front import dominated_by
 from shardlab.solvers.megatron import megatron_candidates, megatron_rule
 from shardlab.solvers.minsum import min_sum
 from shardlab.solvers.registry import register
@@ -182,6 +188,9 @@ class Subproblem:
     degree_index: int
     per_dp: int
     bound: float  # upper bound on the objective of any plan in it
+    # lower bounds on its plans' TTFT and TPOT in ns (None: not a latency of the workload)
+    ttft_low: float | None = None
+    tpot_low: float | None = None
 
 
 def _valid_options(space: SearchSpace, d: Degrees) -> dict[tuple[str, str], list[int]]:
@@ -373,15 +382,9 @@ def subproblems(
         top = bt.per_dp_max
         cs = np.arange(1, top + 1) if bt.inflight else np.array([top])
         t = integer_tables(problem, d, top)
-        mem_low, mem_high = _memory_bounds(problem, d, t, cs)
-        stop = 0
-        if bt.inflight:
-            # Every plan holds c + 1 requests: evaluation never runs one with c (nor fewer).
-            holds_more = np.flatnonzero(mem_high[1:] <= t.hbm_bytes)
-            stop = int(holds_more[-1]) + 1 if len(holds_more) else 0
-        considered = cs > stop
-        fits = considered & (mem_low <= t.hbm_bytes)
-        discarded += stop + int((considered & ~fits).sum())
+        mem_low, _ = _memory_bounds(problem, d, t, cs)
+        fits = mem_low <= t.hbm_bytes
+        discarded += int((~fits).sum())
         valid = _valid_options(space, d)
         kept = cs[fits][::-1]
         for start in range(0, len(kept), BOUND_CHUNK):
@@ -391,12 +394,20 @@ def subproblems(
             miss = np.broadcast_to(_misses_slo(problem, ttft_low, tpot_low), chunk.shape)
             discarded += int(miss.sum())
             bounds = objectives(problem, d, chunk, time_low)
+            ttft = np.broadcast_to(np.nan if ttft_low is None else ttft_low, chunk.shape)
+            tpot = np.broadcast_to(np.nan if tpot_low is None else tpot_low, chunk.shape)
             out += [
-                Subproblem(di, int(c), float(bound))
-                for c, bound in zip(chunk[~miss], bounds[~miss], strict=True)
+                Subproblem(di, int(c), float(bound), _finite(a), _finite(b))
+                for c, bound, a, b in zip(
+                    chunk[~miss], bounds[~miss], ttft[~miss], tpot[~miss], strict=True
+                )
             ]
     out.sort(key=lambda s: (-s.bound, s.degree_index, -s.per_dp))
     return out, discarded
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
 
 
 # -- the model of one subproblem ----------------------------------------------------------
@@ -419,19 +430,22 @@ class SubproblemModel:
         degree_index: int,
         per_dp: int,
         check: Callable[[], None] = lambda: None,
+        limits: dict[str, float] | None = None,
+        *,
+        floor: bool = False,
     ) -> None:
-        """``check`` is called between the families of constraints (the clock)."""
+        """``check`` is called between the families of constraints (the clock);
+        ``limits`` bounds ``ttft_ms`` and ``tpot_ms`` beyond the workload's SLOs;
+        ``floor``: the relaxation of every subproblem with ``per_dp`` requests or more
+        (see :class:`_Feasibility`)."""
         self.problem = problem
+        self.limits = limits or {}
         self.space = problem.space
         self.m = problem.model
         self.degree_index = degree_index
         self.d = self.space.degree_tuples[degree_index]
         self.per_dp = per_dp
-        bt = degree_tables(problem, self.d).batching
-        self.t = integer_tables(problem, self.d, per_dp)
-        self.t_next = (
-            integer_tables(problem, self.d, per_dp + 1) if per_dp < bt.per_dp_max else None
-        )
+        self.t = integer_tables(problem, self.d, per_dp, floor=floor)
         self.model = cp_model.CpModel()
         self.steps = len(self.t.steps)
         self._pair_cache: dict[tuple[int, int], dict[tuple[int, int], cp_model.IntVar]] = {}
@@ -617,31 +631,23 @@ class SubproblemModel:
         top_act = int(max(t.act_bytes.max(), t.head_act_bytes.max()))
         workspace = self.model.NewIntVar(0, top_act, "workspace")
         stage_mem: list[Any] = [0] * pp
-        stage_more: list[Any] = [0] * pp
         seen: set[tuple[str, int]] = set()
         for layer in range(self.m.num_layers):
             g = self.group_of_layer[layer]
             kind = self.m.layer_kinds[layer]
             c = self.classes[(kind, self.m.attention_windows[layer])]
             mem: Any = 0
-            more: Any = 0
-            high = high_more = 0
+            high = 0
             for ki in range(len(g.ops)):
                 x = self.x[(g.key, ki)]
                 table = t.weight_bytes[c, ki] + t.kv_bytes[c, ki]
                 mem += self._cost(x, table)
                 high += int(max(table[o] for o in x))
-                if self.t_next is not None:
-                    extra = self.t_next.kv_bytes[c, ki] - t.kv_bytes[c, ki]
-                    more += self._cost(x, extra)
-                    high_more += int(max(extra[o] for o in x))
                 if (g.key, c) not in seen:
                     self.model.Add(workspace >= self._cost(x, t.act_bytes[c, ki]))
             seen.add((g.key, c))
             for s in self.member[layer]:
                 stage_mem[s] += self._on_stage(layer, s, mem, high, f"m[{layer},{s}]")
-                if self.t_next is not None:
-                    stage_more[s] += self._on_stage(layer, s, more, high_more, f"dm[{layer},{s}]")
         for ki, x in enumerate(head):
             self.model.Add(workspace >= self._cost(x, t.head_act_bytes[ki]))
         stage_mem[0] += self._cost(head[0], t.head_weight_bytes[0])
@@ -650,14 +656,6 @@ class SubproblemModel:
         limit = t.hbm_bytes - t.reserve_bytes
         for s in range(pp):
             self.model.Add(stage_mem[s] + workspace <= limit)
-        if self.t_next is not None:
-            # C is the most requests the plan holds: some stage overflows with one more.
-            overflow = [self.model.NewBoolVar(f"overflow[{s}]") for s in range(pp)]
-            self.model.AddBoolOr(overflow)
-            for s, flag in enumerate(overflow):
-                self.model.Add(stage_mem[s] + stage_more[s] + workspace >= limit + 1).OnlyEnforceIf(
-                    flag
-                )
 
     # objective ---------------------------------------------------------------------------
 
@@ -681,10 +679,11 @@ class SubproblemModel:
         m = min(self.d.pp, self.per_dp)
         time_expr, ttft, tpot = regime_time(self.problem, kinds, m, sums, maxes, maximum)
         w = self.problem.workload
-        if w.ttft_ms is not None and ttft is not None:
-            self.model.Add(ttft <= int(w.ttft_ms * 1e6))
-        if w.tpot_ms is not None and tpot is not None:
-            self.model.Add(tpot <= int(w.tpot_ms * 1e6))
+        for name, expr in (("ttft_ms", ttft), ("tpot_ms", tpot)):
+            given = [x for x in (getattr(w, name), self.limits.get(name)) if x is not None]
+            if given and expr is not None:
+                self.model.Add(expr <= int(min(given) * 1e6))
+        self.latency = {"ttft_ms": ttft, "tpot_ms": tpot}
         self.model.Minimize(time_expr)
 
     # hints and solutions -------------------------------------------------------------
@@ -712,12 +711,20 @@ class SubproblemModel:
         return row
 
     def solve(
-        self, seconds: float, workers: int, seed: int, on_plan: Callable[[Plan], None]
+        self,
+        seconds: float,
+        workers: int,
+        seed: int,
+        on_plan: Callable[[Plan], None],
+        *,
+        first: bool = False,
     ) -> SubSolution:
-        """Solve; every improving solution is passed to ``on_plan`` as it is found (the
-        history and the progress bar). ``on_plan`` may raise ``BudgetExhausted``: the
-        search then stops and the exception is raised again here."""
+        """Solve (``first``: stop at the first solution, a feasibility probe); every
+        improving solution is passed to ``on_plan`` as it is found (the history and the
+        progress bar). ``on_plan`` may raise ``BudgetExhausted``: the search then stops
+        and the exception is raised again here."""
         solver = cp_model.CpSolver()
+        solver.parameters.stop_after_first_solution = first
         solver.parameters.max_time_in_seconds = max(seconds, 0.01)
         solver.parameters.num_workers = workers
         solver.parameters.random_seed = seed
@@ -805,6 +812,142 @@ class _Incumbents(cp_model.CpSolverSolutionCallback):
             self.StopSearch()
 
 
+class _Feasibility:
+    """What the solves so far show about which (degrees, requests) subproblems hold a
+    plan, and the plans that warm-start the next ones.
+
+    The model's times are not monotone in the requests (measured tables have bumps),
+    so a subproblem infeasible at ``c`` requests per rank says nothing about ``c + 1``.
+    Its *floor* model does: each time replaced by its least value at ``c`` requests or
+    more (:meth:`~shardlab.costmodel.tables.DegreeTables.floor`), a relaxation of every
+    subproblem with ``c`` requests or more, and nondecreasing in ``c`` with the memory.
+    A floor model infeasible at ``c`` (``hi``) proves every subproblem of the degree
+    tuple from ``c`` on infeasible; one feasible at ``c`` (``lo``) bounds the bisection
+    for that boundary from below.
+    """
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.lo: dict[int, int] = {}
+        self.hi: dict[int, int] = {}
+        self.plans: dict[int, Plan] = {}
+        self.subs: dict[int, list[Subproblem]] = {}
+
+    def index(self, subs: list[Subproblem]) -> None:
+        for sub in subs:
+            self.subs.setdefault(sub.degree_index, []).append(sub)
+
+    def found(self, di: int, plan: Plan) -> None:
+        self.plans[di] = plan
+
+    def floor_holds(self, di: int, c: int) -> None:
+        self.lo[di] = max(self.lo.get(di, 0), c)
+
+    def floor_fails(self, di: int, c: int) -> None:
+        self.hi[di] = min(self.hi.get(di, c), c)
+
+    def known_infeasible(self, di: int, c: int) -> bool:
+        return di in self.hi and c >= self.hi[di]
+
+    def hint(self, di: int, c: int) -> Plan | None:
+        """The last plan found with these degrees, if it meets memory and the SLOs at
+        ``c`` requests (only such hints are given: CP-SAT 9.15 aborted the process,
+        `Check failed: heuristics.fixed_search != nullptr`, on a hint that missed its
+        SLO with interleaved searches)."""
+        plan = self.plans.get(di)
+        if plan is None:
+            return None
+        at = dataclasses.replace(plan, concurrency=c)
+        return at if evaluate(self.problem, at).feasible else None
+
+    def probe(self, di: int, c: int, best: float) -> int | None:
+        """The next requests to test with the floor model after the subproblem at ``c``
+        proved infeasible: ``c`` itself, then by bisection between ``lo`` and ``hi``
+        among the subproblems of ``di`` whose bound still beats ``best``; None once
+        that is settled."""
+        lo = self.lo.get(di, 0)
+        if c <= lo:
+            return None
+        if di not in self.hi:
+            return c
+        hi = self.hi[di]
+        cut = best + ROUNDING * abs(best) if math.isfinite(best) else -math.inf
+        open_cs = [s.per_dp for s in self.subs.get(di, ()) if lo < s.per_dp < hi and s.bound > cut]
+        if not open_cs:
+            return None
+        lo = max(lo, min(open_cs) - 1)
+        return (lo + hi) // 2 if hi - lo > 1 else None
+
+
+class _Solves:
+    """Subproblem solves of one run: models built, warm-started, solved on the run's
+    clock, every solution priced, and what they prove recorded in ``feasible``."""
+
+    def __init__(self, ctx: SearchContext, workers: int) -> None:
+        self.ctx = ctx
+        self.workers = workers
+        self.feasible = _Feasibility(ctx.problem)
+        self.count = 0
+
+    def solve(
+        self,
+        sub: Subproblem,
+        where: str,
+        *,
+        limits: dict[str, float] | None = None,
+        floor: bool = False,
+    ) -> SubSolution:
+        ev, problem = self.ctx.evaluator, self.ctx.problem
+        ev.enter(f"{where}: building its model")
+        model = SubproblemModel(
+            problem, sub.degree_index, sub.per_dp, ev.check_time, limits, floor=floor
+        )
+        hint = None if limits else self.feasible.hint(sub.degree_index, sub.per_dp)
+        if hint is not None:
+            model.hint(hint)
+        ev.enter(f"{where}: {'probing its floor' if floor else 'solving'}")
+        left = ev.left()
+        result = model.solve(
+            left if left is not None else 3600.0,
+            self.workers,
+            self.ctx.seed,
+            ev.evaluate_plan,
+            first=floor,
+        )
+        self.count += 1
+        if floor:
+            if result.status == "infeasible":
+                self.feasible.floor_fails(sub.degree_index, sub.per_dp)
+            elif result.plan is not None:
+                self.feasible.floor_holds(sub.degree_index, sub.per_dp)
+        elif result.plan is not None:
+            self.feasible.found(sub.degree_index, result.plan)
+            if self.ctx.space.encode(result.plan).tobytes() not in ev.cache:
+                ev.evaluate_plan(result.plan)  # the solution callback prices each
+        return result
+
+    def settle(self, sub: Subproblem, where: str) -> None:
+        """After ``sub`` proved infeasible: bisect with floor models for the fewest
+        requests from which no subproblem of its degrees holds a plan."""
+        ev, di = self.ctx.evaluator, sub.degree_index
+        while (c := self.feasible.probe(di, sub.per_dp, ev.best_objective)) is not None:
+            probe = Subproblem(di, c, sub.bound)
+            answer = self.solve(probe, f"{where}, floor at {c} requests per rank", floor=True)
+            ev.check_time()
+            if answer.status not in ("infeasible", "feasible", "optimal"):
+                break  # not settled (CP-SAT's own limits): leave it to the solves
+
+
+def _table_objective(problem: Problem, plan: Plan | None) -> float | None:
+    """``plan``'s objective priced from CP-SAT's integer tables at the requests the
+    evaluator runs it with."""
+    if plan is None:
+        return None
+    c = requests_per_rank(problem, plan)
+    cost = price(problem, integer_tables(problem, plan.degrees, c), plan)
+    return float(judge(problem, cost.timing, np.array([cost.fits])).objective[0])
+
+
 # -- the solver ---------------------------------------------------------------------------
 
 
@@ -825,51 +968,44 @@ class CpSatSolver(Solver):
         counts = {"solved": 0, "infeasible": 0, "pruned": 0, "unfinished": 0}
         open_bounds: list[float] = []
         best = -math.inf
-        cp_objective = None  # CP-SAT's own objective value of the best plan
+        cp_objective = None  # the best plan's objective from CP-SAT's integer tables
         subs: list[Subproblem] | None = None
         discarded = 0
         done = 0  # subproblems solved, proven infeasible or pruned
-        hint, hint_requests = None, 0
+        solves = _Solves(ctx, self.workers)
         try:
             # A plan to report however early the clock runs out, and the warm start.
             ev.enter("pricing the megatron plan")
             hint = megatron_rule(ctx)[0]
-            if hint is not None and ev.evaluate_plan(hint) > INFEASIBLE:
-                hint_requests = requests_per_rank(problem, hint)
-            else:
-                # Only a plan that solves its subproblem is hinted (feasible, same
-                # requests): with interleaved searches CP-SAT 9.15 aborted the process
-                # (`Check failed: heuristics.fixed_search != nullptr`) on the Megatron
-                # hint of llama70b-h200x4-prefill's Pareto sweep, which missed its SLO.
-                hint = None
+            if hint is not None:
+                ev.evaluate_plan(hint)
+                solves.feasible.found(space.degree_index(hint.degrees), hint)
             ev.enter("bounding the (degrees, requests) subproblems")
             subs, discarded = subproblems(problem, ev.check_time)
+            solves.feasible.index(subs)
+            best = ev.best_objective
             for i, sub in enumerate(subs):
                 if math.isfinite(best) and sub.bound <= best + ROUNDING * abs(best):
                     counts["pruned"] = len(subs) - i
                     done = len(subs)
                     break
                 where = f"subproblem {i + 1} of {len(subs)}"
-                ev.enter(f"{where}: building its model")
-                model = SubproblemModel(problem, sub.degree_index, sub.per_dp, ev.check_time)
-                if hint is not None and (hint.degrees, hint_requests) == (model.d, sub.per_dp):
-                    model.hint(hint)
-                before = ev.best_objective
-                ev.enter(f"{where}: solving")
-                left = ev.left()
-                result = model.solve(
-                    left if left is not None else 3600.0,
-                    self.workers,
-                    ctx.seed,
-                    ev.evaluate_plan,
-                )
+                di = sub.degree_index
+                if solves.feasible.known_infeasible(di, sub.per_dp):
+                    counts["infeasible"] += 1  # its degrees' floor model failed at fewer
+                    done = i + 1
+                    continue
+                result = solves.solve(sub, where)
+                if result.status == "infeasible":
+                    solves.settle(sub, where)
                 done = i + 1
-                d = space.degree_tuples[sub.degree_index]
+                best = max(best, ev.best_objective)
                 if result.status == "infeasible":
                     counts["infeasible"] += 1
                     continue
                 if result.status != "optimal":
                     counts["unfinished"] += 1
+                    d = space.degree_tuples[di]
                     open_bounds.append(
                         objective_of(problem, d, sub.per_dp, result.bound_ns)
                         if result.bound_ns
@@ -877,14 +1013,9 @@ class CpSatSolver(Solver):
                     )
                 else:
                     counts["solved"] += 1
-                if result.plan is not None and result.time_ns is not None:
-                    if space.encode(result.plan).tobytes() not in ev.cache:
-                        ev.evaluate_plan(result.plan)  # the solution callback prices each
-                    if ev.best_objective > before:
-                        best = ev.best_objective
-                        cp_objective = objective_of(problem, d, sub.per_dp, result.time_ns)
                 ev.check_time()  # the clock stopped this solve: say so, and where
         except BudgetExhausted:
+            best = max(best, ev.best_objective)
             if subs is not None:
                 rest = subs[done:]
                 cut = best + ROUNDING * abs(best) if math.isfinite(best) else -math.inf
@@ -901,6 +1032,8 @@ class CpSatSolver(Solver):
         proven = complete and not open_bounds
         if ev.best_code is None:
             self._diagnose(ctx)
+        else:
+            cp_objective = _table_objective(problem, ev.best_plan())
         return Outcome(
             proven_optimal=proven and ev.best_code is not None,
             proven_infeasible=proven and ev.best_code is None,
@@ -911,6 +1044,7 @@ class CpSatSolver(Solver):
                 "cp_objective": cp_objective,
                 "bound": bound if bound is not None and math.isfinite(bound) else None,
                 "gap": gap,
+                "solves": solves.count,
                 "workers": self.workers,
                 "seconds": time.perf_counter() - start,
             },
@@ -933,6 +1067,8 @@ class CpSatSolver(Solver):
         """
         problem, ev = ctx.problem, ctx.evaluator
         w = problem.workload
+        if w.schedule == "inflight":
+            return self._front_by_subproblem(ctx)
         start = time.perf_counter()
         stats = {"solves": 0, "unproven": 0}
 
@@ -986,6 +1122,82 @@ class CpSatSolver(Solver):
         except BudgetExhausted:
             proven = False
         facts = {"front_points": len(ev.front or ()), **stats, "workers": self.workers}
+        facts["seconds"] = time.perf_counter() - start
+        return Outcome(
+            proven_optimal=proven and ev.best_code is not None,
+            proven_infeasible=proven and ev.best_code is None,
+            facts=facts,
+        )
+
+    def _front_by_subproblem(self, ctx: SearchContext) -> Outcome:
+        """The exact front over (plan, concurrency) in flight, subproblem by subproblem.
+
+        A subproblem ``(d, c)`` fixes the requests in flight, so its throughput is the
+        requests over its time (TPOT; TTFT for prefill): its plans trade nothing
+        against throughput, only TTFT against TPOT when both are axes. The front is
+        therefore the merge of the subproblems' own fronts: one solve (the least time)
+        per subproblem, then with two axes a sweep of TTFT bounds below the last
+        point's (``SWEEP_STEP``) until none is met. Subproblems are visited by
+        decreasing throughput bound and skipped when their optimistic point (the
+        throughput bound, the latency bounds, each loosened by the tables' rounding) is
+        dominated or equalled by the front of every plan priced so far (each at every
+        concurrency it runs: the front of the evaluator); those whose requests exceed
+        what was proven infeasible for the degree tuple are skipped as in the scalar
+        search. Exact (``optimal``) when every solve was proven.
+        """
+        problem, ev = ctx.problem, ctx.evaluator
+        assert ev.front is not None
+        w = problem.workload
+        start = time.perf_counter()
+        stats = {"subproblems": 0, "solves": 0, "pruned": 0, "infeasible": 0, "unproven": 0}
+        sweep_ttft = w.latency_axes == ("tpot_ms", "ttft_ms")
+        solves = _Solves(ctx, self.workers)
+
+        def solve_one(sub: Subproblem, where: str, limits: dict[str, float]) -> SubSolution:
+            r = solves.solve(sub, where, limits=limits)
+            if r.status not in ("optimal", "infeasible"):
+                stats["unproven"] += 1
+                ev.check_time()
+            return r
+
+        def optimistic(sub: Subproblem) -> np.ndarray:
+            low = {"ttft_ms": sub.ttft_low, "tpot_ms": sub.tpot_low}
+            point = [-sub.bound * (1 + ROUNDING)]
+            point += [(low[a] or 0.0) / 1e6 * (1 - ROUNDING) for a in w.latency_axes]
+            return np.array([point])
+
+        try:
+            ev.enter("bounding the (degrees, requests) subproblems")
+            subs, _ = subproblems(problem, ev.check_time)
+            solves.feasible.index(subs)
+            stats["subproblems"] = len(subs)
+            for i, sub in enumerate(subs):
+                di, c = sub.degree_index, sub.per_dp
+                if solves.feasible.known_infeasible(di, c):
+                    stats["infeasible"] += 1
+                    continue
+                if dominated_by(ev.front.values, optimistic(sub))[0]:
+                    stats["pruned"] += 1
+                    continue
+                where = f"subproblem {i + 1} of {len(subs)}"
+                r = solve_one(sub, where, {})
+                if r.status == "infeasible":
+                    stats["infeasible"] += 1
+                    solves.settle(sub, where)
+                    continue
+                if r.plan is None:
+                    continue
+                while sweep_ttft:
+                    at = evaluate(problem, dataclasses.replace(r.plan, concurrency=c))
+                    limits = {"ttft_ms": at.ttft_ms * (1 - SWEEP_STEP)}
+                    r = solve_one(sub, f"{where}, TTFT <= {limits['ttft_ms']:.4g} ms", limits)
+                    if r.plan is None:
+                        break
+            proven = stats["unproven"] == 0
+        except BudgetExhausted:
+            proven = False
+        facts = {"front_points": len(ev.front), **stats, "workers": self.workers}
+        facts["solves"] = solves.count
         facts["seconds"] = time.perf_counter() - start
         return Outcome(
             proven_optimal=proven and ev.best_code is not None,

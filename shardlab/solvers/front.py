@@ -7,19 +7,22 @@ have points. The front of a set of plans is the plans no other plan dominates; o
 plans with identical points the first priced is kept, so a front is deterministic.
 
 :class:`Front` accumulates the front of every plan the evaluator prices when the
-workload's objective is ``pareto``; every method therefore reports the front of the
-plans it tried, and the methods that search the front itself (``optuna``'s
-multi-objective study, ``cpsat``'s epsilon-constraint sweep) report a better one.
+workload's objective is ``pareto``, in flight at every concurrency the plan can run
+(:func:`~shardlab.costmodel.evaluate.concurrency_points`); every method therefore
+reports the front of the plans it tried, and the methods that search the front itself
+(``optuna``'s multi-objective study, ``cpsat``'s exact front) report a better one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from shardlab.costmodel import BatchMetrics, Metrics, evaluate
+from shardlab.costmodel.evaluate import ConcurrencyPoints, concurrency_points
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 
@@ -45,7 +48,7 @@ def axes(problem: Problem) -> tuple[str, ...]:
     return ("throughput_tok_s_per_gpu", *problem.workload.latency_axes)
 
 
-def minimized(problem: Problem, m: BatchMetrics | Metrics) -> np.ndarray:
+def minimized(problem: Problem, m: BatchMetrics | Metrics | ConcurrencyPoints) -> np.ndarray:
     """``(n, k)`` points in minimization form (throughput negated)."""
     cols = [-np.atleast_1d(np.asarray(m.throughput_tok_s_per_gpu, dtype=float))]
     cols += [np.atleast_1d(np.asarray(getattr(m, a), dtype=float)) for a in axes(problem)[1:]]
@@ -83,26 +86,52 @@ def dominates(problem: Problem, a: Metrics, b: Metrics, *, rtol: float = 0.0) ->
     return bool(np.all(va <= vb + slack) and np.any(va < vb - slack))
 
 
+def dominated_by(front: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Which rows of ``values`` some row of ``front`` dominates or equals (minimization)."""
+    out = np.zeros(len(values), dtype=bool)
+    if len(front) == 0:
+        return out
+    step = max(1, (1 << 22) // (len(front) * values.shape[1]))
+    for i in range(0, len(values), step):
+        v = values[i : i + step, None, :]
+        out[i : i + step] = (front[None, :, :] <= v).all(axis=2).any(axis=1)
+    return out
+
+
 class Front:
-    """The non-dominated feasible plans among everything added so far (codes)."""
+    """The non-dominated feasible points among everything added so far: plans (codes)
+    at a concurrency each (in flight, every concurrency a plan can run is a point)."""
 
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
         self.codes = np.zeros((0, problem.space.n_vars), dtype=np.int64)
+        self.per_rank = np.zeros(0, dtype=np.int64)  # 0: the static batch
         self.values = np.zeros((0, len(axes(problem))))
 
     def __len__(self) -> int:
         return len(self.codes)
 
     def add(self, codes: np.ndarray, m: BatchMetrics) -> None:
-        ok = np.asarray(m.feasible, dtype=bool)
-        new_codes, new_values = codes[ok], minimized(self.problem, m)[ok]
+        if self.problem.workload.schedule == "inflight":
+            pts = concurrency_points(self.problem, codes)
+            new_codes, new_rank, new_values = (
+                codes[pts.row],
+                pts.per_rank,
+                minimized(self.problem, pts),
+            )
+        else:
+            ok = np.asarray(m.feasible, dtype=bool)
+            new_codes, new_values = codes[ok], minimized(self.problem, m)[ok]
+            new_rank = np.zeros(len(new_codes), dtype=np.int64)
+        fresh = ~dominated_by(self.values, new_values)
+        new_codes, new_rank, new_values = new_codes[fresh], new_rank[fresh], new_values[fresh]
         # In chunks: the pairwise test is quadratic, the front stays small.
         for i in range(0, len(new_codes), CHUNK):
             codes = np.concatenate([self.codes, new_codes[i : i + CHUNK]])
+            ranks = np.concatenate([self.per_rank, new_rank[i : i + CHUNK]])
             values = np.concatenate([self.values, new_values[i : i + CHUNK]])
             keep = nondominated(values)
-            self.codes, self.values = codes[keep], values[keep]
+            self.codes, self.per_rank, self.values = codes[keep], ranks[keep], values[keep]
 
     def points(self) -> tuple[FrontPoint, ...]:
         """The front as plans and metrics, by the first latency axis (then throughput)."""
@@ -110,5 +139,7 @@ class Front:
         out = []
         for i in order:
             plan = self.problem.space.decode(self.codes[i])
+            if self.per_rank[i]:
+                plan = dataclasses.replace(plan, concurrency=int(self.per_rank[i]))
             out.append(FrontPoint(plan, evaluate(self.problem, plan), self.problem.workload.batch))
         return tuple(out)

@@ -3,17 +3,21 @@
 Under a fixed number of requests in flight, throughput and TPOT move together for
 most workloads (in flight, throughput is the requests in flight over TPOT), so the
 front of the plans alone is often one point: the trade-off a deployment makes is the
-concurrency it admits (vLLM's ``max_num_seqs``, the static batch). :func:`solve_front`
-therefore solves the problem at each level of :func:`concurrency_levels` (powers of
-two up to the workload's ``batch``), each a Pareto problem of its own (objective
-``pareto``: the method's front of throughput per GPU against the workload's latency
-axes), and keeps the non-dominated points of all levels; every point records the
-batch it was priced at. The budget is shared out over the levels, what one level
-leaves unspent going to the next.
+concurrency it admits (vLLM's ``max_num_seqs``, the static batch).
 
-Exactness: with ``cpsat`` every level's front is proven exact (epsilon-constraint
-sweep, see :meth:`~shardlab.solvers.cpsat.CpSatSolver._front`), hence so is their
-merge over the levels; its status is then ``optimal``.
+In flight the concurrency is a decision of every plan, so one Pareto problem at the
+offered load (``--batch``) is the front over (plan, concurrency): every method's
+evaluator keeps each plan at every concurrency it can run, and ``cpsat`` proves the
+front subproblem by subproblem
+(:meth:`~shardlab.solvers.cpsat.CpSatSolver._front_by_subproblem`).
+
+The static schedule runs its batch as given: :func:`solve_front` then solves the
+problem at each level of :func:`concurrency_levels` (powers of two up to the
+workload's ``batch``), each a Pareto problem of its own, and keeps the non-dominated
+points of all levels; every point records the batch it was priced at. The budget is
+shared out over the levels, what one level leaves unspent going to the next. With
+``cpsat`` every level's front is proven exact (epsilon-constraint sweep, see
+:meth:`~shardlab.solvers.cpsat.CpSatSolver._front`), hence so is their merge.
 """
 
 from __future__ import annotations
@@ -30,6 +34,13 @@ from shardlab.solvers.base import Budget, SolveResult, Status
 from shardlab.solvers.evaluator import Progress
 from shardlab.solvers.front import FrontPoint, merge
 from shardlab.solvers.registry import get_solver
+
+
+def levels_of(problem: Problem) -> tuple[int, ...]:
+    """The batches a front is solved at: the offered load in flight (the concurrency is
+    each plan's own decision), the static batch and the powers of two below it."""
+    w = problem.workload
+    return (w.batch,) if w.schedule == "inflight" else concurrency_levels(w.batch)
 
 
 def concurrency_levels(batch: int) -> tuple[int, ...]:
@@ -101,7 +112,7 @@ def solve_front(
     levels: tuple[int, ...] | None = None,
 ) -> FrontResult:
     """The front of ``method`` over the concurrency levels of ``problem``'s batch."""
-    levels = levels or concurrency_levels(problem.workload.batch)
+    levels = levels or levels_of(problem)
     if any(b < 1 for b in levels):
         raise ShardlabError(f"concurrency levels must be positive, got {levels}")
     start = time.perf_counter()
