@@ -168,8 +168,8 @@ def print_metrics(m: Metrics) -> None:
     out.print(
         f"  throughput {m.throughput_tok_s:,.0f} tok/s ({m.throughput_tok_s_per_gpu:,.1f} per "
         f"GPU, {m.num_gpus} GPUs, {m.concurrency} requests in flight: "
-        f"{m.requests_per_rank} per attention-DP rank, whose KV cache holds "
-        f"{m.capacity_per_rank})"
+        f"{m.requests_per_rank} per attention-DP rank, of at most {m.capacity_per_rank} "
+        "its offer and KV cache allow)"
     )
     out.print(
         f"  TTFT {m.ttft_ms:,.1f} ms   TPOT {m.tpot_ms:,.2f} ms   latency {m.latency_ms:,.0f} ms"
@@ -222,15 +222,16 @@ def print_breakdown(m: Metrics, *, top: int) -> None:
 def print_front(
     problem: Problem, front: Sequence[FrontPoint], megatron: Sequence[FrontPoint]
 ) -> None:
-    """The front, by the first latency axis, each point's batch and degrees; and the
-    Megatron rule's plans at the same batches."""
+    """The front, by the first latency axis, each point's requests in flight (and per
+    attention-DP rank) and degrees; and the Megatron rule's plans."""
     axes = problem.workload.latency_axes
     for title, points in (("Pareto front", front), ("Megatron plan per batch", megatron)):
         if not points:
             continue
         table = Table(title=title)
         for col in (
-            "batch",
+            "in flight",
+            "per rank",
             "tok/s per GPU",
             *(a.removesuffix("_ms").upper() + " ms" for a in axes),
         ):
@@ -238,7 +239,8 @@ def print_front(
         table.add_column("degrees")
         for p in points:
             table.add_row(
-                str(p.batch),
+                str(p.metrics.concurrency),
+                str(p.metrics.requests_per_rank),
                 f"{p.metrics.throughput_tok_s_per_gpu:,.1f}",
                 *(f"{getattr(p.metrics, a):,.2f}" for a in axes),
                 p.plan.degrees.short(),
