@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from shardlab import Problem, ShardlabError
 from shardlab.cli import app
-from shardlab.costmodel import evaluate, evaluate_batch
+from shardlab.costmodel import evaluate, evaluate_batch, evaluate_points
 from shardlab.problems.suite import get_instance
 from shardlab.problems.workload import Workload
 from shardlab.solvers import Budget, solve
@@ -106,7 +106,7 @@ def test_cpsat_front_is_the_exhaustive_front_with_two_latency_axes() -> None:
     codes = every_plan(problem)
     assert len(codes) == problem.space.num_plans()
     exact = Front(problem)
-    exact.add(codes, evaluate_batch(problem, codes))
+    exact.add(codes, evaluate_points(problem, codes)[1])
     r = solve(problem, "cpsat", budget=Budget(max_evals=None, seconds=300), seed=0)
     assert r.status == "optimal"
     assert len(exact) >= 2

@@ -8,6 +8,7 @@ from shardlab.costmodel.evaluate import (
     OpBreakdown,
     evaluate,
     evaluate_batch,
+    evaluate_points,
     prepare,
 )
 
@@ -18,6 +19,7 @@ __all__ = [
     "OpBreakdown",
     "evaluate",
     "evaluate_batch",
+    "evaluate_points",
     "prepare",
     "silicon",
 ]

@@ -18,8 +18,8 @@ tuple; the scalar path adds the per-operator breakdown. Definitions:
   (``--batch`` over the replicas and dp ranks, within the engine's max batch and max
   tokens). A plan that fixes it (``Plan.concurrency``) runs with it; otherwise every
   ``c`` up to what its KV cache holds is priced and the best one under the SLOs is
-  kept (none feasible: ``c = 1``, the nearest to feasible, as every latency and the
-  memory grow with ``c``). TPOT is the mixed round; TTFT is a round plus the prefill of
+  kept (none feasible: ``c = 1``, the least memory and, but for bumps in measured
+  kernel tables, the least latency). TPOT is the mixed round; TTFT is a round plus the prefill of
   one prompt through the pipeline; throughput is requests in flight / TPOT (prefill
   phase: input tokens per round).
 - Memory per GPU: the stage's weights, the KV cache of the stage's layers for the
@@ -497,33 +497,7 @@ def evaluate_batch(
     ``check=False`` skips the validity check, for callers whose codes come from the
     space's own sampling and masks.
     """
-    space = problem.space
-    codes = np.atleast_2d(np.asarray(codes, dtype=np.int64))
-    if check:
-        valid = space.is_valid(codes)
-        if not valid.all():
-            bad = int(np.flatnonzero(~valid)[0])
-            raise ValueError(f"row {bad} is not a valid encoding; use SearchSpace.repair()")
-    order = np.argsort(codes[:, 0], kind="stable")
-    starts = np.flatnonzero(np.diff(codes[order, 0], prepend=-1))
-    parts = []
-    for group in np.split(order, starts[1:]):
-        tables = degree_tables(problem, space.degree_tuples[int(codes[group[0], 0])])
-        width = len(_space_units(space).unit_class) * tables.n_ops * len(tables.b)
-        step = len(group) if per_rank is not None else max(1, GATHER_CHUNK // width)
-        for i in range(0, len(group), step):
-            rows = group[i : i + step]
-            units = units_of_codes(space, tables, codes[rows])
-            fixed = None if per_rank is None else _requests(problem, tables, per_rank[rows])
-            parts.append(_assemble(problem, tables, units, fixed).metrics)
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(len(order))
-    return BatchMetrics(
-        **{
-            name: np.concatenate([getattr(part, name) for part in parts])[inverse]
-            for name in BatchMetrics.__dataclass_fields__
-        }
-    )
+    return _evaluate(problem, codes, check=check, per_rank=per_rank, points=False)[0]
 
 
 @dataclass(frozen=True)
@@ -540,36 +514,61 @@ class ConcurrencyPoints:
         return len(self.row)
 
 
-def concurrency_points(problem: Problem, codes: np.ndarray) -> ConcurrencyPoints:
-    """Every feasible point of the encoded plans: in flight, one per concurrency up to
-    what each plan's KV cache holds (the trade-off a Pareto front is over); otherwise
-    each plan's one point."""
+def evaluate_points(
+    problem: Problem, codes: np.ndarray, *, check: bool = True
+) -> tuple[BatchMetrics, ConcurrencyPoints]:
+    """:func:`evaluate_batch`, and every feasible point of the plans from the same pass:
+    in flight one per concurrency each plan can run (the trade-off a Pareto front is
+    over); static, each plan's one point."""
+    m, points = _evaluate(problem, codes, check=check, per_rank=None, points=True)
+    assert points is not None
+    return m, points
+
+
+def _evaluate(
+    problem: Problem,
+    codes: np.ndarray,
+    *,
+    check: bool,
+    per_rank: np.ndarray | None,
+    points: bool,
+) -> tuple[BatchMetrics, ConcurrencyPoints | None]:
     space = problem.space
     codes = np.atleast_2d(np.asarray(codes, dtype=np.int64))
+    if check:
+        valid = space.is_valid(codes)
+        if not valid.all():
+            bad = int(np.flatnonzero(~valid)[0])
+            raise ValueError(f"row {bad} is not a valid encoding; use SearchSpace.repair()")
     order = np.argsort(codes[:, 0], kind="stable")
     starts = np.flatnonzero(np.diff(codes[order, 0], prepend=-1))
-    parts: list[tuple[np.ndarray, ...]] = []
+    parts: list[BatchMetrics] = []
+    found: list[tuple[np.ndarray, ...]] = []
+    point_fields = [f for f in ConcurrencyPoints.__dataclass_fields__ if f != "row"]
     for group in np.split(order, starts[1:]):
         tables = degree_tables(problem, space.degree_tuples[int(codes[group[0], 0])])
         width = len(_space_units(space).unit_class) * tables.n_ops * len(tables.b)
-        step = max(1, GATHER_CHUNK // width)
+        step = len(group) if per_rank is not None else max(1, GATHER_CHUNK // width)
         for i in range(0, len(group), step):
             rows = group[i : i + step]
-            cv = _assemble(problem, tables, units_of_codes(space, tables, codes[rows])).curves
-            r, k = np.nonzero(cv["feasible"])
-            parts.append(
-                (
-                    rows[r],
-                    *(
-                        cv[name][r, k]
-                        for name in ConcurrencyPoints.__dataclass_fields__
-                        if name != "row"
-                    ),
-                )
-            )
-    if not parts:
-        return ConcurrencyPoints(*(np.zeros(0) for _ in range(5)))
-    return ConcurrencyPoints(*(np.concatenate(cols) for cols in zip(*parts, strict=True)))
+            units = units_of_codes(space, tables, codes[rows])
+            fixed = None if per_rank is None else _requests(problem, tables, per_rank[rows])
+            a = _assemble(problem, tables, units, fixed)
+            parts.append(a.metrics)
+            if points:
+                r, k = np.nonzero(a.curves["feasible"])
+                found.append((rows[r], *(a.curves[f][r, k] for f in point_fields)))
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    metrics = BatchMetrics(
+        **{
+            name: np.concatenate([getattr(part, name) for part in parts])[inverse]
+            for name in BatchMetrics.__dataclass_fields__
+        }
+    )
+    if not points:
+        return metrics, None
+    return metrics, ConcurrencyPoints(*(np.concatenate(c) for c in zip(*found, strict=True)))
 
 
 def _requests(problem: Problem, t: DegreeTables, per_rank: np.ndarray) -> np.ndarray:

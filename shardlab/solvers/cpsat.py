@@ -204,46 +204,31 @@ def _valid_options(space: SearchSpace, d: Degrees) -> dict[tuple[str, str], list
     return out
 
 
-def _memory_bounds(
-    problem: Problem, d: Degrees, t: IntegerTables, per_dp: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """(lowest, highest) memory of the fullest stage over every plan, for each value of
-    ``per_dp``: an equal share of the least memory, and the longest stage of the
-    heaviest layers. ``t`` gives what does not depend on the requests."""
+def _memory_low(problem: Problem, d: Degrees, t: IntegerTables, per_dp: np.ndarray) -> np.ndarray:
+    """The least memory of the fullest stage over every plan, for each value of
+    ``per_dp``: an equal share of the least memory. ``t`` gives what does not depend on
+    the requests."""
     m = problem.model
     valid = _valid_options(problem.space, d)
     kv = kv_bytes(problem, d, per_dp)  # (cls, op, opt, per_dp)
     mem_low = np.zeros(len(per_dp))
-    heaviest = np.zeros(len(per_dp))
-    act_low = act_high = 0.0
+    act_low = 0.0
     for ci, (kind, _) in enumerate(t.classes):
         count = sum(
             1
             for k, w in zip(m.layer_kinds, m.attention_windows, strict=True)
             if (k, w) == t.classes[ci]
         )
-        low = np.zeros(len(per_dp))
-        high = np.zeros(len(per_dp))
         for ki, name in enumerate(_op_names(problem.space, kind)):
             opts = valid[(kind, name)]
             mem = t.weight_bytes[ci, ki, opts][:, None] + kv[ci, ki, opts]
-            low += mem.min(axis=0)
-            high += mem.max(axis=0)
+            mem_low += count * mem.min(axis=0)
             act_low = max(act_low, float(t.act_bytes[ci, ki, opts].min()))
-            act_high = max(act_high, float(t.act_bytes[ci, ki, opts].max()))
-        mem_low += count * low
-        heaviest = np.maximum(heaviest, high)
-    head = [valid[("head", op.name)] for op in HEAD_OPS]
-    for ki, opts in enumerate(head):
+    for ki, op in enumerate(HEAD_OPS):
+        opts = valid[("head", op.name)]
         mem_low += float(t.head_weight_bytes[ki, opts].min())
         act_low = max(act_low, float(t.head_act_bytes[ki, opts].min()))
-        act_high = max(act_high, float(t.head_act_bytes[ki, opts].max()))
-    head_high = float(sum(t.head_weight_bytes[ki, opts].max() for ki, opts in enumerate(head)))
-    pp = d.pp
-    longest = min(m.num_layers, math.ceil(m.num_layers / pp) + 2 * max_shift(m.num_layers, pp))
-    mem_low_stage = mem_low / pp + act_low + t.reserve_bytes
-    mem_high_stage = longest * heaviest + head_high + act_high + t.reserve_bytes
-    return mem_low_stage, mem_high_stage
+    return mem_low / d.pp + act_low + t.reserve_bytes
 
 
 @lru_cache(maxsize=4096)
@@ -382,7 +367,7 @@ def subproblems(
         top = bt.per_dp_max
         cs = np.arange(1, top + 1) if bt.inflight else np.array([top])
         t = integer_tables(problem, d, top)
-        mem_low, _ = _memory_bounds(problem, d, t, cs)
+        mem_low = _memory_low(problem, d, t, cs)
         fits = mem_low <= t.hbm_bytes
         discarded += int((~fits).sum())
         valid = _valid_options(space, d)

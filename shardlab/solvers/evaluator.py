@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shardlab.costmodel import BatchMetrics, evaluate_batch, prepare
+from shardlab.costmodel import BatchMetrics, evaluate_batch, evaluate_points, prepare
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.solvers.front import Front
@@ -210,13 +210,15 @@ class Evaluator:
         return ready
 
     def _price(self, codes: np.ndarray, keys: list[bytes]) -> None:
-        m = evaluate_batch(self.problem, codes)
+        if self.front is not None:
+            m, points = evaluate_points(self.problem, codes)
+            self.front.add(codes, points)
+        else:
+            m = evaluate_batch(self.problem, codes)
         fit = fitness(self.problem, m)
         for k, f in zip(keys, fit, strict=True):
             self.cache[k] = float(f)
         self.n_evals += len(keys)
-        if self.front is not None:
-            self.front.add(codes, m)
         for name, flags in (
             ("memory", m.memory_violation),
             ("ttft_slo", m.ttft_violation),

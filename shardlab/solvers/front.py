@@ -8,7 +8,7 @@ plans with identical points the first priced is kept, so a front is deterministi
 
 :class:`Front` accumulates the front of every plan the evaluator prices when the
 workload's objective is ``pareto``, in flight at every concurrency the plan can run
-(:func:`~shardlab.costmodel.evaluate.concurrency_points`); every method therefore
+(:func:`~shardlab.costmodel.evaluate.evaluate_points`); every method therefore
 reports the front of the plans it tried, and the methods that search the front itself
 (``optuna``'s multi-objective study, ``cpsat``'s exact front) report a better one.
 """
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from shardlab.costmodel import BatchMetrics, Metrics, evaluate
-from shardlab.costmodel.evaluate import ConcurrencyPoints, concurrency_points
+from shardlab.costmodel.evaluate import ConcurrencyPoints
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 
@@ -105,24 +105,16 @@ class Front:
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
         self.codes = np.zeros((0, problem.space.n_vars), dtype=np.int64)
-        self.per_rank = np.zeros(0, dtype=np.int64)  # 0: the static batch
+        self.per_rank = np.zeros(0, dtype=np.int64)
         self.values = np.zeros((0, len(axes(problem))))
 
     def __len__(self) -> int:
         return len(self.codes)
 
-    def add(self, codes: np.ndarray, m: BatchMetrics) -> None:
-        if self.problem.workload.schedule == "inflight":
-            pts = concurrency_points(self.problem, codes)
-            new_codes, new_rank, new_values = (
-                codes[pts.row],
-                pts.per_rank,
-                minimized(self.problem, pts),
-            )
-        else:
-            ok = np.asarray(m.feasible, dtype=bool)
-            new_codes, new_values = codes[ok], minimized(self.problem, m)[ok]
-            new_rank = np.zeros(len(new_codes), dtype=np.int64)
+    def add(self, codes: np.ndarray, points: ConcurrencyPoints) -> None:
+        """Add the points of ``codes`` (:func:`~shardlab.costmodel.evaluate_points`)."""
+        new_codes, new_rank = codes[points.row], points.per_rank
+        new_values = minimized(self.problem, points)
         fresh = ~dominated_by(self.values, new_values)
         new_codes, new_rank, new_values = new_codes[fresh], new_rank[fresh], new_values[fresh]
         # In chunks: the pairwise test is quadratic, the front stays small.
@@ -139,7 +131,7 @@ class Front:
         out = []
         for i in order:
             plan = self.problem.space.decode(self.codes[i])
-            if self.per_rank[i]:
+            if self.problem.workload.schedule == "inflight":
                 plan = dataclasses.replace(plan, concurrency=int(self.per_rank[i]))
             out.append(FrontPoint(plan, evaluate(self.problem, plan), self.problem.workload.batch))
         return tuple(out)
