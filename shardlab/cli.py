@@ -284,7 +284,20 @@ def solve(
         int | None, typer.Option(min=1, help="Search workers (cpsat; default: all cores).")
     ] = None,
     sampler: Annotated[
-        str | None, typer.Option(help="optuna: tpe (default), gp, random or nsga2.")
+        str | None, typer.Option(help="optuna: tpe (default), gp, cmaes, random or nsga2.")
+    ] = None,
+    encoding: Annotated[
+        str | None,
+        typer.Option(
+            help="optuna: shared (default; degrees per axis, options per operator) or class."
+        ),
+    ] = None,
+    warm_start: Annotated[
+        str | None,
+        typer.Option(
+            "--warm-start",
+            help="optuna: megatron (default: first trials are Megatron plans) or none.",
+        ),
     ] = None,
     storage: Annotated[
         str | None,
@@ -318,6 +331,8 @@ def solve(
         method,
         workers=workers,
         sampler=sampler,
+        encoding=encoding,
+        warm_start=warm_start,
         storage=storage,
         study=study,
         policy=policy,
@@ -517,7 +532,11 @@ def solvers(fmt: FormatOpt = Format.table) -> None:
 def compare(
     problem: Problem,
     methods: Annotated[
-        str, typer.Option(help="Comma-separated methods.")
+        str,
+        typer.Option(
+            help="Comma-separated methods, each with options as METHOD:KEY=VALUE "
+            "(e.g. optuna:sampler=gp:encoding=class)."
+        ),
     ] = "random,anneal,genetic",
     suite: Annotated[
         str | None,
@@ -550,14 +569,12 @@ def compare(
 
     from shardlab.compare import run_comparison, summarize, write_results
     from shardlab.problems.suite import Instance, get_suite
-    from shardlab.solvers.registry import available_solvers, get_solver
+    from shardlab.solvers.registry import get_solver, parse_method
 
-    wanted = [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = [m for m in wanted if m not in available_solvers()]
-    if unknown:
-        raise ShardlabError(
-            f"unknown method(s) {', '.join(unknown)}; available: {', '.join(available_solvers())}"
-        )
+    specs = [m.strip() for m in methods.split(",") if m.strip()]
+    parsed = {spec: parse_method(spec) for spec in specs}
+    wanted = [spec for spec, (_, opts) in parsed.items() if not opts]
+    variants = [(spec, name, opts) for spec, (name, opts) in parsed.items() if opts]
     if suite is not None:
         instances = get_suite(suite)
         label = name or suite
@@ -602,7 +619,7 @@ def compare(
         jobs=jobs,
         on_done=on_done,
         budgets=levels,
-        variants=[("rl+policy", "rl", {"policy": policy})] if policy else [],
+        variants=variants + ([("rl+policy", "rl", {"policy": policy})] if policy else []),
         timing=problem.timing,
     )
     rows = summarize(results)

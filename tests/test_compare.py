@@ -82,3 +82,37 @@ def test_budgets_read_anytime_runs_and_rerun_the_others(tmp_path: Path) -> None:
     rows = summarize(results)
     text = summary_markdown("t", "shardlab compare ...", rows)
     assert "| budget |" in text and "random @60" in text and "anneal @300" in text
+
+
+def test_methods_with_options_run_as_their_own_rows(tmp_path: Path, capsys, monkeypatch) -> None:
+    from shardlab.cli import main
+
+    def run(methods: str) -> tuple[int, str]:
+        args = ["compare", "--suite", "llama8b-h100x2-chat", "--seeds", "1", "--max-evals"]
+        args += ["30", "--jobs", "1", "--results-dir", str(tmp_path), "--name", "opts"]
+        monkeypatch.setattr(sys, "argv", ["shardlab", *args, "--methods", methods])
+        try:
+            main()
+        except SystemExit as exc:
+            return int(exc.code or 0), capsys.readouterr().err
+        return 0, capsys.readouterr().err
+
+    methods = "optuna,optuna:sampler=random:warm_start=none,optuna:encoding=class"
+    code, err = run(methods)
+    assert code == 0, err
+    runs = json.loads((tmp_path / "opts" / "results.json").read_text())["runs"]
+    by = {r["method"]: r for r in runs}
+    assert set(by) == {*methods.split(","), "megatron"}
+    assert by["optuna"]["facts"]["sampler"] == "tpe"
+    assert by["optuna"]["facts"]["warm_start_trials"] == 4
+    assert by["optuna:sampler=random:warm_start=none"]["facts"]["sampler"] == "random"
+    assert by["optuna:sampler=random:warm_start=none"]["facts"]["warm_start_trials"] == 0
+    assert by["optuna:encoding=class"]["facts"]["encoding"] == "class"
+    for bad, why in (
+        ("optuna:sampler", "METHOD:KEY=VALUE"),
+        ("optuna:flavour=x", "takes no option 'flavour'"),
+        ("optuna:sampler=bogus", "sampler 'bogus'"),
+        ("annealing", "unknown method"),
+    ):
+        code, err = run(bad)
+        assert code == 2 and why in err and "Traceback" not in err, (bad, err)

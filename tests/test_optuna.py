@@ -25,7 +25,8 @@ from shardlab import Problem, ShardlabError
 from shardlab.costmodel import evaluate, evaluate_batch
 from shardlab.problems.suite import get_instance
 from shardlab.solvers import Budget, available_solvers, get_solver
-from shardlab.solvers.optuna_search import Layout, OptunaSolver, default_study_name
+from shardlab.solvers.optuna_encodings import ENCODINGS, ClassLayout, SharedLayout, layout_for
+from shardlab.solvers.optuna_search import OptunaSolver, default_study_name
 
 SMALL = get_instance("llama8b-h100x2-chat").problem()
 BUDGET = 150
@@ -35,6 +36,11 @@ POSTGRES_ENV = "SHARDLAB_TEST_POSTGRES_URL"
 def run(problem: Problem = SMALL, budget: Budget | None = None, seed: int = 3, **options):
     budget = budget or Budget(max_evals=BUDGET, seconds=120)
     return get_solver("optuna", **options).solve(problem, budget=budget, seed=seed)
+
+
+def untimed(facts: dict) -> dict:
+    """The facts but Optuna's wall time, which no seed fixes."""
+    return {k: v for k, v in facts.items() if k != "sampler_s"}
 
 
 def complete_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -53,7 +59,9 @@ def test_registered() -> None:
     assert "optuna" in available_solvers()
     assert isinstance(get_solver("optuna"), OptunaSolver)
     with pytest.raises(ShardlabError, match="sampler"):
-        get_solver("optuna", sampler="cmaes")
+        get_solver("optuna", sampler="hyperband")
+    with pytest.raises(ShardlabError, match="encoding"):
+        get_solver("optuna", encoding="onehot")
 
 
 def test_returns_feasible_plan_whose_metrics_are_the_cost_model(result) -> None:
@@ -71,7 +79,7 @@ def test_returns_feasible_plan_whose_metrics_are_the_cost_model(result) -> None:
 def test_same_seed_same_plan(result) -> None:
     again = run()
     assert again.plan == result.plan and again.n_evals == result.n_evals
-    assert again.facts == result.facts
+    assert untimed(again.facts) == untimed(result.facts)
     assert [h.evals for h in again.history] == [h.evals for h in result.history]
 
 
@@ -114,14 +122,16 @@ def test_ctrl_c_returns_the_best_plan_so_far_and_leaves_no_trial_running() -> No
     assert len({tuple(t.user_attrs["code"]) for t in trials}) == 12
 
 
+@pytest.mark.parametrize("encoding", ENCODINGS)
 @pytest.mark.parametrize("sampler", optuna_search.SAMPLERS)
-def test_every_sampler_runs(sampler: str) -> None:
+def test_every_sampler_runs(sampler: str, encoding: str) -> None:
     # GP fits a Gaussian process (torch) per trial after 10 random ones: keep it short.
     budget = Budget(max_evals=14 if sampler == "gp" else 40, seconds=120)
-    r = run(budget=budget, seed=1, sampler=sampler)
+    r = run(budget=budget, seed=1, sampler=sampler, encoding=encoding)
     assert r.status == "feasible", r.message
     assert r.metrics == evaluate(SMALL, r.plan) and r.n_evals == budget.max_evals
-    assert r.facts["sampler"] == sampler
+    assert r.facts["sampler"] == sampler and r.facts["encoding"] == encoding
+    assert r.facts["sampler_s"] > 0 and r.facts["trials"] >= r.n_evals
 
 
 def test_module_does_not_import_torch() -> None:
@@ -134,27 +144,70 @@ def test_module_does_not_import_torch() -> None:
 # -- the parameter layout --------------------------------------------------------------
 
 
+@pytest.mark.parametrize("encoding", ENCODINGS)
 @pytest.mark.parametrize("instance", ["llama8b-h100x2-chat", "deepseek-v3-h100x64-chat"])
-def test_layout_round_trips_every_plan(instance: str) -> None:
+def test_layout_round_trips_every_plan(instance: str, encoding: str) -> None:
     space = get_instance(instance).problem().space
-    layout = Layout(space)
+    layout = layout_for(space, encoding)
     rows = space.sample(300, seed=0)
     for row in rows:
         params = layout.params_of(row)
         assert np.array_equal(layout.suggest(FixedTrial(params)), row)
         for name, value in params.items():  # each name has one distribution, holding the value
-            dist = layout.distributions.get(name)
+            dist = layout.distributions[name]
             if isinstance(dist, optuna.distributions.CategoricalDistribution):
                 assert value in dist.choices
-            elif dist is not None:
-                assert dist.low <= value <= dist.high
             else:
-                assert name == "degrees" and value in layout.degree_labels
-    # Options are named per class of degree tuples that allow the same options, cuts per pp.
-    assert sum(len(m) for m in layout.class_members.values()) == space.num_degree_tuples
-    for name in layout.distributions:
-        prefix = name.split(".")[0]
-        assert prefix in layout.class_members or prefix.startswith("pp"), name
+                assert dist.low <= value <= dist.high
+    if isinstance(layout, ClassLayout):
+        # Options are named per class of degree tuples that allow the same options.
+        assert sum(len(m) for m in layout.class_members.values()) == space.num_degree_tuples
+        for name in layout.distributions:
+            prefix = name.split(".")[0]
+            assert prefix in layout.class_members or prefix.startswith("pp") or name == "degrees"
+    else:
+        # Every parameter in every trial: one group for a multivariate sampler.
+        assert set(params) == set(layout.distributions)
+
+
+@pytest.mark.parametrize("instance", ["gptoss-h100x4-interactive", "deepseek-v3-h100x64-chat"])
+def test_shared_encoding_turns_any_parameters_into_a_valid_plan(instance: str) -> None:
+    space = get_instance(instance).problem().space
+    layout = SharedLayout(space)
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(300):
+        params = {}
+        for name, dist in layout.distributions.items():
+            if isinstance(dist, optuna.distributions.CategoricalDistribution):
+                params[name] = dist.choices[rng.integers(len(dist.choices))]
+            else:
+                params[name] = int(rng.integers(dist.low, dist.high + 1))
+        rows.append(layout.suggest(FixedTrial(params)))
+        d = space.degree_tuples[rows[-1][0]]
+        levels = [layout.axis_values[a].index(getattr(d, a)) for a in layout.axes]
+        asked = [params[a] for a in layout.axes]
+        # The nearest valid tuple: none is closer in log2 than the one chosen.
+        point = [np.log2(layout.axis_values[a][i]) for a, i in zip(layout.axes, asked, strict=True)]
+        dist = [
+            sum(abs(np.log2(getattr(t, a)) - x) for a, x in zip(layout.axes, point, strict=True))
+            for t in space.degree_tuples
+        ]
+        assert dist[int(rows[-1][0])] == min(dist)  # no valid tuple is nearer in log2
+        mask = space.mask(int(rows[-1][0]))
+        for o in layout.options:  # a valid option is kept, an invalid one is the canonical
+            want = o.labels.index(params[o.name])
+            assert rows[-1][o.var] == (want if mask[o.var, want] else 0)
+        if levels == asked:
+            assert space.degree_index(d) == space.degree_tuples.index(d)
+    assert space.is_valid(np.array(rows)).all()
+
+
+def test_a_study_of_another_encoding_is_refused() -> None:
+    storage = optuna.storages.InMemoryStorage()
+    run(budget=Budget(max_evals=5), storage=storage, study="enc", encoding="class")
+    with pytest.raises(ShardlabError, match="--encoding class"):
+        run(budget=Budget(max_evals=5), storage=storage, study="enc", encoding="shared")
 
 
 def test_trials_hold_the_plan_its_metrics_and_its_constraints() -> None:
@@ -167,11 +220,12 @@ def test_trials_hold_the_plan_its_metrics_and_its_constraints() -> None:
     codes = np.array([t.user_attrs["code"] for t in trials])
     assert len({c.tobytes() for c in codes}) == r.n_evals == 60
     m = evaluate_batch(problem, codes)
-    layout = Layout(problem.space)
+    layout = layout_for(problem.space, "shared")
     feasible = []
     for i, t in enumerate(trials):
         assert t.value == pytest.approx(m.objective[i], rel=1e-12)  # batch-size ulps
-        assert t.params == layout.params_of(codes[i])
+        # The trial's parameters are the plan (an invalid option stands for its canonical).
+        assert np.array_equal(layout.suggest(FixedTrial(t.params)), codes[i])
         assert set(t.constraints) == {"memory", "ttft", "tpot"}
         assert all(v <= 0 for v in t.constraints.values()) == bool(m.feasible[i])
         assert t.user_attrs["metrics"]["feasible"] == bool(m.feasible[i])

@@ -195,6 +195,12 @@ def test_optuna_pareto_is_multi_objective(sampler: str) -> None:
     assert r.front and r.n_evals == 150
 
 
+def test_optuna_pareto_refuses_a_single_objective_sampler() -> None:
+    problem = Problem.build("llama-3.1-8b", "h100x2", "chat", objective="pareto")
+    with pytest.raises(ShardlabError, match="cmaes optimizes one objective"):
+        get_solver("optuna", sampler="cmaes").solve(problem, budget=Budget(max_evals=5))
+
+
 def test_optuna_pareto_refuses_a_single_objective_study(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 's.db'}"
     single = Problem.build("llama-3.1-8b", "h100x2", "chat")

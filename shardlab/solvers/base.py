@@ -200,6 +200,9 @@ class Solver(ABC):
                 metrics = evaluate(ctx.problem, plan) if plan is not None else None
         if plan is not None and metrics is not None:
             plan = with_concurrency(ctx.problem, plan, metrics)
+            # Priced again at the concurrency it now carries, so that evaluate(plan)
+            # gives these metrics to the bit (choosing c sums other shapes: ulps).
+            metrics = evaluate(ctx.problem, plan)
         return SolveResult(
             method=self.name,
             seed=ctx.seed,

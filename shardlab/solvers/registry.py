@@ -73,3 +73,27 @@ def solver_class(name: str) -> type[Solver]:
 def get_solver(name: str, **options: object) -> Solver:
     """A fresh instance of the solver called ``name``, with method-specific options."""
     return solver_class(name)(**options)
+
+
+def parse_method(spec: str) -> tuple[str, dict[str, str]]:
+    """``"optuna:sampler=gp:encoding=class"`` as ``("optuna", {"sampler": "gp", ...})``:
+    a method with options, as ``shardlab compare --methods`` takes it."""
+    import inspect
+
+    name, *pairs = spec.strip().split(":")
+    accepted = inspect.signature(solver_class(name).__init__).parameters
+    options: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not value:
+            raise ShardlabError(
+                f"method {spec!r}: write options as METHOD:KEY=VALUE (e.g. optuna:sampler=gp)"
+            )
+        if key not in accepted or key == "self":
+            takes = ", ".join(k for k in accepted if k not in ("self", "args", "kwargs"))
+            raise ShardlabError(
+                f"method {spec!r}: {name} takes no option {key!r} (it takes: {takes or 'none'})"
+            )
+        options[key] = value
+    get_solver(name, **options)  # a bad value fails here, once, not in every run
+    return name, options
