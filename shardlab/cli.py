@@ -254,11 +254,9 @@ def explain(
 
 def _solver_options(method: str, **given: object) -> dict[str, object]:
     """Method-specific options the user gave, checked against what the method takes."""
-    import inspect as _inspect
+    from shardlab.solvers.registry import accepted_options
 
-    from shardlab.solvers.registry import solver_class
-
-    accepted = _inspect.signature(solver_class(method).__init__).parameters
+    accepted = accepted_options(method)
     options = {k: v for k, v in given.items() if v is not None}
     for key in options:
         if key not in accepted:

@@ -75,13 +75,23 @@ def get_solver(name: str, **options: object) -> Solver:
     return solver_class(name)(**options)
 
 
+def accepted_options(name: str) -> tuple[str, ...]:
+    """The method-specific options the solver called ``name`` takes."""
+    import inspect
+
+    params = inspect.signature(solver_class(name).__init__).parameters.values()
+    return tuple(
+        p.name
+        for p in params
+        if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    )
+
+
 def parse_method(spec: str) -> tuple[str, dict[str, str]]:
     """``"optuna:sampler=gp:encoding=class"`` as ``("optuna", {"sampler": "gp", ...})``:
     a method with options, as ``shardlab compare --methods`` takes it."""
-    import inspect
-
     name, *pairs = spec.strip().split(":")
-    accepted = inspect.signature(solver_class(name).__init__).parameters
+    accepted = accepted_options(name)
     options: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -89,10 +99,10 @@ def parse_method(spec: str) -> tuple[str, dict[str, str]]:
             raise ShardlabError(
                 f"method {spec!r}: write options as METHOD:KEY=VALUE (e.g. optuna:sampler=gp)"
             )
-        if key not in accepted or key == "self":
-            takes = ", ".join(k for k in accepted if k not in ("self", "args", "kwargs"))
+        if key not in accepted:
+            takes = ", ".join(accepted) or "none"
             raise ShardlabError(
-                f"method {spec!r}: {name} takes no option {key!r} (it takes: {takes or 'none'})"
+                f"method {spec!r}: {name} takes no option {key!r} (it takes: {takes})"
             )
         options[key] = value
     get_solver(name, **options)  # a bad value fails here, once, not in every run
