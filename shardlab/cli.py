@@ -297,6 +297,13 @@ def solve(
             help="optuna: megatron (default: first trials are Megatron plans) or none.",
         ),
     ] = None,
+    history: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="optuna tpe: latest trials modelled besides the best (default 1000; 0: all).",
+        ),
+    ] = None,
     storage: Annotated[
         str | None,
         typer.Option(help="optuna: a storage URL (sqlite:///study.db, postgresql://...)."),
@@ -331,6 +338,7 @@ def solve(
         sampler=sampler,
         encoding=encoding,
         warm_start=warm_start,
+        history=history,
         storage=storage,
         study=study,
         policy=policy,

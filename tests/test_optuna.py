@@ -382,3 +382,94 @@ def test_two_workers_share_one_postgres_study(tmp_path: Path) -> None:
         assert shared.best_value == pytest.approx(best, rel=1e-12)
     finally:
         optuna.delete_study(study_name=study, storage=url)
+
+
+# -- TPE over a bounded history ----------------------------------------------------------
+
+
+def _filled_study(n: int, directions: list[str], seed: int = 0) -> optuna.Study:
+    """A study of ``n`` finished trials of one float parameter, about a third infeasible."""
+    rng = np.random.default_rng(seed)
+    dist = optuna.distributions.FloatDistribution(0.0, 1.0)
+    study = optuna.create_study(directions=directions)
+    for _ in range(n):
+        values = rng.normal(size=len(directions)).tolist()
+        violation = float(rng.choice([0.0, 0.0, rng.uniform(0.01, 2.0)]))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"x": float(rng.uniform())},
+                distributions={"x": dist},
+                values=values,
+                system_attrs={"constraints:memory": violation if violation else -0.5},
+            )
+        )
+    return study
+
+
+def _tpe_order(t: optuna.trial.FrozenTrial) -> tuple[float, float]:
+    violation = sum(v for v in t.constraints.values() if v > 0)
+    return (violation, -t.value if violation == 0 else 0.0)
+
+
+def test_windowed_tpe_sees_the_best_trials_of_the_whole_study_and_the_latest() -> None:
+    from shardlab.solvers.optuna_history import WindowedTPESampler
+
+    study = _filled_study(700, ["maximize"])
+    sampler = WindowedTPESampler(window=100, elite=25, seed=0)
+    trials = study.get_trials(deepcopy=False)
+    history = sampler._history(study, trials)
+    ids = [t._trial_id for t in history]
+    assert len(ids) == len(set(ids)) <= 125
+    best = sorted(trials, key=_tpe_order)[:25]
+    assert {t._trial_id for t in best} <= set(ids)
+    assert {t._trial_id for t in trials[-100:]} <= set(ids)
+    # Incremental: trials told afterwards enter the elite when they beat it.
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"x": 0.5},
+            distributions={"x": optuna.distributions.FloatDistribution(0.0, 1.0)},
+            value=99.0,
+            system_attrs={"constraints:memory": -0.5},
+        )
+    )
+    for _ in range(200):  # push it out of the window
+        study.add_trial(trials[0])
+    history = sampler._history(study, study.get_trials(deepcopy=False))
+    assert max(t.value for t in history) == 99.0
+
+
+def test_windowed_tpe_keeps_the_feasible_front_of_a_multi_objective_study() -> None:
+    from shardlab.solvers.optuna_history import WindowedTPESampler
+
+    study = _filled_study(400, ["maximize", "minimize"], seed=1)
+    sampler = WindowedTPESampler(window=50, seed=0)
+    trials = study.get_trials(deepcopy=False)
+    history = {t._trial_id for t in sampler._history(study, trials)}
+    feasible = [t for t in trials if all(v <= 0 for v in t.constraints.values())]
+    front = [
+        t
+        for t in feasible
+        if not any(
+            (u.values[0] >= t.values[0] and u.values[1] <= t.values[1])
+            and (u.values[0] > t.values[0] or u.values[1] < t.values[1])
+            for u in feasible
+        )
+    ]
+    assert front and {t._trial_id for t in front} <= history
+
+
+def test_a_short_study_samples_exactly_as_plain_tpe() -> None:
+    # Within window + elite trials the windowed sampler is TPE itself: same proposals.
+    plans = []
+    for history in (0, 1000):
+        r = run(budget=Budget(max_evals=60, seconds=120), seed=5, history=history)
+        improvements = [(h.evals, h.best) for h in r.history]
+        plans.append((r.plan, improvements, r.facts.pop("history")))
+    assert plans[0][:2] == plans[1][:2] and (plans[0][2], plans[1][2]) == (0, 1000)
+
+
+def test_history_must_be_a_count() -> None:
+    with pytest.raises(ShardlabError, match="history"):
+        OptunaSolver(history=-1)
+    with pytest.raises(ShardlabError, match="TPE's"):
+        OptunaSolver(sampler="nsga2", history=10)
