@@ -7,6 +7,7 @@ object for machines. A mistake in the input prints one line and exits with statu
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import asdict
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, get_args
@@ -66,11 +67,14 @@ FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="table or json
 
 @app.command()
 def models(fmt: FormatOpt = Format.table) -> None:
-    """List the built-in models."""
+    """List the built-in models: parameters as their cards count them (total, and
+    active per token with and without the input embedding) and their layer kinds."""
     rows = []
     for entry in CATALOG:
         m = load_model(entry.name)
         p = m.num_params()
+        spans = Counter(s.short() for s in m.attention_spans)
+        ffn = Counter(m.layer_kinds)
         rows.append(
             {
                 "name": entry.name,
@@ -79,9 +83,12 @@ def models(fmt: FormatOpt = Format.table) -> None:
                 "attention": "MLA"
                 if m.mla
                 else ("MHA" if m.num_kv_heads == m.num_heads else "GQA"),
+                "attention_layers": dict(spans),
+                "ffn_layers": dict(ffn),
                 "experts": f"{m.moe.num_experts} top-{m.moe.top_k}" if m.moe else "",
                 "total_params": p.total,
                 "active_params": p.active,
+                "active_params_without_embedding": p.active_compute,
                 "weight_dtype": m.weight_dtype,
                 "note": entry.note,
             }
@@ -90,16 +97,24 @@ def models(fmt: FormatOpt = Format.table) -> None:
         emit_json(rows)
         return
     table = Table(title="Built-in models")
-    for col in ("name", "layers", "attention", "experts", "params", "active", "dtype", "note"):
-        table.add_column(col, justify="right" if col in ("layers", "params", "active") else "left")
+    cols = ("name", "layers", "attention", "experts", "params", "active", "w/o emb.", "dtype")
+    for col in (*cols, "note"):
+        right = col in ("layers", "params", "active", "w/o emb.")
+        table.add_column(col, justify="right" if right else "left")
     for r in rows:
+        kinds = " + ".join(f"{n} {k}" for k, n in r["attention_layers"].items())
+        if len(r["ffn_layers"]) > 1:
+            kinds += "; " + " + ".join(f"{n} {k}" for k, n in r["ffn_layers"].items())
         table.add_row(
             r["name"],
             str(r["layers"]),
-            r["attention"],
+            r["attention"]
+            if len(r["attention_layers"]) == 1 and len(r["ffn_layers"]) == 1
+            else f"{r['attention']}: {kinds}",
             r["experts"],
             f"{r['total_params'] / 1e9:,.1f}B",
             f"{r['active_params'] / 1e9:,.1f}B",
+            f"{r['active_params_without_embedding'] / 1e9:,.1f}B",
             r["weight_dtype"],
             r["note"],
         )

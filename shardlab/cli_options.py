@@ -25,6 +25,7 @@ from shardlab.problems.problem import (
     DEFAULT_WORKLOAD,
     Problem,
 )
+from shardlab.render import err
 
 PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     (
@@ -146,6 +147,8 @@ def problem_command(func: Callable[..., None]) -> Callable[..., None]:
             max_tokens=options.pop("max_tokens"),
             **options,
         )
+        for notice in problem.model.notices:
+            err.print(f"notice: {notice}", markup=False, soft_wrap=True)
         func(problem=problem, **kwargs)
 
     _extend(func, wrapper, "problem", extra)

@@ -50,7 +50,7 @@ class IntegerTables:
     """Integer cost tables of one degree tuple at ``per_dp`` requests per dp rank.
 
     Indices: ``step`` into :attr:`steps`; ``cls`` into :attr:`classes` (layer kind,
-    window); ``kind`` into :attr:`kinds`; ``op`` into that kind's operators
+    span); ``kind`` into :attr:`kinds`; ``op`` into that kind's operators
     (:func:`layer_ops`); ``opt`` into the operator's options; ``edge`` into
     :attr:`edges` of the kind; ``stage`` into the pipeline's boundaries.
     """
@@ -200,7 +200,7 @@ def price(problem: Problem, tables: IntegerTables, plan: Plan) -> TableCost:
     kv = np.zeros(d.pp, dtype=np.int64)
     workspace = 0
     for layer, kind in enumerate(m.layer_kinds):
-        c = classes[(kind, m.attention_windows[layer])]
+        c = classes[(kind, m.attention_spans[layer])]
         k = tables.kinds.index(kind)
         s = stage_of[layer]
         o = opts[layer]

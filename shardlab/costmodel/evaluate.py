@@ -162,9 +162,7 @@ def units_of_plan(problem: Problem, tables: DegreeTables, plan: Plan) -> Units:
             opts[0, layer, i] = op.option_names.index(name)
     classes = {c: i for i, c in enumerate(tables.classes)}
     kinds = {c: i for i, c in enumerate(tables.kinds)}
-    unit_class = np.array(
-        [classes[c] for c in zip(m.layer_kinds, m.attention_windows, strict=True)]
-    )
+    unit_class = np.array([classes[c] for c in zip(m.layer_kinds, m.attention_spans, strict=True)])
     head = np.array(
         [[op.option_names.index(n) for op, n in zip(HEAD_OPS, plan.head_options, strict=True)]]
     )
@@ -207,7 +205,7 @@ def _space_units(space: SearchSpace) -> _SpaceUnits:
         if g.kind == "head":
             continue
         for layer in g.layers:
-            key = (g.key, classes[(m.layer_kinds[layer], m.attention_windows[layer])])
+            key = (g.key, classes[(m.layer_kinds[layer], m.attention_spans[layer])])
             if key not in unit_ids:
                 unit_ids[key] = len(rows)
                 row = np.full(n_ops, -1, dtype=np.int64)
@@ -733,8 +731,12 @@ def _breakdown(
                 c = t.op_costs[si][ci][ki][int(opts[ki])]
                 assert c is not None
                 kv = c.kv_bytes_per_req * (split_reqs if c.kv_split_tp else per_dp)
+                name = f"{kind}.{op.name}"
+                if op.family == "kv_cache" and len(m.spans) > 1:
+                    # Full, sliding and chunked layers cache and read differently.
+                    name += f" ({m.attention_spans[layer].short()})"
                 add(
-                    f"{kind}.{op.name}",
+                    name,
                     op.options[int(opts[ki])].name,
                     layer_on_fullest=on_fullest,
                     time=float(c.time_s[bi]) + comm_in[op.name],

@@ -36,6 +36,7 @@ from shardlab.costmodel.constants import (
 from shardlab.costmodel.silicon import Kernels, gemm_shape
 from shardlab.costmodel.steps import Step, kv_context
 from shardlab.problems.dtypes import BYTES_PER_VALUE
+from shardlab.problems.model import AttentionSpan
 from shardlab.problems.operators import OpSpec, OptionSpec
 from shardlab.problems.placements import REPLICATE, Layout, redistribute
 from shardlab.problems.plan import Degrees
@@ -259,12 +260,12 @@ def kernel_class(op: OpSpec) -> str | None:
 
 
 def option_cost(
-    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, window: int
+    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, span: AttentionSpan
 ) -> OptionCost:
     """The cost of one option, with the problem's calibration applied (each kernel
     class by its factor, the operator's own collectives by the communication factor,
     and the per-iteration cost on the sampler, which every step runs once)."""
-    cost = _option_cost(ctx, op, opt, step, window)
+    cost = _option_cost(ctx, op, opt, step, span)
     cal = ctx.problem.calibration
     if cal is None:
         return cost
@@ -283,7 +284,7 @@ def option_cost(
 
 
 def _option_cost(
-    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, window: int
+    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, span: AttentionSpan
 ) -> OptionCost:
     zeros = np.zeros_like(ctx.b)
     if op.family == "residual":
@@ -292,7 +293,7 @@ def _option_cost(
     if op.family == "norm":
         return _norm_cost(ctx, op, opt, step)
     if op.family == "kv_cache":
-        return _attention_cost(ctx, op, opt, step, window)
+        return _attention_cost(ctx, op, opt, step, span)
     if op.family == "experts":
         return _experts_cost(ctx, opt, step)
     if op.family == "embedding":
@@ -364,13 +365,13 @@ def _kv_values_per_token(ctx: CostContext, opt: OptionSpec) -> float:
 
 
 def _attention_cost(
-    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, window: int
+    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, span: AttentionSpan
 ) -> OptionCost:
     m = ctx.model
     kv_bytes = BYTES_PER_VALUE[ctx.problem.kv_dtype]
     reqs = ctx.tokens(1.0, opt, whole_requests=True)
     heads = m.num_heads / ctx.ways(opt.weight_axes)
-    dec_pairs, pre_pairs = step.pairs(window)
+    dec_pairs, pre_pairs = step.pairs(span)
     if m.mla is not None:
         # Decode runs absorbed MLA over the latent; prefill expands per-head K and V.
         dec_dims = 2 * m.mla.kv_lora_rank + m.mla.qk_rope_head_dim
@@ -383,13 +384,13 @@ def _attention_cost(
     o_width = ctx.local_width(output_width(op, ctx.problem), opt.out)
     tokens = reqs * step.tokens
     act = tokens * (q_width + o_width) * ACT_BYTES
-    nbytes = reqs * (step.kv_read(window) + step.tokens) * kv_token + act
+    nbytes = reqs * (step.kv_read(span) + step.tokens) * kv_token + act
     context = ctx.kv_context
-    if window > 0:
-        context = min(context, float(window))
+    if span.tokens:  # a sliding window or a chunk caches at most its length
+        context = min(context, float(span.tokens))
     kv_split = "tp" in opt.token_axes and ctx.d.tp > 1
     zeros = np.zeros_like(ctx.b)
-    measured = _measured_attention(ctx, opt, step, window, reqs, heads)
+    measured = _measured_attention(ctx, opt, step, span, reqs, heads)
     if measured is not None:
         return OptionCost(
             measured, zeros, zeros, 0.0, 0.0, context * kv_token, kv_split, act, "silicon"
@@ -405,7 +406,7 @@ def _measured_attention(
     ctx: CostContext,
     opt: OptionSpec,
     step: Step,
-    window: int,
+    span: AttentionSpan,
     reqs: np.ndarray,
     heads: float,
 ) -> np.ndarray | None:
@@ -414,6 +415,9 @@ def _measured_attention(
     A prefill step runs each request's prompt; a decode step one token per request
     over its mean context; a mixed round both, its prompts being ``reqs / output_len``
     whole prompts (the prefill share of a request per round, as the steps define it).
+    The tables hold full and sliding-window kernels: a chunked layer's decode is the
+    full kernel over the keys of its chunk, its prefill the sliding kernel of the chunk
+    length (which reads up to twice a chunk's pairs: an upper bound).
     """
     if ctx.kernels is None:
         return None
@@ -426,14 +430,15 @@ def _measured_attention(
         "kv_heads": kv_heads,
         "head_dim": m.head_dim,
         "kv_dtype": ctx.problem.kv_dtype,
-        "window": window,
+        "window": span.tokens,
         "mla": m.mla is not None,
     }
     prompt = step.input_len
     if step.kind == "prefill":
         return ctx.kernels.attention(context=True, length=prompt, requests=reqs, **shape)
+    decoding = {**shape, "window": span.tokens if span.kind == "sliding" else 0}
     decode = ctx.kernels.attention(
-        context=False, length=step.decode_context(window), requests=reqs, **shape
+        context=False, length=step.decode_context(span), requests=reqs, **decoding
     )
     if decode is None or step.kind == "decode":
         return decode

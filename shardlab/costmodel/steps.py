@@ -9,7 +9,8 @@ reads cached KV entries. Steps by workload:
 - decode: one token per request at the mean context of its generation; the first
   output token comes from the prefill, the other ``output_len - 1`` from decode steps
   at contexts ``input_len + 1 .. input_len + output_len - 1`` (the mean is exact for
-  every cost linear in the context; sliding windows are averaged token by token);
+  every cost linear in the context; sliding windows and chunks are averaged token by
+  token);
 - inflight mixed step: one decode token per running request plus the prompt tokens
   of the requests that replace finished ones, ``input_len / output_len`` per running
   request on average (chunked prefill at the steady-state token budget); a prompt
@@ -24,17 +25,32 @@ from typing import Literal
 
 import numpy as np
 
+from shardlab.problems.model import AttentionSpan
 from shardlab.problems.workload import Workload
 
 StepKind = Literal["prefill", "decode", "mixed"]
 
 
-def causal_pairs(length: int, window: int) -> float:
-    """Query-key pairs of causal attention over ``length`` tokens (window 0: none)."""
-    if window <= 0 or window >= length:
+def causal_pairs(length: int, span: AttentionSpan) -> float:
+    """Query-key pairs of causal attention over ``length`` tokens."""
+    w = span.tokens
+    if span.kind == "full" or w >= length:
         return length * (length + 1) / 2.0
-    # The first `window` queries see 1..window keys, the rest see `window` each.
-    return window * (window + 1) / 2.0 + (length - window) * window
+    if span.kind == "sliding":
+        # The first `w` queries see 1..w keys, the rest see `w` each.
+        return w * (w + 1) / 2.0 + (length - w) * w
+    # Chunked: each whole chunk is a causal block of its own, then the partial one.
+    whole, rest = divmod(length, w)
+    return whole * w * (w + 1) / 2.0 + rest * (rest + 1) / 2.0
+
+
+def attended(context: np.ndarray, span: AttentionSpan) -> np.ndarray:
+    """Keys a token attends to at each ``context`` (its own position counted)."""
+    if span.kind == "full":
+        return context
+    if span.kind == "sliding":
+        return np.minimum(context, span.tokens)
+    return (context - 1) % span.tokens + 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,28 +62,26 @@ class Step:
     output_len: int
     single: bool = False  # one request per dp rank, whatever the concurrency
 
-    def decode_context(self, window: int) -> float:
+    def decode_context(self, span: AttentionSpan) -> float:
         """Mean keys a decode token attends to (and KV entries it reads)."""
         ctx = self.input_len + np.arange(1, max(self.output_len, 2), dtype=float)
-        if window > 0:
-            ctx = np.minimum(ctx, window)
-        return float(ctx.mean())
+        return float(attended(ctx, span).mean())
 
-    def pairs(self, window: int) -> tuple[float, float]:
-        """(decode pairs, prefill pairs) per request for a layer with ``window``."""
+    def pairs(self, span: AttentionSpan) -> tuple[float, float]:
+        """(decode pairs, prefill pairs) per request for a layer of ``span``."""
         if self.kind == "prefill":
-            return 0.0, causal_pairs(self.input_len, window)
+            return 0.0, causal_pairs(self.input_len, span)
         if self.kind == "decode":
-            return self.decode_context(window), 0.0
+            return self.decode_context(span), 0.0
         share = self.input_len / self.output_len
-        per_prompt = causal_pairs(self.input_len, window) / self.input_len
-        return self.decode_context(window), share * per_prompt
+        per_prompt = causal_pairs(self.input_len, span) / self.input_len
+        return self.decode_context(span), share * per_prompt
 
-    def kv_read(self, window: int) -> float:
+    def kv_read(self, span: AttentionSpan) -> float:
         """Cached KV entries read per request per layer."""
         if self.kind == "prefill":
             return 0.0
-        return self.decode_context(window)
+        return self.decode_context(span)
 
 
 def steps_of(workload: Workload) -> tuple[Step, ...]:

@@ -18,7 +18,7 @@ layer of Mixtral 8x7B on two H100 is timed at 3.2 ms for 185 tokens and 0.66 ms 
 260), and a deployment running ``c`` requests runs them, so the model keeps them as
 measured; :meth:`DegreeTables.floor` gives the least of each table over ``b`` and
 more, the lower bound exact search uses for every concurrency at once.
-Layers are grouped into classes (layer kind, attention window): layers of one class
+Layers are grouped into classes (layer kind, attention span): layers of one class
 have identical tables.
 """
 
@@ -39,7 +39,7 @@ from shardlab.costmodel.opcosts import (
     output_width,
 )
 from shardlab.costmodel.steps import Step, steps_of
-from shardlab.problems.model import LayerKind, Model
+from shardlab.problems.model import FULL, AttentionSpan, LayerKind, Model
 from shardlab.problems.operators import HEAD_OPS, OpSpec, layer_edges, layer_ops
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
@@ -77,9 +77,9 @@ def batching(problem: Problem, degrees: Degrees, limits: EngineLimits) -> Batchi
     return Batching(per_replica, per_dp, inflight)
 
 
-def layer_classes_of(model: Model) -> tuple[tuple[LayerKind, int], ...]:
-    """(layer kind, attention window) pairs: layers of one class share their tables."""
-    return tuple(dict.fromkeys(zip(model.layer_kinds, model.attention_windows, strict=True)))
+def layer_classes_of(model: Model) -> tuple[tuple[LayerKind, AttentionSpan], ...]:
+    """(layer kind, attention span) pairs: layers of one class share their tables."""
+    return tuple(dict.fromkeys(zip(model.layer_kinds, model.attention_spans, strict=True)))
 
 
 class DegreeTables:
@@ -117,12 +117,12 @@ class DegreeTables:
         self.op_kv_split = np.zeros((nc, k, o), dtype=bool)
         for si, step in enumerate(self.steps):
             per_class = []
-            for ci, (kind, window) in enumerate(self.classes):
+            for ci, (kind, span) in enumerate(self.classes):
                 per_op = []
                 for ki, op in enumerate(self.ops[kind]):
                     per_opt: list[OptionCost | None] = []
                     for oi, opt in enumerate(op.options):
-                        c = option_cost(ctx, op, opt, step, window)
+                        c = option_cost(ctx, op, opt, step, span)
                         per_opt.append(c)
                         self.op_time[si, ci, ki, oi] = c.time_s
                         self.op_act[si, ci, ki, oi] = c.act_bytes
@@ -174,7 +174,7 @@ class DegreeTables:
             for ki, op in enumerate(HEAD_OPS):
                 per_opt = []
                 for oi, opt in enumerate(op.options):
-                    c = option_cost(ctx, op, opt, _rows_step(op, step), 0)
+                    c = option_cost(ctx, op, opt, _rows_step(op, step), FULL)
                     per_opt.append(c)
                     self.head_time[st, ki, oi] = c.time_s
                     self.head_act[st, ki, oi] = c.act_bytes

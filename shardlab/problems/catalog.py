@@ -67,6 +67,47 @@ CATALOG: tuple[CatalogEntry, ...] = (
         file="openai--gpt-oss-120b.json",
         note="sliding-window layers modeled as attending to <= 128 tokens",
     ),
+    CatalogEntry(name="qwen3-8b", hf_id="Qwen/Qwen3-8B", file="Qwen--Qwen3-8B.json"),
+    CatalogEntry(name="qwen3-30b-a3b", hf_id="Qwen/Qwen3-30B-A3B", file="Qwen--Qwen3-30B-A3B.json"),
+    CatalogEntry(
+        name="llama-4-scout",
+        hf_id="meta-llama/Llama-4-Scout-17B-16E-Instruct",
+        file="meta-llama--Llama-4-Scout-17B-16E-Instruct.json",
+        note="text model (vision encoder not counted); chunked attention on 3 of 4 layers",
+    ),
+    CatalogEntry(
+        name="llama-4-maverick",
+        hf_id="meta-llama/Llama-4-Maverick-17B-128E-Instruct",
+        file="meta-llama--Llama-4-Maverick-17B-128E-Instruct.json",
+        note="text model (vision encoder not counted); dense and MoE layers alternate",
+    ),
+    CatalogEntry(
+        name="gemma-3-27b",
+        hf_id="google/gemma-3-27b-it",
+        file="google--gemma-3-27b-it.json",
+        note="text model (vision encoder not counted); 5 sliding-window layers per global one",
+    ),
+    CatalogEntry(
+        name="glm-4.5",
+        hf_id="zai-org/GLM-4.5",
+        file="zai-org--GLM-4.5.json",
+        note="MTP layer not modeled",
+    ),
+    CatalogEntry(
+        name="glm-5",
+        hf_id="zai-org/GLM-5",
+        file="zai-org--GLM-5.json",
+        note="DSA sparse attention priced as dense MLA; MTP layer not modeled",
+    ),
+    CatalogEntry(
+        name="minimax-m2", hf_id="MiniMaxAI/MiniMax-M2", file="MiniMaxAI--MiniMax-M2.json"
+    ),
+    CatalogEntry(
+        name="deepseek-v3.2",
+        hf_id="deepseek-ai/DeepSeek-V3.2",
+        file="deepseek-ai--DeepSeek-V3.2.json",
+        note="DSA sparse attention priced as dense MLA; MTP layer not modeled",
+    ),
     CatalogEntry(
         name="moe-1.6t",
         hf_id="",

@@ -216,7 +216,7 @@ def _memory_low(problem: Problem, d: Degrees, t: IntegerTables, per_dp: np.ndarr
     for ci, (kind, _) in enumerate(t.classes):
         count = sum(
             1
-            for k, w in zip(m.layer_kinds, m.attention_windows, strict=True)
+            for k, w in zip(m.layer_kinds, m.attention_spans, strict=True)
             if (k, w) == t.classes[ci]
         )
         for ki, name in enumerate(_op_names(problem.space, kind)):
@@ -267,7 +267,7 @@ def _time_bounds(
     weights = np.array(_step_weights(problem, kinds))
     ns = time_ns(problem, d, per_dp)  # each table: (step, ..., per_dp)
     n_c = len(per_dp)
-    layer_units = list(zip(m.layer_kinds, m.attention_windows, strict=True))
+    layer_units = list(zip(m.layer_kinds, m.attention_spans, strict=True))
     per_step = np.zeros((n_steps, n_c))  # each step at its own best: bounds TTFT and TPOT
     joint = np.zeros(n_c)  # the weighted time at one choice for all steps
 
@@ -534,7 +534,7 @@ class SubproblemModel:
         """(time expression, an upper bound) of one layer in one step."""
         g = self.group_of_layer[layer]
         kind = self.m.layer_kinds[layer]
-        c = self.classes[(kind, self.m.attention_windows[layer])]
+        c = self.classes[(kind, self.m.attention_spans[layer])]
         k = self.t.kinds.index(kind)
         expr: Any = 0
         high = 0
@@ -620,7 +620,7 @@ class SubproblemModel:
         for layer in range(self.m.num_layers):
             g = self.group_of_layer[layer]
             kind = self.m.layer_kinds[layer]
-            c = self.classes[(kind, self.m.attention_windows[layer])]
+            c = self.classes[(kind, self.m.attention_spans[layer])]
             mem: Any = 0
             high = 0
             for ki in range(len(g.ops)):

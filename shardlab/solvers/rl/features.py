@@ -125,7 +125,7 @@ def context_features(problem: Problem) -> np.ndarray:
     params = m.num_params()
     row = [
         math.log10(params.total) / 12.0,
-        math.log10(params.active) / 12.0,
+        math.log10(params.active_compute) / 12.0,  # as the shipped policy was trained
         math.log2(c.num_gpus) / 8.0,
         math.log2(c.node_size) / 4.0,
         float(m.is_moe),
