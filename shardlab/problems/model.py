@@ -651,7 +651,7 @@ def model_from_config(config: Mapping[str, Any], *, name: str, source: str) -> M
         mla=mla,
         moe=moe if "moe" in kinds else None,
         attention_bias=bias,
-        o_bias=bias and family.o_bias and r.bool("attention_bias"),
+        o_bias=family.o_bias and r.bool("attention_bias"),
         qk_norm=qk_norm if mla is None else "none",
         norms_per_layer=family.norms_per_layer,
         attention_sinks=family.attention_sinks,
