@@ -389,17 +389,12 @@ class _ConfigReader:
             raise ShardlabError(f"{self.where}: key {key!r} must be true or false, got {value!r}")
         return value
 
-    def int_list(self, key: str, length: int | None = None) -> list[int]:
+    def int_list(self, key: str) -> list[int]:
         value = self.get(key)
         if not isinstance(value, list) or not all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
         ):
             raise ShardlabError(f"{self.where}: key {key!r} must be a list of integers")
-        if length is not None and len(value) != length:
-            raise ShardlabError(
-                f"{self.where}: key {key!r} must list one entry per layer ({length}), "
-                f"got {len(value)}"
-            )
         return value
 
     def str_list(self, key: str, length: int) -> list[str]:

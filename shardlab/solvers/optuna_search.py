@@ -87,8 +87,8 @@ Samplers (option ``sampler``)
   ``history`` (default ``WINDOW`` = 1,000): TPE models the study's best trials and its
   latest ``history`` ones (:mod:`shardlab.solvers.optuna_history`), so its time per
   trial stays flat instead of growing with the study; its good-trials model is plain
-  TPE's, and a study within ``history`` trials samples exactly as plain TPE. ``0``
-  models every trial (plain TPE).
+  TPE's, and a study within ``history`` + 25 trials samples exactly as plain TPE.
+  ``0`` models every trial (plain TPE).
 - ``gp``: ``GPSampler`` (deterministic objective; imports torch when it first fits,
   which this module itself never does). Its fit grows with the cube of the trials: fine
   for a few hundred, not for thousands.
@@ -255,17 +255,14 @@ def _constraints_from_user_attrs(trial: FrozenTrial) -> Sequence[float]:
 # -- the solver ----------------------------------------------------------------------
 
 
+def _accepted(cls: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without the arguments this Optuna version's ``cls`` does not take."""
+    params = inspect.signature(cls).parameters
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
 def _make(cls: Callable[..., Any], **kwargs: Any) -> Any:
-    """``cls(**kwargs)`` without the arguments this Optuna version does not take (a
-    subclass passing ``**kwargs`` on takes what its base takes)."""
-    accepted: set[str] = set()
-    for base in getattr(cls, "__mro__", (cls,)):
-        init = base.__dict__.get("__init__", base) if base is not cls else cls
-        params = inspect.signature(init).parameters.values()
-        accepted |= {p.name for p in params if p.kind != p.VAR_KEYWORD}
-        if all(p.kind != p.VAR_KEYWORD for p in params) or base is object:
-            break
-    return cls(**{k: v for k, v in kwargs.items() if k in accepted})
+    return cls(**_accepted(cls, kwargs))
 
 
 @contextmanager
@@ -337,18 +334,21 @@ class OptunaSolver(Solver):
             {} if _HAS_SET_CONSTRAINT else {"constraints_func": _constraints_from_user_attrs}
         )
         if name == "tpe":
-            windowed = self.history > 0
-            return _make(
-                WindowedTPESampler if windowed else samplers.TPESampler,
-                **({"window": self.history} if windowed else {}),
-                # The shared encoding asks every parameter in every trial: one joint
-                # model. The class encoding's parameters come and go with the degrees.
-                group=self.encoding == "class",
-                seed=seed,
-                constant_liar=self.storage is not None,
-                **TPE_SETTINGS,
-                **cons,
+            tpe = _accepted(
+                samplers.TPESampler,
+                {
+                    # The shared encoding asks every parameter in every trial: one joint
+                    # model. The class encoding's parameters come and go with the degrees.
+                    "group": self.encoding == "class",
+                    "seed": seed,
+                    "constant_liar": self.storage is not None,
+                    **TPE_SETTINGS,
+                    **cons,
+                },
             )
+            if self.history == 0:
+                return samplers.TPESampler(**tpe)
+            return WindowedTPESampler(window=self.history, **tpe)
         if name == "gp":
             return _make(
                 samplers.GPSampler,
