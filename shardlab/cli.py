@@ -73,22 +73,26 @@ def models(fmt: FormatOpt = Format.table) -> None:
     for entry in CATALOG:
         m = load_model(entry.name)
         p = m.num_params()
-        spans = Counter(s.short() for s in m.attention_spans)
+        spans = Counter(a.short() for a in m.attention_layers)
         ffn = Counter(m.layer_kinds)
+        softmax = "MLA" if m.mla else ("MHA" if m.num_kv_heads == m.num_heads else "GQA")
+        if m.dsa is not None:
+            softmax += "+DSA"
+        if m.linear is not None:
+            softmax += "+" + {"gated_deltanet": "GDN", "kda": "KDA"}[m.linear.kind]
         rows.append(
             {
                 "name": entry.name,
                 "hf_id": entry.hf_id,
                 "layers": m.num_layers,
-                "attention": "MLA"
-                if m.mla
-                else ("MHA" if m.num_kv_heads == m.num_heads else "GQA"),
+                "attention": softmax,
                 "attention_layers": dict(spans),
                 "ffn_layers": dict(ffn),
                 "experts": f"{m.moe.num_experts} top-{m.moe.top_k}" if m.moe else "",
                 "total_params": p.total,
                 "active_params": p.active,
                 "active_params_without_embedding": p.active_compute,
+                "mtp_params": p.mtp,
                 "weight_dtype": m.weight_dtype,
                 "note": entry.note,
             }

@@ -55,6 +55,15 @@ def _moe(cluster: str) -> Callable:
     return lambda: tiny_problem("moe", cluster, input_len=MOE_LEN)
 
 
+def _kind(kind: str, cluster: str) -> Callable:
+    """Token mixers whose placements are new: Gemma 4's per-kind heads with K = V and
+    KV shared across layers, gated DeltaNet and KDA states split by heads."""
+    return lambda: tiny_problem(kind, cluster)  # type: ignore[arg-type]
+
+
+NEW_KINDS = ("gemma4", "gdn", "kda")
+
+
 def _case(problem: Callable, degrees: Degrees, layers=None, head=None, **kw) -> Callable:
     only = kw.pop("only", None)
 
@@ -103,6 +112,12 @@ CASES: dict[int, dict[str, Callable]] = {
         "moe-sp-replicated-router-tp2": _case(
             _moe("h100x2"), Degrees(tp=2, ep=1, etp=2), {**SP_LAYER, "router": "replicated"}
         ),
+        **{f"{k}-megatron-tp2": _case(_kind(k, "h100x2"), TP2) for k in NEW_KINDS},
+        **{f"{k}-sp-tp2": _case(_kind(k, "h100x2"), TP2, SP_LAYER, SP_HEAD) for k in NEW_KINDS},
+        **{
+            f"{k}-token-attention-tp2": _case(_kind(k, "h100x2"), TP2, TOKEN_ATTENTION)
+            for k in NEW_KINDS
+        },
     },
     4: {
         "megatron-tp4": _case(_dense("h100x4"), TP4),
@@ -123,6 +138,8 @@ CASES: dict[int, dict[str, Callable]] = {
         "moe-allgather-2x2": _case(
             _moe("h100x4"), Degrees(tp=2, dp_attn=2, ep=4, etp=1), {"experts": "allgather"}
         ),
+        **{f"{k}-megatron-2x2": _case(_kind(k, "h100x4"), MESH_2X2) for k in NEW_KINDS},
+        **{f"{k}-megatron-tp4": _case(_kind(k, "h100x4"), TP4) for k in ("gdn", "kda")},
     },
 }
 
@@ -151,12 +168,14 @@ def test_plan_is_in_the_space(world: int, name: str) -> None:
     assert case.plan.degrees.group == world
 
 
-def test_reference_model_does_not_depend_on_head_grouping() -> None:
-    p = tiny_problem("dense")
+@pytest.mark.parametrize("kind", ["dense", "moe", *NEW_KINDS])
+def test_reference_model_does_not_depend_on_head_grouping(kind: str) -> None:
+    p = tiny_problem(kind)  # type: ignore[arg-type]
     ids = torch.randint(0, p.model.vocab_size, (4, 8), generator=torch.Generator().manual_seed(1))
+    groups = 2 if kind == "gemma4" else 4  # Gemma 4's global layers have 2 KV heads
     with torch.no_grad():
         one = TinyTransformer(p.model, groups=1, seed=3)(ids)
-        four = TinyTransformer(p.model, groups=4, seed=3)(ids)
+        four = TinyTransformer(p.model, groups=groups, seed=3)(ids)
     assert one.shape == (4, 1, p.model.vocab_size)
     torch.testing.assert_close(one, four, atol=1e-5, rtol=1e-5)
 

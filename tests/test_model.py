@@ -17,28 +17,41 @@ from shardlab.problems.model import FULL, AttentionSpan, load_config_file, model
 # rounds to 38, 33, 41 and 11). Qwen3-30B-A3B's 3.3B is the count with it (3.35).
 # Text models only: Llama 4's 109B and Gemma 3's 27B include their vision encoders
 # (about 1B and 0.4B), GLM-4.5's 355B its MTP layer.
-PUBLISHED: dict[str, tuple[float, float | None, bool]] = {
-    "meta-llama--Meta-Llama-3.1-8B.json": (8.0, None, True),
-    "meta-llama--Meta-Llama-3.1-70B.json": (70.6, None, True),
-    "meta-llama--Meta-Llama-3.1-405B.json": (405.9, None, True),
-    "mistralai--Mixtral-8x7B-v0.1.json": (46.7, 12.9, True),
-    "mistralai--Mixtral-8x22B-v0.1.json": (141.0, 39.0, True),
-    "Qwen--Qwen3-235B-A22B.json": (235.0, 22.0, True),
-    "deepseek-ai--DeepSeek-V3.json": (671.0, 37.0, False),
-    "moonshotai--Kimi-K2-Instruct.json": (1040.0, 32.0, False),
-    "openai--gpt-oss-120b.json": (117.0, 5.1, False),
-    "Qwen--Qwen3-32B.json": (32.8, None, True),
-    "Qwen--Qwen3-8B.json": (8.2, None, True),
-    "Qwen--Qwen3-30B-A3B.json": (30.5, 3.3, True),
-    "meta-llama--Llama-4-Scout-17B-16E-Instruct.json": (109.0, 17.0, True),
-    "meta-llama--Llama-4-Maverick-17B-128E-Instruct.json": (400.0, 17.0, True),
-    "google--gemma-3-27b-it.json": (27.0, None, True),
+# Card figures (billions): total, active (None: not checked) and what the card counts:
+# every weight ("all"), all but the input embedding ("no input embedding"), or neither
+# embedding matrix ("no embeddings").
+PUBLISHED: dict[str, tuple[float, float | None, str]] = {
+    "meta-llama--Meta-Llama-3.1-8B.json": (8.0, None, "all"),
+    "meta-llama--Meta-Llama-3.1-70B.json": (70.6, None, "all"),
+    "meta-llama--Meta-Llama-3.1-405B.json": (405.9, None, "all"),
+    "mistralai--Mixtral-8x7B-v0.1.json": (46.7, 12.9, "all"),
+    "mistralai--Mixtral-8x22B-v0.1.json": (141.0, 39.0, "all"),
+    "Qwen--Qwen3-235B-A22B.json": (235.0, 22.0, "all"),
+    "deepseek-ai--DeepSeek-V3.json": (671.0, 37.0, "no input embedding"),
+    "moonshotai--Kimi-K2-Instruct.json": (1040.0, 32.0, "no input embedding"),
+    "openai--gpt-oss-120b.json": (117.0, 5.1, "no input embedding"),
+    "Qwen--Qwen3-32B.json": (32.8, None, "all"),
+    "Qwen--Qwen3-8B.json": (8.2, None, "all"),
+    "Qwen--Qwen3-30B-A3B.json": (30.5, 3.3, "all"),
+    "meta-llama--Llama-4-Scout-17B-16E-Instruct.json": (109.0, 17.0, "all"),
+    "meta-llama--Llama-4-Maverick-17B-128E-Instruct.json": (400.0, 17.0, "all"),
+    "google--gemma-3-27b-it.json": (27.0, None, "all"),
     # GLM-4.5's "32B active": the count is 32.9B without the embedding, 33.6B with it;
     # the card does not say what it counts, so its active figure is not checked.
-    "zai-org--GLM-4.5.json": (355.0, None, False),
-    "zai-org--GLM-5.json": (744.0, 40.0, False),
-    "MiniMaxAI--MiniMax-M2.json": (230.0, 10.0, False),
-    "deepseek-ai--DeepSeek-V3.2.json": (671.0, 37.0, False),
+    "zai-org--GLM-4.5.json": (355.0, None, "no input embedding"),
+    # GLM-5's "40B active" is 39.9B without both embedding matrices (40.8B without the
+    # input embedding, 41.8B with it; DSA's indexers are 0.7B of it).
+    "zai-org--GLM-5.json": (744.0, 40.0, "no embeddings"),
+    "MiniMaxAI--MiniMax-M2.json": (230.0, 10.0, "no input embedding"),
+    "deepseek-ai--DeepSeek-V3.2.json": (671.0, 37.0, "no input embedding"),
+    "google--gemma-4-26B-A4B.json": (25.2, 3.8, "all"),
+    # "80B in total and 3B activated", "79B non-embedding": 79.7B counted, 79.1B without
+    # both embedding matrices. The "3B" is the A3B of the name: 3.25B without both
+    # embedding matrices, 3.9B with them; not checked.
+    "Qwen--Qwen3-Next-80B-A3B-Instruct.json": (80.0, None, "all"),
+    # "48B total, 3B activated": 49.1B counted, 48.4B without both embedding matrices;
+    # active 3.5B with them, 2.7B without: the "3B" is not checked.
+    "moonshotai--Kimi-Linear-48B-A3B-Instruct.json": (48.0, None, "no embeddings"),
 }
 
 HF_FILES = sorted(p.name for p in MODEL_DIR.glob("*.json") if not p.name.startswith("shardlab"))
@@ -51,11 +64,17 @@ def test_every_shipped_hf_config_is_covered() -> None:
 @pytest.mark.parametrize("name", HF_FILES)
 def test_parameter_counts_match_published(name: str) -> None:
     model = load_config_file(MODEL_DIR / name)
-    total, active, with_embedding = PUBLISHED[name]
+    total, active, counts = PUBLISHED[name]
     count = model.num_params()
-    assert count.total / 1e9 == pytest.approx(total, rel=0.02)
+    unembedded = model.embedding_params() + model.lm_head_params()
+    counted_total = count.total - (unembedded if counts == "no embeddings" else 0)
+    assert counted_total / 1e9 == pytest.approx(total, rel=0.02)
     if active is not None:
-        counted = count.active if with_embedding else count.active_compute
+        counted = {
+            "all": count.active,
+            "no input embedding": count.active_compute,
+            "no embeddings": count.active - unembedded,
+        }[counts]
         # Cards round active figures to whole billions ("10B"), small ones to tenths.
         assert counted / 1e9 == pytest.approx(active, abs=0.5 if active >= 10 else 0.1)
     assert count.active_compute <= count.active <= count.total

@@ -62,7 +62,7 @@ class IntegerTables:
     kinds: tuple
     edges: dict  # kind -> ((producer op index, consumer op index), ...)
     op_ns: np.ndarray  # (step, cls, op, opt)
-    edge_ns: np.ndarray  # (step, kind, edge, opt, opt)
+    edge_ns: np.ndarray  # (step, class, edge, opt, opt)
     inter_ns: np.ndarray  # (step, residual opt of layer l-1, residual opt of layer l)
     head_ns: np.ndarray  # (step, head op, opt)
     emb_first_ns: np.ndarray  # (step, embedding opt, residual opt of layer 0)
@@ -200,8 +200,7 @@ def price(problem: Problem, tables: IntegerTables, plan: Plan) -> TableCost:
     kv = np.zeros(d.pp, dtype=np.int64)
     workspace = 0
     for layer, kind in enumerate(m.layer_kinds):
-        c = classes[(kind, m.attention_spans[layer])]
-        k = tables.kinds.index(kind)
+        c = classes[(kind, m.attention_layers[layer])]
         s = stage_of[layer]
         o = opts[layer]
         for op_i, opt in enumerate(o):
@@ -210,7 +209,7 @@ def price(problem: Problem, tables: IntegerTables, plan: Plan) -> TableCost:
             kv[s] += tables.kv_bytes[c, op_i, opt]
             workspace = max(workspace, int(tables.act_bytes[c, op_i, opt]))
         for e, (src, dst) in enumerate(tables.edges[kind]):
-            stage_ns[:, s] += tables.edge_ns[:, k, e, o[src], o[dst]]
+            stage_ns[:, s] += tables.edge_ns[:, c, e, o[src], o[dst]]
         if layer > 0:
             stage_ns[:, s] += tables.inter_ns[:, opts[layer - 1][0], o[0]]
     first_res, last_res = opts[0][0], opts[-1][0]

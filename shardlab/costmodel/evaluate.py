@@ -162,7 +162,7 @@ def units_of_plan(problem: Problem, tables: DegreeTables, plan: Plan) -> Units:
             opts[0, layer, i] = op.option_names.index(name)
     classes = {c: i for i, c in enumerate(tables.classes)}
     kinds = {c: i for i, c in enumerate(tables.kinds)}
-    unit_class = np.array([classes[c] for c in zip(m.layer_kinds, m.attention_spans, strict=True)])
+    unit_class = np.array([classes[c] for c in zip(m.layer_kinds, m.attention_layers, strict=True)])
     head = np.array(
         [[op.option_names.index(n) for op, n in zip(HEAD_OPS, plan.head_options, strict=True)]]
     )
@@ -205,7 +205,7 @@ def _space_units(space: SearchSpace) -> _SpaceUnits:
         if g.kind == "head":
             continue
         for layer in g.layers:
-            key = (g.key, classes[(m.layer_kinds[layer], m.attention_spans[layer])])
+            key = (g.key, classes[(m.layer_kinds[layer], m.attention_layers[layer])])
             if key not in unit_ids:
                 unit_ids[key] = len(rows)
                 row = np.full(n_ops, -1, dtype=np.int64)
@@ -358,7 +358,6 @@ def _assemble(
     src = u.opts[rows[:, None, None], uu, edge_src[None]]
     dst = u.opts[rows[:, None, None], uu, edge_dst[None]]
     ee = np.arange(t.n_edges)[None, None, :]
-    uk = u.unit_kind[None, :, None]
     last_layer = u.ends[:, :-1] - 1  # (n, pp - 1)
     res_last = res_u[rows[:, None], u.layer_unit[last_layer]]
     h = u.head
@@ -370,7 +369,7 @@ def _assemble(
         b3 = b[:, None, None, :]
         unit_t = t.op_time[si][cls[..., None], kk[..., None], u.opts[..., None], b3].sum(2)
         unit_t = unit_t + t.edge_time[si][
-            uk[..., None], ee[..., None], src[..., None], dst[..., None], b3
+            cls[..., None], ee[..., None], src[..., None], dst[..., None], b3
         ].sum(2)  # (n, U, B)
         st = np.einsum("rsu,rub->rsb", unit_count, unit_t)
         st += np.einsum(
@@ -715,7 +714,6 @@ def _breakdown(
         for layer in range(m.num_layers):
             kind = m.layer_kinds[layer]
             ci = int(u.unit_class[layer])
-            kind_i = t.kinds.index(kind)
             ops = layer_ops(m, kind)
             opts = u.opts[0, layer]
             on_fullest = stage_of[layer] == fullest
@@ -723,7 +721,7 @@ def _breakdown(
             comm_in = dict.fromkeys(names, 0.0)
             for e, (src, dst) in enumerate(layer_edges(m, kind)):
                 s_i, d_i = names.index(src), names.index(dst)
-                comm_in[dst] += t.edge_time[si, kind_i, e, opts[s_i], opts[d_i], bi]
+                comm_in[dst] += t.edge_time[si, ci, e, opts[s_i], opts[d_i], bi]
             if layer > 0:
                 prev = int(u.opts[0, layer - 1, t.res_index])
                 comm_in["residual"] += t.inter_time[si, prev, opts[t.res_index], bi]
@@ -732,9 +730,9 @@ def _breakdown(
                 assert c is not None
                 kv = c.kv_bytes_per_req * (split_reqs if c.kv_split_tp else per_dp)
                 name = f"{kind}.{op.name}"
-                if op.family == "kv_cache" and len(m.spans) > 1:
-                    # Full, sliding and chunked layers cache and read differently.
-                    name += f" ({m.attention_spans[layer].short()})"
+                if op.family in ("kv_cache", "attention") and len(m.attentions) > 1:
+                    # Mixers of different kinds hold, cache and read differently.
+                    name += f" ({m.attention_layers[layer].short()})"
                 add(
                     name,
                     op.options[int(opts[ki])].name,

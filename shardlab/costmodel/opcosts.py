@@ -13,7 +13,13 @@ Tokens on a GPU follow the option's token axes: split over ``dp`` (whole request
 over ``tp`` too for ``seq_sharded`` (tokens; whole requests for attention), or
 gathered over ``dp`` for the ``*_full``/``allgather`` options. Weights on a GPU follow
 its weight axes. MLA attention keeps the whole latent cache on every tensor-parallel
-rank (it has no KV heads to split); GQA splits KV heads down to one per rank.
+rank (it has no KV heads to split); GQA splits KV heads down to one per rank. Each
+layer's token mixer (:class:`~shardlab.problems.model.LayerAttention`) sets its own
+shapes: a DSA layer reads its indexer's top-k keys and keeps the indexer whole on
+every rank; a linear-attention layer holds a fixed state per request, split by heads
+like a KV cache; a KV-sharing layer reads another layer's cache and holds none.
+Measured kernel tables cover full and sliding softmax attention; DSA and linear
+layers are timed by the roofline.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from shardlab.costmodel.constants import (
 from shardlab.costmodel.silicon import Kernels, gemm_shape
 from shardlab.costmodel.steps import Step, kv_context
 from shardlab.problems.dtypes import BYTES_PER_VALUE
-from shardlab.problems.model import AttentionSpan
+from shardlab.problems.model import LayerAttention
 from shardlab.problems.operators import OpSpec, OptionSpec
 from shardlab.problems.placements import REPLICATE, Layout, redistribute
 from shardlab.problems.plan import Degrees
@@ -190,15 +196,15 @@ class CostContext:
 # -- widths of the tensors operators produce (values per token) ------------------------
 
 
-def output_width(op: OpSpec, problem: Problem) -> float:
+def output_width(op: OpSpec, problem: Problem, attn: LayerAttention | None = None) -> float:
+    """Values per token ``op`` produces; ``attn`` is the layer's mixer (layer ops only)."""
     m = problem.model
-    if op.name in ("qkv_proj",):
-        if m.mla is not None:
-            qk = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim
-            return m.num_heads * qk + m.mla.kv_lora_rank + m.mla.qk_rope_head_dim
-        return (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
+    if op.name == "qkv_proj":
+        assert attn is not None
+        return m.qkv_width(attn)
     if op.name == "attention":
-        return m.q_dim
+        assert attn is not None
+        return m.q_dim(attn)
     if op.name == "ffn_up":
         return m.ffn_size
     if op.name == "shared_up":
@@ -214,27 +220,29 @@ def output_width(op: OpSpec, problem: Problem) -> float:
     return m.hidden_size
 
 
-def input_width(op: OpSpec, problem: Problem) -> float:
+def input_width(op: OpSpec, problem: Problem, attn: LayerAttention | None = None) -> float:
     m = problem.model
     if op.name == "o_proj":
-        return m.q_dim
+        assert attn is not None
+        return m.q_dim(attn)
     if op.name == "ffn_down":
         return m.ffn_size
     if op.name == "shared_down":
         assert m.moe is not None
         return m.moe.shared_ffn_size
     if op.name == "attention":
-        return output_width(op, problem)  # reads q, k, v
+        return output_width(replace(op, name="qkv_proj"), problem, attn)  # reads q, k, v
     if op.name == "sampler":
         return 2.0 * m.vocab_size
     return m.hidden_size
 
 
-def _params(op: OpSpec, problem: Problem) -> float:
+def _params(op: OpSpec, problem: Problem, attn: LayerAttention | None) -> float:
     m = problem.model
+    if op.name in ("qkv_proj", "o_proj"):
+        assert attn is not None
+        return m.qkv_params(attn) if op.name == "qkv_proj" else m.o_params(attn)
     return {
-        "qkv_proj": m.qkv_params,
-        "o_proj": m.o_params,
         "ffn_up": m.ffn_up_params,
         "ffn_down": m.ffn_down_params,
         "shared_up": m.shared_up_params,
@@ -260,12 +268,13 @@ def kernel_class(op: OpSpec) -> str | None:
 
 
 def option_cost(
-    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, span: AttentionSpan
+    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, attn: LayerAttention | None
 ) -> OptionCost:
     """The cost of one option, with the problem's calibration applied (each kernel
     class by its factor, the operator's own collectives by the communication factor,
-    and the per-iteration cost on the sampler, which every step runs once)."""
-    cost = _option_cost(ctx, op, opt, step, span)
+    and the per-iteration cost on the sampler, which every step runs once). ``attn`` is
+    the layer's token mixer (None for the model's ends)."""
+    cost = _option_cost(ctx, op, opt, step, attn)
     cal = ctx.problem.calibration
     if cal is None:
         return cost
@@ -284,7 +293,7 @@ def option_cost(
 
 
 def _option_cost(
-    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, span: AttentionSpan
+    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, attn: LayerAttention | None
 ) -> OptionCost:
     zeros = np.zeros_like(ctx.b)
     if op.family == "residual":
@@ -293,7 +302,10 @@ def _option_cost(
     if op.family == "norm":
         return _norm_cost(ctx, op, opt, step)
     if op.family == "kv_cache":
-        return _attention_cost(ctx, op, opt, step, span)
+        assert attn is not None
+        if attn.linear:
+            return _linear_attention_cost(ctx, op, opt, step, attn)
+        return _attention_cost(ctx, op, opt, step, attn)
     if op.family == "experts":
         return _experts_cost(ctx, opt, step)
     if op.family == "embedding":
@@ -305,7 +317,7 @@ def _option_cost(
         return OptionCost(
             zeros, nbytes / ctx.hbm_rate, zeros, 2 * KERNEL_US * 1e-6, 0.0, 0.0, False, nbytes
         )
-    return _linear_cost(ctx, op, opt, step)
+    return _linear_cost(ctx, op, opt, step, attn)
 
 
 def _norm_cost(ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step) -> OptionCost:
@@ -325,14 +337,23 @@ def _norm_cost(ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step) -> Opt
     )
 
 
-def _linear_cost(ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step) -> OptionCost:
+def _linear_cost(
+    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, attn: LayerAttention | None
+) -> OptionCost:
     per_req = step.logits if op.family == "lm_head" else step.tokens
     tokens = ctx.tokens(per_req, opt)
     ways = ctx.ways(opt.weight_axes)
-    params = _params(op, ctx.problem) / ways
+    params = _params(op, ctx.problem, attn) / ways
+    if op.name == "qkv_proj" and attn is not None and attn.indexer:
+        # The DSA indexer's weights stay whole on every rank (vLLM: ReplicatedLinear):
+        # every head a rank holds reads the same top-k.
+        dsa, mla = ctx.model.dsa, ctx.model.mla
+        assert dsa is not None and mla is not None
+        indexer = dsa.indexer_params(ctx.model.hidden_size, mla.q_lora_rank)
+        params += indexer - indexer / ways
     wbytes = params * ctx.weight_bytes_per_value(op.family)
-    width_in = ctx.local_width(input_width(op, ctx.problem), opt.inp)
-    width_out = ctx.local_width(output_width(op, ctx.problem), opt.out)
+    width_in = ctx.local_width(input_width(op, ctx.problem, attn), opt.inp)
+    width_out = ctx.local_width(output_width(op, ctx.problem, attn), opt.out)
     act = tokens * (width_in + width_out) * ACT_BYTES
     zeros = np.zeros_like(ctx.b)
     if ctx.kernels is not None:
@@ -349,64 +370,127 @@ def _linear_cost(ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step) -> O
 def _embedding_cost(ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step) -> OptionCost:
     h = ctx.model.hidden_size
     tokens = ctx.tokens(step.tokens, opt)
-    wbytes = math.ceil(_params(op, ctx.problem) / ctx.ways(opt.weight_axes)) * 2.0
+    wbytes = math.ceil(_params(op, ctx.problem, None) / ctx.ways(opt.weight_axes)) * 2.0
     act = 2.0 * tokens * h * ACT_BYTES  # gather rows, write them
     zeros = np.zeros_like(ctx.b)
     return OptionCost(zeros, act / ctx.hbm_rate, zeros, KERNEL_US * 1e-6, wbytes, 0.0, False, act)
 
 
-def _kv_values_per_token(ctx: CostContext, opt: OptionSpec) -> float:
-    """KV-cache values per token per layer held by one GPU under ``opt``."""
+def _kv_values_per_token(ctx: CostContext, opt: OptionSpec, attn: LayerAttention) -> float:
+    """KV values per token per layer one GPU reads under ``opt`` (a KV-sharing layer
+    reads those of the layer it shares with)."""
     m = ctx.model
-    if m.mla is not None or "tp" not in opt.weight_axes:
-        return float(m.kv_cache_values_per_token())
-    heads_per_gpu = max(m.num_kv_heads / ctx.d.tp, 1.0)
-    return 2.0 * heads_per_gpu * m.head_dim
+    if m.mla is not None:
+        return float(m.mla.kv_lora_rank + m.mla.qk_rope_head_dim)
+    heads = attn.kv_heads
+    if "tp" in opt.weight_axes:
+        heads = max(heads / ctx.d.tp, 1.0)
+    return 2.0 * heads * attn.head_dim
 
 
 def _attention_cost(
-    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, span: AttentionSpan
+    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, attn: LayerAttention
 ) -> OptionCost:
+    """Softmax attention. A DSA layer reads the ``top_k`` keys its indexer picks; its
+    indexer scores every key of the span (FP8, as DeepSeek's and vLLM's kernels do),
+    unsplit over tp (vLLM replicates the indexer) and caches its own keys."""
     m = ctx.model
     kv_bytes = BYTES_PER_VALUE[ctx.problem.kv_dtype]
     reqs = ctx.tokens(1.0, opt, whole_requests=True)
-    heads = m.num_heads / ctx.ways(opt.weight_axes)
-    dec_pairs, pre_pairs = step.pairs(span)
+    heads = attn.heads / ctx.ways(opt.weight_axes)
+    read = attn.read_span
+    dec_pairs, pre_pairs = step.pairs(read)
     if m.mla is not None:
         # Decode runs absorbed MLA over the latent; prefill expands per-head K and V.
         dec_dims = 2 * m.mla.kv_lora_rank + m.mla.qk_rope_head_dim
         pre_dims = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim + m.mla.v_head_dim
     else:
-        dec_dims = pre_dims = 2 * m.head_dim
+        dec_dims = pre_dims = 2 * attn.head_dim
     flops = 2.0 * reqs * heads * (dec_pairs * dec_dims + pre_pairs * pre_dims)
-    kv_token = _kv_values_per_token(ctx, opt) * kv_bytes
-    q_width = ctx.local_width(input_width(op, ctx.problem), opt.inp)
-    o_width = ctx.local_width(output_width(op, ctx.problem), opt.out)
+    kv_token = _kv_values_per_token(ctx, opt, attn) * kv_bytes
+    cached_token = 0.0 if attn.kv_shared else kv_token
+    q_width = ctx.local_width(input_width(op, ctx.problem, attn), opt.inp)
+    o_width = ctx.local_width(output_width(op, ctx.problem, attn), opt.out)
     tokens = reqs * step.tokens
     act = tokens * (q_width + o_width) * ACT_BYTES
-    nbytes = reqs * (step.kv_read(span) + step.tokens) * kv_token + act
+    nbytes = reqs * (step.kv_read(read) * kv_token + step.tokens * cached_token) + act
     context = ctx.kv_context
-    if span.tokens:  # a sliding window or a chunk caches at most its length
-        context = min(context, float(span.tokens))
+    if attn.span.tokens:  # a sliding window or a chunk caches at most its length
+        context = min(context, float(attn.span.tokens))
+    index_flops = np.zeros_like(ctx.b)
+    if attn.indexer:
+        dsa = m.dsa
+        assert dsa is not None
+        idx_dec, idx_pre = step.pairs(attn.span)
+        index_flops = 2.0 * reqs * dsa.heads * dsa.head_dim * (idx_dec + idx_pre)
+        nbytes = nbytes + reqs * (step.kv_read(attn.span) + step.tokens) * dsa.key_bytes()
+        cached_token += dsa.key_bytes()
     kv_split = "tp" in opt.token_axes and ctx.d.tp > 1
     zeros = np.zeros_like(ctx.b)
-    measured = _measured_attention(ctx, opt, step, span, reqs, heads)
+    measured = None if attn.top_k else _measured_attention(ctx, opt, step, attn, reqs, heads)
     if measured is not None:
         return OptionCost(
-            measured, zeros, zeros, 0.0, 0.0, context * kv_token, kv_split, act, "silicon"
+            measured, zeros, zeros, 0.0, 0.0, context * cached_token, kv_split, act, "silicon"
         )
     rate = ctx.acc.bf16_tflops * 1e12 * ATTENTION_EFFICIENCY
     compute, memory = ctx.roofline(flops, nbytes, rate)
+    kernels = 1
+    if attn.indexer:
+        fp8 = ctx.acc.peak_tflops("fp8") * 1e12 * ATTENTION_EFFICIENCY
+        compute = compute + index_flops / fp8
+        kernels = 3  # indexer scores, top-k, sparse attention
     return OptionCost(
-        compute, memory, zeros, KERNEL_US * 1e-6, 0.0, context * kv_token, kv_split, act
+        compute,
+        memory,
+        zeros,
+        kernels * KERNEL_US * 1e-6,
+        0.0,
+        context * cached_token,
+        kv_split,
+        act,
     )
+
+
+# Tokens per chunk of the chunked delta-rule scan that linear-attention prefill runs
+# (flash-linear-attention's chunk_gated_delta_rule and chunk_kda use 64).
+LINEAR_CHUNK = 64
+
+
+def _linear_attention_cost(
+    ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, attn: LayerAttention
+) -> OptionCost:
+    """Gated DeltaNet or KDA: per token and value head, the state is read, corrected by
+    the delta rule and read out (three ``k_head_dim x v_head_dim`` products); prompt
+    tokens also run the intra-chunk products of the chunked scan. A request keeps one
+    fixed state, read and written once per step and once per prompt chunk, whatever
+    its context; heads (and so the state) split over tp under ``head_sharded``."""
+    lin = ctx.model.linear
+    assert lin is not None
+    ways = ctx.ways(opt.weight_axes)
+    reqs = ctx.tokens(1.0, opt, whole_requests=True)
+    v_heads = lin.v_heads / ways
+    prompt = step.prompt_tokens
+    dk, dv = lin.k_head_dim, lin.v_head_dim
+    flops = 2.0 * reqs * v_heads * (step.tokens * 3 * dk * dv + prompt * LINEAR_CHUNK * (dk + dv))
+    recurrent, conv = lin.state_values()
+    state = (recurrent * 4.0 + conv * ACT_BYTES) / ways  # fp32 state, bf16 conv window
+    q_width = ctx.local_width(input_width(op, ctx.problem, attn), opt.inp)
+    o_width = ctx.local_width(output_width(op, ctx.problem, attn), opt.out)
+    act = reqs * step.tokens * (q_width + o_width) * ACT_BYTES
+    nbytes = reqs * state * (2.0 + math.ceil(prompt / LINEAR_CHUNK)) + act
+    rate = ctx.acc.bf16_tflops * 1e12 * ATTENTION_EFFICIENCY
+    compute, memory = ctx.roofline(flops, nbytes, rate)
+    kv_split = "tp" in opt.token_axes and ctx.d.tp > 1
+    zeros = np.zeros_like(ctx.b)
+    # short convolution and the scan: two kernels
+    return OptionCost(compute, memory, zeros, 2 * KERNEL_US * 1e-6, 0.0, state, kv_split, act)
 
 
 def _measured_attention(
     ctx: CostContext,
     opt: OptionSpec,
     step: Step,
-    span: AttentionSpan,
+    attn: LayerAttention,
     reqs: np.ndarray,
     heads: float,
 ) -> np.ndarray | None:
@@ -419,16 +503,17 @@ def _measured_attention(
     full kernel over the keys of its chunk, its prefill the sliding kernel of the chunk
     length (which reads up to twice a chunk's pairs: an upper bound).
     """
-    if ctx.kernels is None:
+    if ctx.kernels is None or attn.kv_shared:
         return None
     m = ctx.model
-    kv_heads = m.num_kv_heads
+    span = attn.span
+    kv_heads = attn.kv_heads
     if "tp" in opt.weight_axes:
         kv_heads = max(kv_heads // ctx.d.tp, 1)
     shape = {
         "heads": max(round(heads), 1),
         "kv_heads": kv_heads,
-        "head_dim": m.head_dim,
+        "head_dim": attn.head_dim,
         "kv_dtype": ctx.problem.kv_dtype,
         "window": span.tokens,
         "mla": m.mla is not None,

@@ -62,6 +62,13 @@ class Step:
     output_len: int
     single: bool = False  # one request per dp rank, whatever the concurrency
 
+    @property
+    def prompt_tokens(self) -> float:
+        """Prompt tokens per request in the step (the rest decode one token each)."""
+        if self.kind == "prefill":
+            return self.tokens
+        return self.tokens - 1.0
+
     def decode_context(self, span: AttentionSpan) -> float:
         """Mean keys a decode token attends to (and KV entries it reads)."""
         ctx = self.input_len + np.arange(1, max(self.output_len, 2), dtype=float)

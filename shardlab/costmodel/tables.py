@@ -18,8 +18,8 @@ layer of Mixtral 8x7B on two H100 is timed at 3.2 ms for 185 tokens and 0.66 ms 
 260), and a deployment running ``c`` requests runs them, so the model keeps them as
 measured; :meth:`DegreeTables.floor` gives the least of each table over ``b`` and
 more, the lower bound exact search uses for every concurrency at once.
-Layers are grouped into classes (layer kind, attention span): layers of one class
-have identical tables.
+Layers are grouped into classes (layer kind, token mixer): layers of one class have
+identical tables.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from shardlab.costmodel.opcosts import (
     output_width,
 )
 from shardlab.costmodel.steps import Step, steps_of
-from shardlab.problems.model import FULL, AttentionSpan, LayerKind, Model
+from shardlab.problems.model import LayerAttention, LayerKind, Model
 from shardlab.problems.operators import HEAD_OPS, OpSpec, layer_edges, layer_ops
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
@@ -77,9 +77,16 @@ def batching(problem: Problem, degrees: Degrees, limits: EngineLimits) -> Batchi
     return Batching(per_replica, per_dp, inflight)
 
 
-def layer_classes_of(model: Model) -> tuple[tuple[LayerKind, AttentionSpan], ...]:
-    """(layer kind, attention span) pairs: layers of one class share their tables."""
-    return tuple(dict.fromkeys(zip(model.layer_kinds, model.attention_spans, strict=True)))
+LayerClass = tuple[LayerKind, LayerAttention]
+
+
+def layer_class(model: Model, layer: int) -> LayerClass:
+    return model.layer_kinds[layer], model.attention_layers[layer]
+
+
+def layer_classes_of(model: Model) -> tuple[LayerClass, ...]:
+    """(layer kind, token mixer) pairs: layers of one class share their tables."""
+    return tuple(dict.fromkeys(zip(model.layer_kinds, model.attention_layers, strict=True)))
 
 
 class DegreeTables:
@@ -117,12 +124,12 @@ class DegreeTables:
         self.op_kv_split = np.zeros((nc, k, o), dtype=bool)
         for si, step in enumerate(self.steps):
             per_class = []
-            for ci, (kind, span) in enumerate(self.classes):
+            for ci, (kind, attn) in enumerate(self.classes):
                 per_op = []
                 for ki, op in enumerate(self.ops[kind]):
                     per_opt: list[OptionCost | None] = []
                     for oi, opt in enumerate(op.options):
-                        c = option_cost(ctx, op, opt, step, span)
+                        c = option_cost(ctx, op, opt, step, attn)
                         per_opt.append(c)
                         self.op_time[si, ci, ki, oi] = c.time_s
                         self.op_act[si, ci, ki, oi] = c.act_bytes
@@ -133,21 +140,22 @@ class DegreeTables:
                 per_class.append(per_op)
             self.op_costs.append(per_class)
 
-        # -- edges inside a layer --------------------------------------------------------
+        # -- edges inside a layer (per class: the mixer decides the tensor widths) ------
         self.edges: dict[LayerKind, tuple[tuple[int, int], ...]] = {}
         n_edges = max(len(layer_edges(m, kind)) for kind in self.kinds)
         self.n_edges = n_edges
-        self.edge_time = np.zeros((ns, len(self.kinds), n_edges, o, o, nb))
-        for kind_i, kind in enumerate(self.kinds):
+        self.edge_time = np.zeros((ns, nc, n_edges, o, o, nb))
+        for ci, (kind, attn) in enumerate(self.classes):
             ops = self.ops[kind]
             names = [op.name for op in ops]
             pairs = []
             for ei, (src, dst) in enumerate(layer_edges(m, kind)):
                 si_, di_ = names.index(src), names.index(dst)
                 pairs.append((si_, di_))
+                width = output_width(ops[si_], problem, attn)
                 for st, step in enumerate(self.steps):
-                    self.edge_time[st, kind_i, ei] = self._edge_table(
-                        ops[si_], ops[di_], step.tokens, output_width(ops[si_], problem)
+                    self.edge_time[st, ci, ei] = self._edge_table(
+                        ops[si_], ops[di_], step.tokens, width
                     )
             self.edges[kind] = tuple(pairs)
 
@@ -174,7 +182,7 @@ class DegreeTables:
             for ki, op in enumerate(HEAD_OPS):
                 per_opt = []
                 for oi, opt in enumerate(op.options):
-                    c = option_cost(ctx, op, opt, _rows_step(op, step), FULL)
+                    c = option_cost(ctx, op, opt, _rows_step(op, step), None)
                     per_opt.append(c)
                     self.head_time[st, ki, oi] = c.time_s
                     self.head_act[st, ki, oi] = c.act_bytes

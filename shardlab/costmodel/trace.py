@@ -88,7 +88,7 @@ def collectives_of(problem: Problem, plan: Plan, *, step: int = 0) -> list[Colle
                 opts[src].out,
                 opts[dst].inp,
                 st.tokens,
-                output_width(by_name[src], problem),
+                output_width(by_name[src], problem, m.attention_layers[layer]),
             )
         if kind == "moe" and opts["experts"].name == "alltoall" and d.group > 1:
             assert m.moe is not None

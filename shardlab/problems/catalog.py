@@ -54,7 +54,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         name="deepseek-v3",
         hf_id="deepseek-ai/DeepSeek-V3",
         file="deepseek-ai--DeepSeek-V3.json",
-        note="MTP module not modeled",
+        note="MTP layer counted apart (priced when it drafts)",
     ),
     CatalogEntry(
         name="kimi-k2",
@@ -91,13 +91,13 @@ CATALOG: tuple[CatalogEntry, ...] = (
         name="glm-4.5",
         hf_id="zai-org/GLM-4.5",
         file="zai-org--GLM-4.5.json",
-        note="MTP layer not modeled",
+        note="MTP layer counted apart",
     ),
     CatalogEntry(
         name="glm-5",
         hf_id="zai-org/GLM-5",
         file="zai-org--GLM-5.json",
-        note="DSA sparse attention priced as dense MLA; MTP layer not modeled",
+        note="MLA with DSA: attention reads the indexer's top 2,048 keys; MTP counted apart",
     ),
     CatalogEntry(
         name="minimax-m2", hf_id="MiniMaxAI/MiniMax-M2", file="MiniMaxAI--MiniMax-M2.json"
@@ -106,7 +106,26 @@ CATALOG: tuple[CatalogEntry, ...] = (
         name="deepseek-v3.2",
         hf_id="deepseek-ai/DeepSeek-V3.2",
         file="deepseek-ai--DeepSeek-V3.2.json",
-        note="DSA sparse attention priced as dense MLA; MTP layer not modeled",
+        note="MLA with DSA: attention reads the indexer's top 2,048 keys; MTP counted apart",
+    ),
+    CatalogEntry(
+        name="gemma-4-26b-a4b",
+        hf_id="google/gemma-4-26B-A4B",
+        file="google--gemma-4-26B-A4B.json",
+        note="text model; 5 sliding layers (256-dim heads) per global one (512-dim, K = V); "
+        "dense MLP next to 128 experts",
+    ),
+    CatalogEntry(
+        name="qwen3-next-80b-a3b",
+        hf_id="Qwen/Qwen3-Next-80B-A3B-Instruct",
+        file="Qwen--Qwen3-Next-80B-A3B-Instruct.json",
+        note="3 gated-DeltaNet layers (fixed state) per gated full-attention one",
+    ),
+    CatalogEntry(
+        name="kimi-linear-48b-a3b",
+        hf_id="moonshotai/Kimi-Linear-48B-A3B-Instruct",
+        file="moonshotai--Kimi-Linear-48B-A3B-Instruct.json",
+        note="20 KDA layers (fixed state), 7 MLA layers",
     ),
     CatalogEntry(
         name="moe-1.6t",

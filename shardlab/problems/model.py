@@ -8,12 +8,20 @@ shardlab does not know loads from the standard keys with a one-line notice
 one line that names the key. Multimodal wrappers are read through their
 ``text_config`` (the vision tower is not counted).
 
-Layers: attention is full, sliding-window (``sliding_window`` with ``layer_types``,
-``sliding_window_pattern`` or ``max_window_layers``) or chunked-local (Llama 4:
-``attention_chunk_size`` on the RoPE layers of ``no_rope_layers``); MHA/GQA or MLA. The
-FFN of a layer is dense or MoE, interleaved as ``mlp_layer_types``, ``moe_layers``,
-``interleave_moe_layer_step``, ``first_k_dense_replace`` or ``decoder_sparse_step``
-say; MoE layers may carry shared experts (DeepSeek, Qwen, GLM, Llama 4).
+Layers (:class:`LayerAttention`, one per layer): softmax attention is full,
+sliding-window (``sliding_window`` with ``layer_types``, ``sliding_window_pattern`` or
+``max_window_layers``) or chunked-local (Llama 4: ``attention_chunk_size`` on the RoPE
+layers of ``no_rope_layers``); MHA/GQA or MLA; with its own head count and head dim per
+kind (Gemma 4: ``global_head_dim``, ``num_global_key_value_heads``, ``attention_k_eq_v``),
+its KV reused from an earlier layer (``num_kv_shared_layers``) or a DSA indexer that
+picks the ``index_topk`` keys it reads (DeepSeek-V3.2, GLM-5). A linear-attention layer
+(Qwen3-Next's gated DeltaNet, Kimi-Linear's KDA) keeps a fixed recurrent state per
+request instead of a KV cache. The FFN of a layer is dense or MoE, interleaved as
+``mlp_layer_types``, ``moe_layers``, ``interleave_moe_layer_step``,
+``first_k_dense_replace`` or ``decoder_sparse_step`` say; MoE layers may carry shared
+experts (DeepSeek, Qwen, GLM, Llama 4; Gemma 4's dense MLP next to its experts).
+Multi-token-prediction layers (``num_nextn_predict_layers``) are counted apart
+(:attr:`ParamCount.mtp`): cards leave them out, memory holds them when they draft.
 
 Parameter counting follows the module shapes of the HuggingFace implementations and
 counts as model cards do: every weight, the input embedding included, tied embeddings
@@ -24,15 +32,17 @@ Some cards leave the input embedding out of their active figure (gpt-oss-120b's 
 
 Approximations, stated once: a sliding-window layer attends to and caches at most
 ``sliding_window`` tokens, a chunked layer its chunk; gpt-oss's attention sinks (one
-scalar per head) count as parameters but not as work; Llama 4's weightless QK norm and
-Gemma's softcapping cost nothing.
+scalar per head) count as parameters but not as work; Llama 4's weightless QK norm,
+Gemma's softcapping and Gemma 4's per-layer scalar cost nothing; a linear layer's
+recurrent state is held in fp32 (transformers and vLLM's KDA do), its short-conv state
+in the activation dtype.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -56,7 +66,18 @@ class Family:
     expert_bias: bool = False  # gpt-oss's experts carry biases
     attention_sinks: bool = False  # gpt-oss: one learned sink logit per head
     shared_expert_key: str = ""  # Llama 4: one shared expert as wide as this key
+    shared_expert_gate: bool = False  # Qwen MoE: shared_expert_gate [1, hidden]
+    attention_gate: bool = False  # Qwen3-Next: q_proj doubles as an output gate
 
+
+# Gemma 3: four norms a layer, per-head q/k norms, tied embeddings, and a hub config
+# that leaves vocab_size and the 5:1 sliding pattern to the defaults
+# (configuration_gemma3.py).
+_GEMMA3 = Family(
+    defaults={"vocab_size": 262208, "sliding_window_pattern": 6, "tie_word_embeddings": True},
+    qk_norm="head",
+    norms_per_layer=4,
+)
 
 FAMILIES: dict[str, Family] = {
     "llama": Family(),
@@ -65,7 +86,7 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family(defaults={"qkv_bias": True}),
     "qwen3": Family(qk_norm="head"),
     "mixtral": Family(),
-    "qwen2_moe": Family(defaults={"qkv_bias": True}),
+    "qwen2_moe": Family(defaults={"qkv_bias": True}, shared_expert_gate=True),
     "qwen3_moe": Family(qk_norm="head"),
     "deepseek_v2": Family(),
     "deepseek_v3": Family(),
@@ -80,18 +101,7 @@ FAMILIES: dict[str, Family] = {
         qk_norm_weights="none",
         shared_expert_key="intermediate_size",
     ),
-    # Gemma 3: four norms a layer, per-head q/k norms, tied embeddings, and a hub
-    # config that leaves vocab_size and the 5:1 sliding pattern to the defaults
-    # (configuration_gemma3.py).
-    "gemma3_text": Family(
-        defaults={
-            "vocab_size": 262208,
-            "sliding_window_pattern": 6,
-            "tie_word_embeddings": True,
-        },
-        qk_norm="head",
-        norms_per_layer=4,
-    ),
+    "gemma3_text": _GEMMA3,
     # Gemma 2 alternates sliding and global layers.
     "gemma2": Family(
         defaults={"tie_word_embeddings": True, "sliding_window_pattern": 2}, norms_per_layer=4
@@ -100,12 +110,25 @@ FAMILIES: dict[str, Family] = {
     "glm4_moe": Family(o_bias=False),
     # MiniMax-M2: q and k normed over their full width (modeling_minimax_m2.py).
     "minimax_m2": Family(qk_norm="full", qk_norm_weights="full"),
+    # Gemma 4: Gemma 3's norms, q/k norms and 5:1 default pattern, another vocabulary
+    # (configuration_gemma4.py); its MoE block adds three norms (model_from_config).
+    "gemma4_text": replace(_GEMMA3, defaults={**_GEMMA3.defaults, "vocab_size": 262144}),
+    # Qwen3-Next: gated full attention with per-head q/k norms, one linear layer in
+    # four by default, a gated shared expert (modeling_qwen3_next.py).
+    "qwen3_next": Family(
+        defaults={"full_attention_interval": 4},
+        qk_norm="head",
+        shared_expert_gate=True,
+        attention_gate=True,
+    ),
+    "kimi_linear": Family(),
 }
 # Wrappers and text configs that name their family another way.
 MODEL_TYPE_ALIASES: dict[str, str] = {
     "qwen3_text": "qwen3",
     "llama4": "llama4_text",
     "gemma3": "gemma3_text",
+    "gemma4": "gemma4_text",
 }
 
 # Weight families a checkpoint's quantization may cover. Embeddings, the LM head,
@@ -145,6 +168,123 @@ class MLA:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LinearAttention:
+    """The shapes of a model's linear-attention layers: gated DeltaNet (Qwen3-Next) or
+    KDA (Kimi-Linear). Each keeps, per request, a recurrent state of ``v_heads`` matrices
+    of ``k_head_dim x v_head_dim`` and the last ``conv_kernel - 1`` inputs of its short
+    convolution, whatever the context."""
+
+    kind: Literal["gated_deltanet", "kda"]
+    k_heads: int
+    v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.k_heads * self.k_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_heads * self.v_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    def input_params(self, hidden: int) -> int:
+        """Every weight before the output projection: projections, gates, the short
+        convolution, the decay parameters and the gated output norm."""
+        kd, vd, k = self.key_dim, self.value_dim, self.conv_kernel
+        if self.kind == "gated_deltanet":
+            # in_proj_qkvz, in_proj_ba, conv1d, dt_bias and A_log, the norm (one per head dim)
+            return (
+                hidden * (2 * kd + 2 * vd)
+                + hidden * 2 * self.v_heads
+                + self.conv_dim * k
+                + (2 * self.v_heads + self.v_head_dim)
+            )
+        d, n = self.v_head_dim, self.v_heads
+        # q, k, v; their convolutions; forget gate (f_a, f_b, dt_bias, A_log); beta;
+        # output gate (g_a, g_b); the output norm
+        return (
+            hidden * (kd + kd + vd)
+            + self.conv_dim * k
+            + (d * hidden + vd * d + vd + n)
+            + n * hidden
+            + (d * hidden + vd * d)
+            + d
+        )
+
+    def projection_width(self) -> int:
+        """Values per token the input projections produce (q, k, v, gates, beta)."""
+        if self.kind == "gated_deltanet":
+            return 2 * self.key_dim + 2 * self.value_dim + 2 * self.v_heads
+        return self.conv_dim + 2 * self.value_dim + self.v_heads
+
+    def state_values(self) -> tuple[int, int]:
+        """(recurrent-state values, short-convolution values) per request."""
+        return self.v_heads * self.k_head_dim * self.v_head_dim, (
+            self.conv_kernel - 1
+        ) * self.conv_dim
+
+
+@dataclass(frozen=True, kw_only=True)
+class DSA:
+    """DeepSeek sparse attention: a lightweight indexer scores every earlier token and
+    attention reads only the ``top_k`` best (DeepSeek-V3.2, GLM-5)."""
+
+    top_k: int
+    heads: int
+    head_dim: int
+
+    def indexer_params(self, hidden: int, q_lora_rank: int) -> int:
+        # wq_b from the query latent, wk, k_norm (a LayerNorm: weight and bias), weights_proj
+        return self.heads * self.head_dim * q_lora_rank + (
+            self.head_dim * hidden + 2 * self.head_dim + self.heads * hidden
+        )
+
+    def key_bytes(self) -> float:
+        """Indexer cache per token per layer: FP8 keys with one fp32 scale per 128
+        values (DeepSeek's reference and vLLM's indexer cache)."""
+        return self.head_dim + 4.0 * (-(-self.head_dim // 128))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerAttention:
+    """One layer's token mixer: what it reads and caches (``span``) and its shape."""
+
+    span: AttentionSpan = FULL
+    heads: int
+    kv_heads: int
+    head_dim: int
+    linear: bool = False  # the model's LinearAttention, not softmax attention
+    k_eq_v: bool = False  # Gemma 4: V from k_proj's output (no v_proj); both cached
+    kv_shared: bool = False  # Gemma 4: reads an earlier layer's KV; no k/v proj, no cache
+    indexer: bool = False  # runs its own DSA indexer (weights and key cache)
+    top_k: int = 0  # DSA: the keys attention reads (0: every key of the span)
+
+    def short(self) -> str:
+        if self.linear:
+            return "linear"
+        parts = [self.span.short()]
+        if self.top_k:
+            parts.append(f"top-{self.top_k}" + ("" if self.indexer else " shared"))
+        if self.kv_shared:
+            parts.append("shared KV")
+        return " ".join(parts)
+
+    @property
+    def read_span(self) -> AttentionSpan:
+        """The keys one query reads: its span, or the DSA top-k of it (as many pairs
+        as a window of ``top_k``)."""
+        if self.top_k and self.span.kind == "full":
+            return AttentionSpan("sliding", self.top_k)
+        return self.span
+
+
+@dataclass(frozen=True, kw_only=True)
 class MoE:
     num_experts: int
     top_k: int
@@ -153,6 +293,8 @@ class MoE:
     shared_ffn_size: int  # total width of the shared experts (0 when there are none)
     expert_bias: bool = False  # gpt-oss's experts carry biases
     router_bias: bool = False  # a per-expert bias on the router (selection correction)
+    router_scale: bool = False  # Gemma 4: a scale over the hidden and one per expert
+    shared_gate: bool = False  # Qwen MoE: a sigmoid gate on the shared expert's output
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +302,7 @@ class ParamCount:
     total: int
     active: int  # per token, the input embedding included
     embedding: int = 0  # the input embedding's share of ``active`` (0 when tied)
+    mtp: int = 0  # multi-token-prediction layers, outside ``total`` as cards count
 
     @property
     def active_compute(self) -> int:
@@ -181,9 +324,13 @@ class Model:
     head_dim: int
     ffn_size: int  # dense FFN width (0 when no layer is dense)
     layer_kinds: tuple[LayerKind, ...]
-    attention_spans: tuple[AttentionSpan, ...]  # per layer
+    attention_layers: tuple[LayerAttention, ...]  # per layer
     mla: MLA | None = None
     moe: MoE | None = None
+    linear: LinearAttention | None = None  # shapes of the linear-attention layers
+    dsa: DSA | None = None
+    attention_gate: bool = False  # Qwen3-Next: q_proj also yields a sigmoid output gate
+    mtp_layers: int = 0  # multi-token-prediction (next-n) layers
     attention_bias: bool = False  # on q, k and v
     o_bias: bool = False  # on o_proj
     qk_norm: QKNorm = "none"
@@ -206,10 +353,18 @@ class Model:
                 f"{where}: num_attention_heads ({self.num_heads}) is not a multiple of "
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
-        if len(self.layer_kinds) != self.num_layers or len(self.attention_spans) != (
+        if len(self.layer_kinds) != self.num_layers or len(self.attention_layers) != (
             self.num_layers
         ):
             raise ShardlabError(f"{where}: per-layer tables do not have num_layers entries")
+        if any(a.linear for a in self.attention_layers) and self.linear is None:
+            raise ShardlabError(f"{where}: linear-attention layers without their shapes")
+        for a in self.attentions:
+            if not a.linear and self.mla is None and a.heads % a.kv_heads:
+                raise ShardlabError(
+                    f"{where}: {a.short()} layers: {a.heads} heads are not a multiple of "
+                    f"their {a.kv_heads} KV heads"
+                )
         if "moe" in self.layer_kinds and self.moe is None:
             raise ShardlabError(f"{where}: MoE layers without an MoE configuration")
         if "dense" in self.layer_kinds and self.ffn_size <= 0:
@@ -230,55 +385,92 @@ class Model:
         return sum(1 for k in self.layer_kinds if k == kind)
 
     @property
-    def spans(self) -> tuple[AttentionSpan, ...]:
-        """Attention spans present, in first-appearance order."""
-        return tuple(dict.fromkeys(self.attention_spans))
+    def attention_spans(self) -> tuple[AttentionSpan, ...]:
+        """Each layer's attention span."""
+        return tuple(a.span for a in self.attention_layers)
 
     @property
-    def q_dim(self) -> int:
-        """Width of the attention's query (= output-projection input) per token."""
-        if self.mla is not None:
-            return self.num_heads * self.mla.v_head_dim
-        return self.num_heads * self.head_dim
+    def attentions(self) -> tuple[LayerAttention, ...]:
+        """Token mixers present, in first-appearance order."""
+        return tuple(dict.fromkeys(self.attention_layers))
 
-    def kv_cache_values_per_token(self) -> int:
-        """Values cached per token per layer on one unsharded copy of the cache."""
+    def q_dim(self, a: LayerAttention) -> int:
+        """Width of the mixer's output (= output-projection input) per token."""
+        if a.linear:
+            assert self.linear is not None
+            return self.linear.value_dim
+        if self.mla is not None:
+            return a.heads * self.mla.v_head_dim
+        return a.heads * a.head_dim
+
+    def qkv_width(self, a: LayerAttention) -> int:
+        """Values per token the input projection produces (what the mixer reads)."""
+        if a.linear:
+            assert self.linear is not None
+            return self.linear.projection_width()
+        if self.mla is not None:
+            qk = self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim
+            return a.heads * qk + self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
+        return (self._q_heads(a) + self._kv_projected(a) * a.kv_heads) * a.head_dim
+
+    def _q_heads(self, a: LayerAttention) -> int:
+        return a.heads * (2 if self.attention_gate else 1)
+
+    @staticmethod
+    def _kv_projected(a: LayerAttention) -> int:
+        """Tensors of KV-head width the layer projects: K and V, K only, or none."""
+        return 0 if a.kv_shared else 1 if a.k_eq_v else 2
+
+    def kv_cache_values_per_token(self, a: LayerAttention) -> int:
+        """Values cached per token by one layer on one unsharded copy of the cache."""
+        if a.linear or a.kv_shared:
+            return 0
         if self.mla is not None:
             return self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
-        return 2 * self.num_kv_heads * self.head_dim
+        return 2 * a.kv_heads * a.head_dim
 
     # -- parameters per module (one layer); the cost model prices exactly these ----
 
-    def qkv_params(self) -> int:
+    def qkv_params(self, a: LayerAttention) -> int:
+        """Everything of the mixer before its output projection (a DSA indexer included)."""
         h = self.hidden_size
+        if a.linear:
+            assert self.linear is not None
+            return self.linear.input_params(h)
         if self.mla is not None:
             m = self.mla
             qk = m.qk_nope_head_dim + m.qk_rope_head_dim
             if m.q_lora_rank:
-                q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * self.num_heads * qk
+                q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a.heads * qk
             else:
-                q = h * self.num_heads * qk
+                q = h * a.heads * qk
             kv = (
                 h * (m.kv_lora_rank + m.qk_rope_head_dim)
                 + m.kv_lora_rank
-                + m.kv_lora_rank * self.num_heads * (m.qk_nope_head_dim + m.v_head_dim)
+                + m.kv_lora_rank * a.heads * (m.qk_nope_head_dim + m.v_head_dim)
             )
-            return q + kv
-        out = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+            indexer = 0
+            if a.indexer:
+                assert self.dsa is not None
+                indexer = self.dsa.indexer_params(h, m.q_lora_rank)
+            return q + kv + indexer
+        kv_out = self._kv_projected(a) * a.kv_heads * a.head_dim
+        out = self._q_heads(a) * a.head_dim + kv_out
         n = h * out
         if self.attention_bias:
             n += out
+        keys = 0 if a.kv_shared else 1
         if self.qk_norm == "head":
-            n += 2 * self.head_dim
+            n += (1 + keys) * a.head_dim
         elif self.qk_norm == "full":
-            n += (self.num_heads + self.num_kv_heads) * self.head_dim
+            n += (a.heads + keys * a.kv_heads) * a.head_dim
         if self.attention_sinks:
-            n += self.num_heads
+            n += a.heads
         return n
 
-    def o_params(self) -> int:
-        n = self.q_dim * self.hidden_size
-        if self.o_bias:
+    def o_params(self, a: LayerAttention) -> int:
+        n = self.q_dim(a) * self.hidden_size
+        if self.o_bias and not a.linear:
             n += self.hidden_size
         return n
 
@@ -297,6 +489,10 @@ class Model:
         n = self.hidden_size * self.moe.num_experts
         if self.moe.expert_bias or self.moe.router_bias:
             n += self.moe.num_experts  # gpt-oss router bias; the score-correction bias
+        if self.moe.router_scale:
+            n += self.hidden_size + self.moe.num_experts
+        if self.moe.shared_gate:
+            n += self.hidden_size  # the shared expert's gate reads the hidden too
         return n
 
     def expert_params(self) -> int:
@@ -322,25 +518,38 @@ class Model:
     def lm_head_params(self) -> int:
         return self.vocab_size * self.hidden_size
 
+    def layer_params(self, layer: int) -> tuple[int, int]:
+        """(total, active) parameters of one layer."""
+        a = self.attention_layers[layer]
+        attn = self.qkv_params(a) + self.o_params(a) + self.norms_per_layer * self.norm_params()
+        if self.layer_kinds[layer] == "dense":
+            ffn = self.ffn_up_params() + self.ffn_down_params()
+            return attn + ffn, attn + ffn
+        assert self.moe is not None
+        common = attn + self.router_params() + self.shared_up_params() + self.shared_down_params()
+        expert = self.expert_params()
+        return common + self.moe.num_experts * expert, common + self.moe.top_k * expert
+
+    def mtp_params(self) -> int:
+        """One next-n layer is a decoder layer like the last one plus its input
+        projection (embedding and hidden state concatenated) and three norms; it
+        shares the embedding and the LM head (DeepSeek-V3, GLM, Qwen3-Next)."""
+        h = self.hidden_size
+        return self.mtp_layers * (self.layer_params(self.num_layers - 1)[0] + 2 * h * h + 3 * h)
+
     def num_params(self) -> ParamCount:
-        attn = self.qkv_params() + self.o_params() + self.norms_per_layer * self.norm_params()
         total = active = 0
-        for kind in self.layer_kinds:
-            total += attn
-            active += attn
-            if kind == "dense":
-                ffn = self.ffn_up_params() + self.ffn_down_params()
-                total += ffn
-                active += ffn
-            else:
-                assert self.moe is not None
-                shared = self.shared_up_params() + self.shared_down_params()
-                total += self.router_params() + shared + self.moe.num_experts * self.expert_params()
-                active += self.router_params() + shared + self.moe.top_k * self.expert_params()
+        for layer in range(self.num_layers):
+            t, a = self.layer_params(layer)
+            total += t
+            active += a
         head = self.norm_params() + self.lm_head_params()
         embedding = 0 if self.tie_word_embeddings else self.embedding_params()
         return ParamCount(
-            total=total + head + embedding, active=active + head + embedding, embedding=embedding
+            total=total + head + embedding,
+            active=active + head + embedding,
+            embedding=embedding,
+            mtp=self.mtp_params(),
         )
 
 
@@ -444,17 +653,21 @@ def _weight_dtype(r: _ConfigReader) -> tuple[WeightDtype, tuple[str, ...]]:
 
 # Keys whose structure shardlab does not model yet: refused rather than mispriced.
 _NOT_MODELED: tuple[tuple[str, str], ...] = (
-    ("linear_attn_config", "linear attention (KDA) is not modeled yet"),
-    ("linear_num_value_heads", "linear attention (gated DeltaNet) is not modeled yet"),
-    ("num_kv_shared_layers", "KV shared across layers is not modeled yet"),
-    ("global_head_dim", "per-kind head dims (Gemma 4) are not modeled yet"),
     ("per_layer_config", "per-layer overrides of the shapes are not modeled yet"),
-    ("hidden_size_per_layer_input", "per-layer input embeddings are not modeled yet"),
+    (
+        "hidden_size_per_layer_input",
+        "per-layer input embeddings (Gemma 4 E2B/E4B) are not modeled yet",
+    ),
+    ("use_double_wide_mlp", "an FFN width per layer (Gemma 4's KV consumers) is not modeled yet"),
 )
-_LAYER_TYPES: dict[str, AttentionKind] = {
+# layer_types entries: the span kind, or "linear" for linear attention. DSA's
+# "indexed_attention" is full attention whose keys the indexer selects.
+_LAYER_TYPES: dict[str, AttentionKind | Literal["linear"]] = {
     "full_attention": "full",
     "sliding_attention": "sliding",
     "chunked_attention": "chunked",
+    "indexed_attention": "full",
+    "linear_attention": "linear",
 }
 
 
@@ -467,7 +680,7 @@ def _num_experts(r: _ConfigReader) -> int:
 
 def _layer_kinds(r: _ConfigReader, num_layers: int) -> tuple[LayerKind, ...]:
     """Which layers are MoE, from whichever placement key the config uses."""
-    if not _num_experts(r):
+    if not _num_experts(r) or (r.has("enable_moe_block") and not r.bool("enable_moe_block")):
         return ("dense",) * num_layers
     if r.has("mlp_layer_types"):
         kinds = r.str_list("mlp_layer_types", num_layers)
@@ -504,6 +717,9 @@ def _moe(r: _ConfigReader, family: Family) -> MoE | None:
     expert = r.int(width_key)
     if family.shared_expert_key:
         shared_n, shared = 1, r.int(family.shared_expert_key)
+    elif r.bool("enable_moe_block"):
+        # Gemma 4: the layer's dense MLP runs next to the experts on every token.
+        shared_n, shared = 1, r.int("intermediate_size")
     elif r.has("shared_expert_intermediate_size"):
         shared = r.int("shared_expert_intermediate_size", minimum=0)
         shared_n = 1 if shared else 0
@@ -523,11 +739,14 @@ def _moe(r: _ConfigReader, family: Family) -> MoE | None:
         shared_ffn_size=shared,
         expert_bias=family.expert_bias,
         router_bias=r.get("topk_method") == "noaux_tc" or r.bool("use_routing_bias"),
+        router_scale=r.bool("enable_moe_block"),
+        shared_gate=family.shared_expert_gate and shared_n > 0,
     )
 
 
-def _spans(r: _ConfigReader, num_layers: int) -> tuple[AttentionSpan, ...]:
-    """Each layer's attention span, from whichever pattern key the config uses."""
+def _layer_types(r: _ConfigReader, num_layers: int) -> list[str] | None:
+    """Each layer's ``layer_types`` entry, as the config gives or implies it (None: the
+    config has no per-layer types)."""
     if r.has("layer_types"):
         types = r.str_list("layer_types", num_layers)
         bad = sorted(set(types) - set(_LAYER_TYPES))
@@ -536,12 +755,46 @@ def _spans(r: _ConfigReader, num_layers: int) -> tuple[AttentionSpan, ...]:
                 "layer_types",
                 f"{bad[0]!r} layers are not modeled yet (" + ", ".join(_LAYER_TYPES) + ")",
             )
+        return types
+    lin = r.get("linear_attn_config")
+    if lin is not None:
+        # Kimi-Linear: 1-indexed lists of the KDA and the full-attention layers.
+        if not isinstance(lin, Mapping):
+            raise r.refuse("linear_attn_config", "must be an object")
+        sub = _ConfigReader(lin, f"{r.where} (linear_attn_config)")
+        kda = set(sub.int_list("kda_layers"))
+        full = set(sub.int_list("full_attn_layers")) if sub.has("full_attn_layers") else set()
+        if kda & full or (kda | full) - set(range(1, num_layers + 1)):
+            raise r.refuse(
+                "linear_attn_config",
+                f"kda_layers and full_attn_layers must be disjoint layer numbers 1..{num_layers}",
+            )
+        return ["linear_attention" if i + 1 in kda else "full_attention" for i in range(num_layers)]
+    if r.has("linear_num_value_heads"):
+        # Qwen3-Next: every full_attention_interval-th layer is full attention.
+        every = r.int("full_attention_interval", 4)
+        return [
+            "full_attention" if (i + 1) % every == 0 else "linear_attention"
+            for i in range(num_layers)
+        ]
+    return None
+
+
+def _spans(r: _ConfigReader, num_layers: int, types: list[str] | None) -> list[AttentionSpan]:
+    """Each layer's attention span, from whichever pattern key the config uses (a
+    linear layer's is FULL: it attends to nothing, see LayerAttention.linear)."""
+    if types is not None:
         size = {
             "full": 0,
+            "linear": 0,
             "sliding": r.int("sliding_window") if "sliding_attention" in types else 0,
             "chunked": r.int("attention_chunk_size") if "chunked_attention" in types else 0,
         }
-        return tuple(AttentionSpan(_LAYER_TYPES[t], size[_LAYER_TYPES[t]]) for t in types)
+        out = []
+        for t in types:
+            kind = _LAYER_TYPES[t]
+            out.append(FULL if kind in ("full", "linear") else AttentionSpan(kind, size[kind]))
+        return out
     if r.has("attention_chunk_size"):
         # Llama 4: the RoPE layers are chunked, the NoPE layers (0 in no_rope_layers) global.
         chunk = r.int("attention_chunk_size")
@@ -551,20 +804,119 @@ def _spans(r: _ConfigReader, num_layers: int) -> tuple[AttentionSpan, ...]:
             rope = [int((i + 1) % every != 0) for i in range(num_layers)]
         if len(rope) != num_layers:
             raise r.refuse("no_rope_layers", f"must list one entry per layer ({num_layers})")
-        return tuple(AttentionSpan("chunked", chunk) if on else FULL for on in rope)
+        return [AttentionSpan("chunked", chunk) if on else FULL for on in rope]
     window = r.get("sliding_window")
     if window and r.has("sliding_window_pattern"):
         # Gemma 2/3: every pattern-th layer is global, the others slide.
         w, every = r.int("sliding_window"), r.int("sliding_window_pattern")
-        return tuple(
-            AttentionSpan("sliding", w) if (i + 1) % every else FULL for i in range(num_layers)
-        )
+        return [AttentionSpan("sliding", w) if (i + 1) % every else FULL for i in range(num_layers)]
     if window and r.bool("use_sliding_window", True):
         w = r.int("sliding_window")
         limit = r.int("max_window_layers", num_layers, minimum=0)
         # Qwen2-style: layers below max_window_layers use the window.
-        return tuple(AttentionSpan("sliding", w) if i < limit else FULL for i in range(num_layers))
-    return (FULL,) * num_layers
+        return [AttentionSpan("sliding", w) if i < limit else FULL for i in range(num_layers)]
+    return [FULL] * num_layers
+
+
+def _linear_attention(r: _ConfigReader) -> LinearAttention:
+    lin = r.get("linear_attn_config")
+    if isinstance(lin, Mapping):
+        sub = _ConfigReader(lin, f"{r.where} (linear_attn_config)")
+        heads, dim = sub.int("num_heads"), sub.int("head_dim")
+        return LinearAttention(
+            kind="kda",
+            k_heads=heads,
+            v_heads=heads,
+            k_head_dim=dim,
+            v_head_dim=dim,
+            conv_kernel=sub.int("short_conv_kernel_size", 4),
+        )
+    if not r.has("linear_num_value_heads"):
+        raise r.refuse(
+            "layer_types",
+            "linear_attention layers need their shapes (linear_num_value_heads and the "
+            "other linear_* keys, or linear_attn_config)",
+        )
+    return LinearAttention(
+        kind="gated_deltanet",
+        k_heads=r.int("linear_num_key_heads"),
+        v_heads=r.int("linear_num_value_heads"),
+        k_head_dim=r.int("linear_key_head_dim"),
+        v_head_dim=r.int("linear_value_head_dim"),
+        conv_kernel=r.int("linear_conv_kernel_dim", 4),
+    )
+
+
+def _own_indexers(r: _ConfigReader, num_layers: int) -> list[bool]:
+    """Which DSA layers run their own indexer; the others reuse the top-k of the
+    last one that does (GLM-5's ``indexer_types``, configuration_glm_moe_dsa.py)."""
+    if r.has("indexer_types"):
+        types = r.str_list("indexer_types", num_layers)
+        if set(types) - {"full", "shared"}:
+            raise r.refuse("indexer_types", "entries must be 'full' or 'shared'")
+        own = [t == "full" for t in types]
+    elif r.has("index_topk_pattern"):
+        pattern = r.get("index_topk_pattern")
+        letters = list(pattern) if isinstance(pattern, (str, list)) else []
+        if len(letters) != num_layers or set(letters) - {"F", "S"}:
+            raise r.refuse(
+                "index_topk_pattern", f"must give F or S for each of the {num_layers} layers"
+            )
+        own = [c == "F" for c in letters]
+    else:
+        freq = r.int("index_topk_freq", 1)
+        offset = r.int("index_skip_topk_offset", 2, minimum=0)
+        own = [max(i - offset + 1, 0) % freq == 0 for i in range(num_layers)]
+    if not own[0]:
+        raise r.refuse("indexer_types", "the first layer has no earlier indexer to share")
+    return own
+
+
+def _attention_layers(
+    r: _ConfigReader,
+    types: list[str] | None,
+    spans: list[AttentionSpan],
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    mla: MLA | None,
+    dsa: DSA | None,
+) -> tuple[LayerAttention, ...]:
+    n = len(spans)
+    shared = r.int("num_kv_shared_layers", 0, minimum=0)
+    if shared > n:
+        raise r.refuse("num_kv_shared_layers", f"{shared} is more than the {n} layers")
+    k_eq_v = r.bool("attention_k_eq_v")
+    own = _own_indexers(r, n) if dsa is not None else [False] * n
+    out = []
+    for i, span in enumerate(spans):
+        if types is not None and _LAYER_TYPES[types[i]] == "linear":
+            out.append(
+                LayerAttention(heads=heads, kv_heads=kv_heads, head_dim=head_dim, linear=True)
+            )
+            continue
+        hd, kv, full_k_eq_v = head_dim, kv_heads, False
+        if span.kind == "full" and mla is None:
+            # Gemma 4: global layers have their own head dim, and with K = V their own
+            # KV heads (configuration_gemma4.py).
+            hd = r.int("global_head_dim", head_dim)
+            if k_eq_v:
+                full_k_eq_v = True
+                kv = r.int("num_global_key_value_heads", kv_heads)
+        out.append(
+            LayerAttention(
+                span=span,
+                heads=heads,
+                kv_heads=kv,
+                head_dim=hd,
+                k_eq_v=full_k_eq_v,
+                kv_shared=i >= n - shared,
+                indexer=own[i],
+                top_k=dsa.top_k if dsa is not None else 0,
+            )
+        )
+    return tuple(out)
 
 
 def _family(cfg: Mapping[str, Any], where: str) -> tuple[Family, tuple[str, ...]]:
@@ -617,11 +969,26 @@ def model_from_config(config: Mapping[str, Any], *, name: str, source: str) -> M
                 f"{heads} and no 'head_dim' key is given"
             )
         head_dim = r.int("head_dim", hidden // heads)
+    dsa = None
     if r.has("index_topk"):
-        notices += (
-            f"{where}: key 'index_topk': DSA sparse attention is priced as dense attention "
-            "(its indexer is not modeled yet)",
+        if mla is None:
+            raise r.refuse("index_topk", "DSA sparse attention needs MLA (kv_lora_rank)")
+        dsa = DSA(
+            top_k=r.int("index_topk"),
+            heads=r.int("index_n_heads"),
+            head_dim=r.int("index_head_dim"),
         )
+    types = _layer_types(r, num_layers)
+    attention = _attention_layers(
+        r,
+        types,
+        _spans(r, num_layers, types),
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        mla=mla,
+        dsa=dsa,
+    )
     kinds = _layer_kinds(r, num_layers)
     moe = _moe(r, family)
     dense_key = "intermediate_size_mlp" if r.has("intermediate_size_mlp") else "intermediate_size"
@@ -631,6 +998,9 @@ def model_from_config(config: Mapping[str, Any], *, name: str, source: str) -> M
     qk_norm = family.qk_norm
     if r.has("use_qk_norm"):
         qk_norm = family.qk_norm_weights if r.bool("use_qk_norm") else "none"
+    mtp = r.int("num_nextn_predict_layers", 0, minimum=0)
+    if not mtp and r.bool("use_mtp"):
+        mtp = r.int("num_mtp_modules", 1) * r.int("mtp_transformer_layers", 1)
     return Model(
         name=name,
         source=source,
@@ -642,13 +1012,18 @@ def model_from_config(config: Mapping[str, Any], *, name: str, source: str) -> M
         head_dim=head_dim,
         ffn_size=ffn,
         layer_kinds=kinds,
-        attention_spans=_spans(r, num_layers),
+        attention_layers=attention,
         mla=mla,
         moe=moe if "moe" in kinds else None,
+        linear=_linear_attention(r) if any(a.linear for a in attention) else None,
+        dsa=dsa,
+        attention_gate=family.attention_gate,
+        mtp_layers=mtp,
         attention_bias=bias,
         o_bias=family.o_bias and r.bool("attention_bias"),
         qk_norm=qk_norm if mla is None else "none",
-        norms_per_layer=family.norms_per_layer,
+        # Gemma 4's MoE block brings three norms of its own (modeling_gemma4.py).
+        norms_per_layer=family.norms_per_layer + (3 if r.bool("enable_moe_block") else 0),
         attention_sinks=family.attention_sinks,
         tie_word_embeddings=r.bool("tie_word_embeddings"),
         weight_dtype=weight_dtype,

@@ -126,9 +126,9 @@ class Problem:
         """All weights of one copy of the model, in bytes."""
         m = self.model
         b = BYTES_PER_VALUE
-        attn = (m.qkv_params() + m.o_params()) * m.num_layers
+        attn = sum(m.qkv_params(a) + m.o_params(a) for a in m.attention_layers)
         total = attn * b[self.weight_dtype("attention")]
-        total += 2 * m.norm_params() * m.num_layers * b["bf16"]
+        total += m.norms_per_layer * m.norm_params() * m.num_layers * b["bf16"]
         dense = m.layers_of("dense")
         total += (m.ffn_up_params() + m.ffn_down_params()) * dense * b[self.weight_dtype("ffn")]
         if m.moe is not None:

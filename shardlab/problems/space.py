@@ -32,7 +32,7 @@ import numpy as np
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.cluster import Cluster
-from shardlab.problems.model import LayerKind, Model
+from shardlab.problems.model import LayerAttention, LayerKind, Model
 from shardlab.problems.operators import HEAD_OPS, OpSpec, OptionSpec, layer_ops
 from shardlab.problems.plan import Degrees, Plan
 
@@ -79,20 +79,31 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _splits_heads(model: Model, a: LayerAttention, tp: int) -> bool:
+    """Whether tp ranks can split this mixer's heads: query heads evenly, KV heads
+    evenly or replicated to one per rank; linear heads evenly."""
+    if a.linear:
+        assert model.linear is not None
+        return model.linear.k_heads % tp == 0 and model.linear.v_heads % tp == 0
+    if a.heads % tp:
+        return False
+    return model.mla is not None or not (a.kv_heads % tp and tp % a.kv_heads)
+
+
 def enumerate_degrees(model: Model, cluster: Cluster) -> tuple[Degrees, ...]:
     """Every valid degree tuple that uses all of ``cluster``'s GPUs."""
     n = cluster.num_gpus
-    gqa = model.mla is None
     out = []
+    # A layer that reads another's KV needs it on its own GPUs: one stage (vLLM does
+    # not share KV across pipeline stages either).
+    max_pp = 1 if any(a.kv_shared for a in model.attention_layers) else model.num_layers
     for tp in _divisors(n):
-        if model.num_heads % tp:
-            continue
-        if gqa and model.num_kv_heads % tp and tp % model.num_kv_heads:
+        if not all(_splits_heads(model, a, tp) for a in model.attentions):
             continue
         for dp in _divisors(n // tp):
             group = tp * dp
             for pp in _divisors(n // group):
-                if pp > model.num_layers:
+                if pp > max_pp:
                     continue
                 replicas = n // (group * pp)
                 if not model.is_moe:
@@ -180,6 +191,11 @@ class SearchSpace:
     def _groups(self) -> tuple[OpGroup, ...]:
         m = self.model
         if self.tie == "kind":
+            if any(a.kv_shared for a in m.attention_layers) and len(m.kinds) > 1:
+                raise ShardlabError(
+                    f"{m.name}: layers that share KV (num_kv_shared_layers) with layers of "
+                    "another FFN kind are not modeled"
+                )
             groups = [
                 OpGroup(
                     key=kind,
@@ -190,6 +206,11 @@ class SearchSpace:
                 for kind in m.kinds
             ]
         else:
+            if any(a.kv_shared for a in m.attention_layers):
+                raise ShardlabError(
+                    f"{m.name}: layers that share KV (num_kv_shared_layers) must shard their "
+                    "attention as the layer they read from; use --tie kind"
+                )
             groups = [
                 OpGroup(key=f"layer{i}", kind=kind, layers=(i,), ops=layer_ops(m, kind))
                 for i, kind in enumerate(m.layer_kinds)

@@ -216,7 +216,7 @@ def _memory_low(problem: Problem, d: Degrees, t: IntegerTables, per_dp: np.ndarr
     for ci, (kind, _) in enumerate(t.classes):
         count = sum(
             1
-            for k, w in zip(m.layer_kinds, m.attention_spans, strict=True)
+            for k, w in zip(m.layer_kinds, m.attention_layers, strict=True)
             if (k, w) == t.classes[ci]
         )
         for ki, name in enumerate(_op_names(problem.space, kind)):
@@ -267,7 +267,7 @@ def _time_bounds(
     weights = np.array(_step_weights(problem, kinds))
     ns = time_ns(problem, d, per_dp)  # each table: (step, ..., per_dp)
     n_c = len(per_dp)
-    layer_units = list(zip(m.layer_kinds, m.attention_spans, strict=True))
+    layer_units = list(zip(m.layer_kinds, m.attention_layers, strict=True))
     per_step = np.zeros((n_steps, n_c))  # each step at its own best: bounds TTFT and TPOT
     joint = np.zeros(n_c)  # the weighted time at one choice for all steps
 
@@ -277,7 +277,6 @@ def _time_bounds(
     inter_min = ns["inter_ns"].reshape(n_steps, -1, n_c).min(axis=1)  # (step, per_dp)
     for ci, cls in enumerate(t.classes):
         kind = cls[0]
-        k = t.kinds.index(kind)
         names = _op_names(problem.space, kind)
         opts = [valid[(kind, n)] for n in names]
         count = layer_units.count(cls)
@@ -286,7 +285,7 @@ def _time_bounds(
         for st in range(n_steps):
             factors = [((ki,), count * ns["op_ns"][st, ci, ki][o]) for ki, o in enumerate(opts)]
             for e, (src, dst) in enumerate(t.edges[kind]):
-                table = ns["edge_ns"][st, k, e][opts[src]][:, opts[dst]]
+                table = ns["edge_ns"][st, ci, e][opts[src]][:, opts[dst]]
                 factors.append(((src, dst), count * table))
             if tied:
                 res = opts[0]
@@ -534,8 +533,7 @@ class SubproblemModel:
         """(time expression, an upper bound) of one layer in one step."""
         g = self.group_of_layer[layer]
         kind = self.m.layer_kinds[layer]
-        c = self.classes[(kind, self.m.attention_spans[layer])]
-        k = self.t.kinds.index(kind)
+        c = self.classes[(kind, self.m.attention_layers[layer])]
         expr: Any = 0
         high = 0
         for ki in range(len(g.ops)):
@@ -545,7 +543,7 @@ class SubproblemModel:
             high += int(max(table[o] for o in x))
         for e, (src, dst) in enumerate(self.t.edges[kind]):
             z = self._pairs(self.x[(g.key, src)], self.x[(g.key, dst)])
-            table = self.t.edge_ns[step, k, e]
+            table = self.t.edge_ns[step, c, e]
             expr += self._pair_cost(z, table)
             high += int(max(table[i, j] for i, j in z))
         if layer > 0:
@@ -620,7 +618,7 @@ class SubproblemModel:
         for layer in range(self.m.num_layers):
             g = self.group_of_layer[layer]
             kind = self.m.layer_kinds[layer]
-            c = self.classes[(kind, self.m.attention_spans[layer])]
+            c = self.classes[(kind, self.m.attention_layers[layer])]
             mem: Any = 0
             high = 0
             for ki in range(len(g.ops)):
