@@ -54,7 +54,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         name="deepseek-v3",
         hf_id="deepseek-ai/DeepSeek-V3",
         file="deepseek-ai--DeepSeek-V3.json",
-        note="MTP layer counted apart (priced when it drafts)",
+        note="MTP layer counted apart",
     ),
     CatalogEntry(
         name="kimi-k2",
