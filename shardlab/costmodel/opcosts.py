@@ -231,7 +231,8 @@ def input_width(op: OpSpec, problem: Problem, attn: LayerAttention | None = None
         assert m.moe is not None
         return m.moe.shared_ffn_size
     if op.name == "attention":
-        return output_width(replace(op, name="qkv_proj"), problem, attn)  # reads q, k, v
+        assert attn is not None
+        return m.qkv_width(attn)  # reads q, k, v
     if op.name == "sampler":
         return 2.0 * m.vocab_size
     return m.hidden_size
@@ -344,12 +345,10 @@ def _linear_cost(
     tokens = ctx.tokens(per_req, opt)
     ways = ctx.ways(opt.weight_axes)
     params = _params(op, ctx.problem, attn) / ways
-    if op.name == "qkv_proj" and attn is not None and attn.indexer:
+    if op.name == "qkv_proj" and attn is not None:
         # The DSA indexer's weights stay whole on every rank (vLLM: ReplicatedLinear):
         # every head a rank holds reads the same top-k.
-        dsa, mla = ctx.model.dsa, ctx.model.mla
-        assert dsa is not None and mla is not None
-        indexer = dsa.indexer_params(ctx.model.hidden_size, mla.q_lora_rank)
+        indexer = ctx.model.indexer_params(attn)
         params += indexer - indexer / ways
     wbytes = params * ctx.weight_bytes_per_value(op.family)
     width_in = ctx.local_width(input_width(op, ctx.problem, attn), opt.inp)

@@ -449,11 +449,7 @@ class Model:
                 + m.kv_lora_rank
                 + m.kv_lora_rank * a.heads * (m.qk_nope_head_dim + m.v_head_dim)
             )
-            indexer = 0
-            if a.indexer:
-                assert self.dsa is not None
-                indexer = self.dsa.indexer_params(h, m.q_lora_rank)
-            return q + kv + indexer
+            return q + kv + self.indexer_params(a)
         kv_out = self._kv_projected(a) * a.kv_heads * a.head_dim
         out = self._q_heads(a) * a.head_dim + kv_out
         n = h * out
@@ -467,6 +463,13 @@ class Model:
         if self.attention_sinks:
             n += a.heads
         return n
+
+    def indexer_params(self, a: LayerAttention) -> int:
+        """The layer's own DSA indexer (0 without one); part of :meth:`qkv_params`."""
+        if not a.indexer:
+            return 0
+        assert self.dsa is not None and self.mla is not None
+        return self.dsa.indexer_params(self.hidden_size, self.mla.q_lora_rank)
 
     def o_params(self, a: LayerAttention) -> int:
         n = self.q_dim(a) * self.hidden_size
