@@ -66,6 +66,16 @@ PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ),
     ("weight_dtype", str | None, typer.Option(None, "--weight-dtype", help="bf16, fp8 or fp4.")),
     ("kv_dtype", str | None, typer.Option(None, "--kv-dtype", help="bf16 or fp8.")),
+    (
+        "draft_tokens",
+        int | None,
+        typer.Option(None, "--draft-tokens", help="Speculative decoding: MTP drafts per step."),
+    ),
+    (
+        "acceptance",
+        float | None,
+        typer.Option(None, "--acceptance", help="Probability a draft token is accepted."),
+    ),
     ("tie", str, typer.Option("kind", help="'kind': options per layer kind; 'layer': per layer.")),
     (
         "timing",

@@ -29,6 +29,16 @@ CASES = {
         "kind",
         {"phase": "prefill", "batch": 64},
     ),
+    # Per-layer mixers and speculative decoding go through the same three paths.
+    "ds32-mtp-chat": (
+        "deepseek-v3.2",
+        "h200x16",
+        "chat",
+        "kind",
+        {"draft_tokens": 2, "acceptance": 0.8},
+    ),
+    "qwen-next-long": ("qwen3-next-80b-a3b", "h100x8", "long-context", "kind", {}),
+    "gemma4-static-layer": ("gemma-4-26b-a4b", "h100x8", "batch-offline", "layer", {}),
 }
 PROBLEMS = {
     key: Problem.build(m, c, w, tie=tie, timing="roofline", **over)

@@ -212,3 +212,77 @@ def test_glm5_layers_share_the_indexer_as_indexer_types_say() -> None:
         _load({**DSA, "indexer_types": ["shared", "full", "full", "full"]})
     freq = _load({**DSA, "index_topk_freq": 2, "index_skip_topk_offset": 1})
     assert [a.indexer for a in freq.attention_layers] == [True, False, True, False]
+
+
+# -- multi-token prediction and speculative decoding -------------------------------------
+
+MTP = {**DSA, "num_nextn_predict_layers": 1}
+
+
+@pytest.mark.parametrize(
+    ("k", "a", "tokens"), [(0, None, 1.0), (1, 0.0, 1.0), (2, 0.5, 1.75), (3, 1.0, 4.0)]
+)
+def test_a_speculative_step_advances_by_the_expected_accepted_tokens(
+    k: int, a: float | None, tokens: float
+) -> None:
+    from shardlab.problems.workload import Workload
+
+    w = Workload(draft_tokens=k, acceptance=a)
+    assert w.accepted_per_step == pytest.approx(tokens)
+
+
+def test_mtp_layers_are_counted_apart_and_held_when_they_draft() -> None:
+    model = _load(MTP)
+    count = model.num_params()
+    assert model.mtp_layers == 1 and count.mtp > 0
+    assert count.total == _load(DSA).num_params().total  # cards leave MTP out
+    off = Problem.build(model, "h100x1", "chat", input_len=8192, output_len=256)
+    on = Problem.build(
+        model, "h100x1", "chat", input_len=8192, output_len=256, draft_tokens=1, acceptance=0.0
+    )
+    plan = off.space.megatron_plan(off.space.degree_tuples[0])
+    m_off, m_on = evaluate(off, plan), evaluate(on, plan)
+    # Nothing accepted: every step verifies two tokens and drafts one for one token.
+    assert m_on.weights_gb > m_off.weights_gb and m_on.tpot_ms > m_off.tpot_ms
+    good = Problem.build(
+        model, "h100x1", "chat", input_len=8192, output_len=256, draft_tokens=1, acceptance=0.9
+    )
+    assert evaluate(good, plan).tpot_ms < m_off.tpot_ms
+
+
+@pytest.mark.parametrize("schedule", ["inflight", "static"])
+def test_speculative_decoding_end_to_end_cpsat_equals_exhaustive(schedule: str) -> None:
+    problem = Problem.build(
+        _load(MTP),
+        "h100x2",
+        "chat",
+        input_len=8192,
+        output_len=256,
+        schedule=schedule,
+        batch=16,
+        draft_tokens=2,
+        acceptance=0.7,
+    )
+    exact = solve(problem, "cpsat", budget=Budget(max_evals=None, seconds=300))
+    truth = solve(problem, "exhaustive", budget=Budget(max_evals=None))
+    assert exact.status == truth.status == "optimal"
+    assert exact.metrics.objective == pytest.approx(truth.metrics.objective, rel=1e-4)
+    assert exact.metrics == evaluate(problem, exact.plan)
+
+
+@pytest.mark.parametrize(
+    ("model", "change", "message"),
+    [
+        (MTP, {"draft_tokens": 2}, "--acceptance"),
+        (MTP, {"draft_tokens": 2, "acceptance": 1.5}, "acceptance"),
+        (MTP, {"draft_tokens": -1}, "draft_tokens"),
+        (MTP, {"draft_tokens": 1, "acceptance": 0.7, "phase": "prefill"}, "prefill"),
+        (DSA, {"draft_tokens": 1, "acceptance": 0.7}, "num_nextn_predict_layers"),
+    ],
+)
+def test_speculative_settings_are_refused_in_one_line(
+    model: dict, change: dict, message: str
+) -> None:
+    with pytest.raises(ShardlabError, match=message) as info:
+        Problem.build(_load(model), "h100x1", "chat", **change)
+    assert len(str(info.value).splitlines()) == 1

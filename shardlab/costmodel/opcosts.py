@@ -62,10 +62,13 @@ class OptionCost:
     kv_split_tp: bool  # the requests' KV is split over tp (seq_sharded attention)
     act_bytes: np.ndarray  # activation workspace per GPU
     source: str = "roofline"  # or "silicon": measured kernel times (compute_s holds them)
+    draft_s: np.ndarray | float = 0.0  # the sampler's: speculative decoding's draft passes
 
     @property
     def time_s(self) -> np.ndarray:
-        return np.maximum(self.compute_s, self.memory_s) + self.kernel_s + self.comm_s
+        return (
+            np.maximum(self.compute_s, self.memory_s) + self.kernel_s + self.comm_s + self.draft_s
+        )
 
 
 class CostContext:
@@ -502,8 +505,8 @@ def _measured_attention(
     full kernel over the keys of its chunk, its prefill the sliding kernel of the chunk
     length (which reads up to twice a chunk's pairs: an upper bound).
     """
-    if ctx.kernels is None or attn.kv_shared:
-        return None
+    if ctx.kernels is None or attn.kv_shared or step.decode_tokens > 1:
+        return None  # (the tables time one decode token per request)
     m = ctx.model
     span = attn.span
     kv_heads = attn.kv_heads

@@ -16,6 +16,11 @@ reads cached KV entries. Steps by workload:
   request on average (chunked prefill at the steady-state token budget); a prompt
   token attends on average to half its prompt. A new request's TTFT adds one
   prefill of its prompt (one request per dp rank, ``single`` below) to a round.
+- speculative decoding: a decoding request verifies ``draft_tokens + 1`` tokens per
+  step (each attends to its context; the cached KV is read once) and advances by
+  ``accepted`` of them; the draft passes are priced with the sampler
+  (:mod:`shardlab.costmodel.tables`), and decode and mixed steps are timed per
+  accepted token.
 """
 
 from __future__ import annotations
@@ -61,13 +66,15 @@ class Step:
     input_len: int
     output_len: int
     single: bool = False  # one request per dp rank, whatever the concurrency
+    decode_tokens: float = 1.0  # tokens a decoding request verifies (draft tokens + 1)
+    accepted: float = 1.0  # tokens a decode step advances a request by (on average)
 
     @property
     def prompt_tokens(self) -> float:
-        """Prompt tokens per request in the step (the rest decode one token each)."""
+        """Prompt tokens per request in the step (the rest are decoding tokens)."""
         if self.kind == "prefill":
             return self.tokens
-        return self.tokens - 1.0
+        return self.tokens - self.decode_tokens
 
     def decode_context(self, span: AttentionSpan) -> float:
         """Mean keys a decode token attends to (and KV entries it reads)."""
@@ -78,11 +85,12 @@ class Step:
         """(decode pairs, prefill pairs) per request for a layer of ``span``."""
         if self.kind == "prefill":
             return 0.0, causal_pairs(self.input_len, span)
+        decode = self.decode_context(span) * self.decode_tokens
         if self.kind == "decode":
-            return self.decode_context(span), 0.0
-        share = self.input_len / self.output_len
+            return decode, 0.0
+        share = self.input_len * self.accepted / self.output_len
         per_prompt = causal_pairs(self.input_len, span) / self.input_len
-        return self.decode_context(span), share * per_prompt
+        return decode, share * per_prompt
 
     def kv_read(self, span: AttentionSpan) -> float:
         """Cached KV entries read per request per layer."""
@@ -94,15 +102,20 @@ class Step:
 def steps_of(workload: Workload) -> tuple[Step, ...]:
     """Step kinds: (prefill,), (decode,), (prefill, decode) or (mixed, single prefill)."""
     i, o = workload.input_len, workload.output_len
+    v, e = workload.draft_tokens + 1.0, workload.accepted_per_step
     prefill = Step(kind="prefill", tokens=float(i), logits=1.0, input_len=i, output_len=o)
-    decode = Step(kind="decode", tokens=1.0, logits=1.0, input_len=i, output_len=o)
+    spec = {"decode_tokens": v, "accepted": e}
+    decode = Step(kind="decode", tokens=v, logits=v, input_len=i, output_len=o, **spec)
     if workload.phase == "prefill":
         return (prefill,)
     if workload.phase == "decode":
         return (decode,)
     if workload.schedule == "static":
         return (prefill, decode)
-    mixed = Step(kind="mixed", tokens=1.0 + i / o, logits=1.0 + 1.0 / o, input_len=i, output_len=o)
+    # A request finishes in o / e rounds: its prompt is i * e / o tokens of each round.
+    mixed = Step(
+        kind="mixed", tokens=v + i * e / o, logits=v + e / o, input_len=i, output_len=o, **spec
+    )
     first = Step(
         kind="prefill", tokens=float(i), logits=1.0, input_len=i, output_len=o, single=True
     )

@@ -40,9 +40,10 @@ from shardlab.costmodel.opcosts import (
 )
 from shardlab.costmodel.steps import Step, steps_of
 from shardlab.problems.model import LayerAttention, LayerKind, Model
-from shardlab.problems.operators import HEAD_OPS, OpSpec, layer_edges, layer_ops
+from shardlab.problems.operators import HEAD_OPS, OpSpec, OptionSpec, layer_edges, layer_ops
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
+from shardlab.problems.space import megatron_index
 
 
 @dataclass(frozen=True)
@@ -176,13 +177,19 @@ class DegreeTables:
         self.lm_sampler = np.zeros((ns, o, o, nb))
         pp = degrees.pp
         self.p2p = np.zeros((ns, max(pp - 1, 0), o, nb))
+        drafting = problem.workload.draft_tokens > 0
         for st, step in enumerate(self.steps):
             self.inter_time[st] = self._edge_table(residual, residual, step.tokens, h)
+            # MTP weights sit on the last stage whatever the step; drafts run in decoding ones.
+            draft = self._draft(step) if drafting else None
             per_op = []
             for ki, op in enumerate(HEAD_OPS):
                 per_opt = []
                 for oi, opt in enumerate(op.options):
                     c = option_cost(ctx, op, opt, _rows_step(op, step), None)
+                    if draft is not None and op is sampler:
+                        seconds = 0.0 if step.kind == "prefill" else draft[0]
+                        c = replace(c, draft_s=seconds, weight_bytes=c.weight_bytes + draft[1])
                     per_opt.append(c)
                     self.head_time[st, ki, oi] = c.time_s
                     self.head_act[st, ki, oi] = c.act_bytes
@@ -205,6 +212,89 @@ class DegreeTables:
                     hop = p2p_time(local, inter, problem.cluster)
                     self.p2p[st, s, oi] = hop * ctx.communication_factor
 
+        for st, step in enumerate(self.steps):
+            if step.accepted != 1.0:
+                self._per_accepted_token(st, step.accepted)
+
+    # Tables whose entries are times of one step.
+    TIME_TABLES = (
+        "op_time",
+        "edge_time",
+        "inter_time",
+        "head_time",
+        "emb_first",
+        "last_fnorm",
+        "fnorm_lm",
+        "lm_sampler",
+        "p2p",
+    )
+
+    def _per_accepted_token(self, st: int, accepted: float) -> None:
+        """Time step ``st`` per accepted token: a speculative step advances a request by
+        ``accepted`` tokens, so TPOT, throughput and latency follow from the regimes'
+        one-token formulas (a new request's TTFT then waits a round over ``accepted``)."""
+        for name in self.TIME_TABLES:
+            getattr(self, name)[st] /= accepted
+
+        def scaled(c: OptionCost | None) -> OptionCost | None:
+            if c is None:
+                return None
+            return replace(
+                c,
+                compute_s=c.compute_s / accepted,
+                memory_s=c.memory_s / accepted,
+                comm_s=c.comm_s / accepted,
+                kernel_s=c.kernel_s / accepted,
+                draft_s=c.draft_s / accepted,
+            )
+
+        self.op_costs[st] = [
+            [[scaled(c) for c in opts] for opts in ops] for ops in self.op_costs[st]
+        ]
+        self.head_costs[st] = [[scaled(c) for c in opts] for opts in self.head_costs[st]]
+
+    def _draft(self, step: Step) -> tuple[np.ndarray, float]:
+        """(seconds, weight bytes per GPU) of speculative decoding's drafts in one step:
+        ``draft_tokens`` passes, one token per decoding request each, of one MTP layer
+        (shaped as the last layer, sharded as Megatron would under these degrees, as
+        vLLM runs the draft with the target's tensor parallelism) with its input
+        projection and three norms, the LM head and the sampler, on the last stage. The
+        MTP layer's own KV cache (one layer's) is not counted."""
+        problem, ctx, d = self.problem, self.ctx, self.degrees
+        m = problem.model
+        kind, attn = layer_class(m, m.num_layers - 1)
+        one = Step(
+            kind="decode",
+            tokens=1.0,
+            logits=1.0,
+            input_len=step.input_len,
+            output_len=step.output_len,
+        )
+        chosen = {op.name: (op, _megatron_option(op, d)) for op in self.ops[kind]}
+        seconds = np.zeros_like(self.b, dtype=float)
+        weight = 0.0
+        for op, opt in chosen.values():
+            c = option_cost(ctx, op, opt, one, attn)
+            seconds = seconds + c.time_s
+            weight += c.weight_bytes
+        for src, dst in layer_edges(m, kind):
+            (s_op, s_opt), (_, d_opt) = chosen[src], chosen[dst]
+            full = self.b * d.dp_attn * output_width(s_op, problem, attn) * ACT_BYTES
+            seconds = seconds + ctx.redistribution_s(s_opt.out, d_opt.inp, full)
+        h = m.hidden_size
+        # eh_proj: [embedding; hidden] -> hidden, column-split over tp
+        proj = 2 * h * h / d.tp
+        proj_bytes = proj * ctx.weight_bytes_per_value("ffn") + 3 * h * ACT_BYTES
+        compute, memory = ctx.roofline(
+            2.0 * self.b * proj, proj_bytes + self.b * 3 * h * ACT_BYTES, ctx.gemm_rate("ffn")
+        )
+        seconds = seconds + np.maximum(compute, memory)
+        weight += proj_bytes
+        _, _, lm, sampler = HEAD_OPS
+        for op in (lm, sampler):
+            seconds = seconds + option_cost(ctx, op, _megatron_option(op, d), one, None).time_s
+        return problem.workload.draft_tokens * seconds, weight
+
     def floor(self, name: str) -> np.ndarray:
         """Table ``name`` at each ``b`` replaced by its least value over ``b`` and every
         larger ``b`` of the tables: a lower bound on the entry at any concurrency from
@@ -226,6 +316,10 @@ class DegreeTables:
 
     def b_index(self, b: int | np.ndarray) -> np.ndarray:
         return np.asarray(b) - int(self.b[0])
+
+
+def _megatron_option(op: OpSpec, d: Degrees) -> OptionSpec:
+    return op.options[megatron_index(op, d)]
 
 
 def _rows_step(op: OpSpec, step: Step) -> Step:

@@ -56,6 +56,11 @@ class Problem:
                 raise ShardlabError(
                     f"{key} {getattr(self, key)!r} is not one of {', '.join(get_args(allowed))}"
                 )
+        if self.workload.draft_tokens and not self.model.mtp_layers:
+            raise ShardlabError(
+                f"model {self.model.name}: --draft-tokens drafts with multi-token-prediction "
+                "layers and its config has none (num_nextn_predict_layers); drop --draft-tokens"
+            )
         need = self.weight_bytes() / 1e9
         have = self.cluster.total_hbm_gb
         if need > have:

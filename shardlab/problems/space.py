@@ -134,6 +134,16 @@ def option_valid(op: OpSpec, opt: OptionSpec, degrees: Degrees) -> bool:
     return True
 
 
+def megatron_index(op: OpSpec, degrees: Degrees) -> int:
+    """Index of the option Megatron-LM / vLLM gives ``op`` under ``degrees`` (the
+    canonical 0 where it has none or it is not valid)."""
+    name = MEGATRON_OPTIONS.get(op.name, "replicated")
+    if op.name == "experts":
+        name = "alltoall" if degrees.ep > 1 else "allgather"
+    idx = op.option_names.index(name) if name in op.option_names else 0
+    return idx if option_valid(op, op.options[idx], degrees) else 0
+
+
 def balanced_boundaries(num_layers: int, pp: int) -> list[int]:
     """Layer index where each stage after the first starts, for equal stages."""
     return [round(j * num_layers / pp) for j in range(1, pp)]
@@ -422,10 +432,7 @@ class SearchSpace:
         row[0] = d
         mask = self._masks[d]
         for v, _, op in self.option_slots():
-            name = MEGATRON_OPTIONS.get(op.name, "replicated")
-            if op.name == "experts":
-                name = "alltoall" if degrees.ep > 1 else "allgather"
-            idx = op.option_names.index(name) if name in op.option_names else 0
+            idx = megatron_index(op, degrees)
             row[v] = idx if mask[v, idx] else 0
         row[self.first_cut :] = MAX_SHIFT
         return self.decode(row)

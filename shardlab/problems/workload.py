@@ -14,6 +14,13 @@ Phase: ``prefill`` serves prompts only (throughput in input tokens/s), ``decode`
 serves generation only (output tokens/s, prompts already cached), ``request`` serves
 whole requests (output tokens/s, prefill included).
 
+Speculative decoding (``draft_tokens`` > 0): every decode step drafts ``draft_tokens``
+tokens per request with the model's multi-token-prediction layers, one pass each, and
+verifies them in one forward pass of ``draft_tokens + 1`` tokens; each draft token is
+accepted with probability ``acceptance`` (independently, as long as the ones before it
+were), so a step advances a request by
+``(1 - acceptance ** (draft_tokens + 1)) / (1 - acceptance)`` tokens on average.
+
 Objective ``pareto``: the trade-off between throughput per GPU (maximized; the scalar
 objective every plan is ranked by) and the latencies of :attr:`Workload.latency_axes`
 (minimized): TPOT for decode and request workloads, TTFT as well for prefill-heavy
@@ -51,6 +58,8 @@ class Workload:
     objective: Objective = "throughput"
     weight_dtype: WeightDtype | None = None  # None: what the model's config declares
     kv_dtype: KVDtype | None = None  # None: bf16
+    draft_tokens: int = 0  # speculative decoding: MTP draft tokens per step (0: off)
+    acceptance: float | None = None  # probability that one draft token is accepted
 
     def __post_init__(self) -> None:
         where = f"workload {self.name!r}"
@@ -74,10 +83,39 @@ class Workload:
                 raise ShardlabError(
                     f"{where}: {key} must be a positive number of ms, got {value!r}"
                 )
+        self._check_speculation(where)
         if self.weight_dtype is not None:
             check_weight_dtype(self.weight_dtype, where=where)
         if self.kv_dtype is not None:
             check_kv_dtype(self.kv_dtype, where=where)
+
+    def _check_speculation(self, where: str) -> None:
+        k, a = self.draft_tokens, self.acceptance
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ShardlabError(f"{where}: draft_tokens must be an integer >= 0, got {k!r}")
+        if a is not None and (
+            isinstance(a, bool) or not isinstance(a, int | float) or not 0 <= a <= 1
+        ):
+            raise ShardlabError(f"{where}: acceptance must be a number in [0, 1], got {a!r}")
+        if k and a is None:
+            raise ShardlabError(
+                f"{where}: draft_tokens {k} needs --acceptance (the probability that a draft "
+                "token is accepted, e.g. 0.7)"
+            )
+        if k and self.phase == "prefill":
+            raise ShardlabError(
+                f"{where}: draft_tokens applies to decoding; phase 'prefill' decodes nothing"
+            )
+
+    @property
+    def accepted_per_step(self) -> float:
+        """Tokens a decode step advances a request by (1 without speculation)."""
+        k, a = self.draft_tokens, self.acceptance or 0.0
+        if not k:
+            return 1.0
+        if a == 1:
+            return float(k + 1)
+        return (1.0 - a ** (k + 1)) / (1.0 - a)
 
     def with_overrides(self, **overrides: Any) -> Workload:
         known = {f.name for f in fields(self)}
@@ -127,6 +165,11 @@ class Workload:
             f"batch {self.batch}",
             f"{self.input_len} in / {self.output_len} out",
             *slo,
+            *(
+                [f"MTP drafts {self.draft_tokens} at acceptance {self.acceptance:g}"]
+                if self.draft_tokens
+                else []
+            ),
             goal,
         ]
         return ", ".join(parts)
