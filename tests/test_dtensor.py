@@ -57,11 +57,12 @@ def _moe(cluster: str) -> Callable:
 
 def _kind(kind: str, cluster: str) -> Callable:
     """Token mixers whose placements are new: Gemma 4's per-kind heads with K = V and
-    KV shared across layers, gated DeltaNet and KDA states split by heads."""
+    KV shared across layers, gated DeltaNet and KDA states split by heads, MLA's latent
+    and DSA's indexer whole on every rank while the heads split."""
     return lambda: tiny_problem(kind, cluster)  # type: ignore[arg-type]
 
 
-NEW_KINDS = ("gemma4", "gdn", "kda")
+NEW_KINDS = ("gemma4", "gdn", "kda", "dsa")
 
 
 def _case(problem: Callable, degrees: Degrees, layers=None, head=None, **kw) -> Callable:
@@ -113,6 +114,7 @@ CASES: dict[int, dict[str, Callable]] = {
             _moe("h100x2"), Degrees(tp=2, ep=1, etp=2), {**SP_LAYER, "router": "replicated"}
         ),
         **{f"{k}-megatron-tp2": _case(_kind(k, "h100x2"), TP2) for k in NEW_KINDS},
+        "dsa-megatron-tp2-torch": _case(_kind("dsa", "h100x2"), TP2, styles="torch"),
         **{f"{k}-sp-tp2": _case(_kind(k, "h100x2"), TP2, SP_LAYER, SP_HEAD) for k in NEW_KINDS},
         **{
             f"{k}-token-attention-tp2": _case(_kind(k, "h100x2"), TP2, TOKEN_ATTENTION)
@@ -139,7 +141,7 @@ CASES: dict[int, dict[str, Callable]] = {
             _moe("h100x4"), Degrees(tp=2, dp_attn=2, ep=4, etp=1), {"experts": "allgather"}
         ),
         **{f"{k}-megatron-2x2": _case(_kind(k, "h100x4"), MESH_2X2) for k in NEW_KINDS},
-        **{f"{k}-megatron-tp4": _case(_kind(k, "h100x4"), TP4) for k in ("gdn", "kda")},
+        **{f"{k}-megatron-tp4": _case(_kind(k, "h100x4"), TP4) for k in ("gdn", "kda", "dsa")},
     },
 }
 
@@ -359,3 +361,15 @@ def test_every_edge_redistribution_matches_dtensor(dp: int, tp: int) -> None:
     assert results
     bad = [str(r) for r in results if not r.ok]
     assert not bad, f"{len(bad)} of {len(results)} layout pairs differ:\n" + "\n".join(bad)
+
+
+def test_reference_dsa_attends_to_the_indexer_top_k_and_shares_it() -> None:
+    p = tiny_problem("dsa")
+    net = TinyTransformer(p.model, seed=3)
+    ids = torch.randint(0, p.model.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        net(ids)
+    first, second = (block.attention for block in net.layers)
+    assert second.source is first and first.picked is not None
+    keys = first.picked.sum(-1)  # [batch, query]: keys each query reads
+    assert keys.max() == 4 and keys[:, :4].tolist() == [[1, 2, 3, 4]] * 2

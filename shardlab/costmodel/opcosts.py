@@ -15,9 +15,10 @@ gathered over ``dp`` for the ``*_full``/``allgather`` options. Weights on a GPU 
 its weight axes. MLA attention keeps the whole latent cache on every tensor-parallel
 rank (it has no KV heads to split); GQA splits KV heads down to one per rank. Each
 layer's token mixer (:class:`~shardlab.problems.model.LayerAttention`) sets its own
-shapes: a DSA layer reads its indexer's top-k keys and keeps the indexer whole on
-every rank; a linear-attention layer holds a fixed state per request, split by heads
-like a KV cache; a KV-sharing layer reads another layer's cache and holds none.
+shapes: under a head split MLA keeps its down-projections (the latent) whole on every
+rank and a DSA layer its indexer, which picks the top-k keys attention reads; a
+linear-attention layer holds a fixed state per request, split by heads like a KV
+cache; a KV-sharing layer reads another layer's cache and holds none.
 Measured kernel tables cover full and sliding softmax attention; DSA and linear
 layers are timed by the roofline.
 """
@@ -349,10 +350,9 @@ def _linear_cost(
     ways = ctx.ways(opt.weight_axes)
     params = _params(op, ctx.problem, attn) / ways
     if op.name == "qkv_proj" and attn is not None:
-        # The DSA indexer's weights stay whole on every rank (vLLM: ReplicatedLinear):
-        # every head a rank holds reads the same top-k.
-        indexer = ctx.model.indexer_params(attn)
-        params += indexer - indexer / ways
+        # MLA's latent and the DSA indexer stay whole on every rank: every head reads them.
+        whole = ctx.model.qkv_unsplit_params(attn)
+        params += whole - whole / ways
     wbytes = params * ctx.weight_bytes_per_value(op.family)
     width_in = ctx.local_width(input_width(op, ctx.problem, attn), opt.inp)
     width_out = ctx.local_width(output_width(op, ctx.problem, attn), opt.out)

@@ -5,8 +5,10 @@ DTensor's ``redistribute`` would issue (:mod:`shardlab.problems.placements`). Th
 checks that claim by execution, on CPU with the gloo backend:
 
 1. :class:`TinyTransformer` is a scaled-down transformer in plain torch built from a
-   :class:`~shardlab.problems.model.Model` (embedding, RMSNorm, GQA attention, SwiGLU
-   FFN, MoE router + experts + shared expert, LM head; float32). Every operator of
+   :class:`~shardlab.problems.model.Model` (embedding, RMSNorm, GQA attention with
+   Gemma 4's per-kind heads, K = V and shared KV, MLA with DSA's indexer, gated
+   DeltaNet and KDA recurrences, SwiGLU FFN, MoE router + experts + shared expert, LM
+   head; float32). Every operator of
    :mod:`shardlab.problems.operators` is one sub-module, so a plan's option maps onto it.
 2. :func:`apply_plan` shards it with ``parallelize_module`` over a ``(dp, tp)``
    ``DeviceMesh``. Activations are ``[batch, seq, hidden]`` DTensors: ``S(tok)`` is
@@ -67,7 +69,8 @@ DTensor's own all-to-all op (``torch.ops._dtensor.shard_dim_alltoall``, what CUD
 runs); ``cpu_alltoall_fallback=True`` keeps the stock CPU behaviour.
 
 Not modelled by the reference model (they change no collective): RoPE, biases, QK
-norms, attention sinks, sliding windows, MLA (refused), pipeline stages (``pp = 1``).
+norms, attention sinks, sliding windows, linear attention's short convolution,
+pipeline stages (``pp = 1``).
 Nothing in the solver or the CLI imports this package. Its modules, by role:
 :mod:`~shardlab.dtensor_check.tiny` (tiny configs and the reference model),
 :mod:`~shardlab.dtensor_check.recording` (what a forward pass records),

@@ -20,7 +20,13 @@ from torch.distributed.tensor.parallel import (
 )
 
 from shardlab.dtensor_check.edges import Styles, _PlanState, torch_placement
-from shardlab.dtensor_check.tiny import Experts, SwiGLUUp, TinyTransformer, _ExpertSharding
+from shardlab.dtensor_check.tiny import (
+    Experts,
+    SwiGLUUp,
+    TinyTransformer,
+    _ExpertSharding,
+    _HeadSlice,
+)
 from shardlab.errors import ShardlabError
 from shardlab.problems.model import Model
 from shardlab.problems.operators import (
@@ -144,27 +150,28 @@ class ExpertParallel(ParallelStyle):
         return module
 
 
+def _local(opt: OptionSpec) -> ParallelStyle:
+    """torch's style for a module that computes on its local shard of the tp mesh."""
+    tp_in, tp_out = torch_placement(opt.inp[1]), torch_placement(opt.out[1])
+    return PrepareModuleInputOutput(
+        input_layouts=(tp_in,),
+        desired_input_layouts=(tp_in,),
+        use_local_input=True,
+        output_layouts=tp_out,
+        desired_output_layouts=tp_out,
+        use_local_output=False,
+    )
+
+
 def _torch_style(op: str, opt: OptionSpec, module: nn.Module) -> dict[str, ParallelStyle]:
     """torch's own 1-D styles on the tp mesh for one operator option (``styles="torch"``)."""
-    tp_in = torch_placement(opt.inp[1])
-    tp_out = torch_placement(opt.out[1])
-
-    def local() -> ParallelStyle:
-        return PrepareModuleInputOutput(
-            input_layouts=(tp_in,),
-            desired_input_layouts=(tp_in,),
-            use_local_input=True,
-            output_layouts=tp_out,
-            desired_output_layouts=tp_out,
-            use_local_output=False,
-        )
 
     linears = [n for n, _ in module.named_children()] if isinstance(module, SwiGLUUp) else [""]
     if op in ("attention", "sampler"):
-        return {"": local()}
+        return {"": _local(opt)}
     if opt.name == "replicated":
         # Whole weights on every rank: compute on the local tensor.
-        return {"": local()}
+        return {"": _local(opt)}
     if opt.name == "seq_sharded":
         return {n: SequenceParallel(sequence_dim=0) for n in linears}
     if opt.name == "column":
@@ -233,9 +240,17 @@ def apply_plan(
         target = mesh["tp"]
     rank = dist.get_rank(mesh.get_group("dp")) * d.tp + dist.get_rank(mesh.get_group("tp"))
     local_ops = ("attention", "sampler")
+    tp_rank = dist.get_rank(mesh.get_group("tp"))
     plan_styles: dict[str, ParallelStyle] = {}
 
     def add(fqn: str, op: str, opt: OptionSpec, module: nn.Module) -> None:
+        if isinstance(module, _HeadSlice):
+            # Head groups on local weights: the tp rank's groups when the option splits them.
+            split = "tp" in opt.weight_axes and d.tp > 1
+            module.first_group = tp_rank if split else 0
+            module.local_groups = 1 if split else None
+            plan_styles[fqn] = OptionParallel(opt, local=True) if styles == "mesh" else _local(opt)
+            return
         if styles == "mesh":
             plan_styles[fqn] = OptionParallel(opt, local=op in local_ops)
             return

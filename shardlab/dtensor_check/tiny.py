@@ -36,7 +36,7 @@ COUNT_DTYPE = torch.int32
 # -- tiny configs ----------------------------------------------------------------------
 
 
-TinyKind = Literal["dense", "moe", "gemma4", "gdn", "kda"]
+TinyKind = Literal["dense", "moe", "gemma4", "gdn", "kda", "dsa"]
 
 
 def tiny_config(kind: TinyKind = "dense", *, num_layers: int | None = None) -> dict:
@@ -50,7 +50,9 @@ def tiny_config(kind: TinyKind = "dense", *, num_layers: int | None = None) -> d
     KV of the two before (``num_layers`` >= 4).
     ``gdn``: Qwen3-Next, gated DeltaNet (4 key / 8 value heads of 8) and gated full
     attention alternating. ``kda``: Kimi-Linear's KDA (8 heads of 8) alternating with
-    the GQA attention above. Two layers by default, four for ``gemma4``.
+    the GQA attention above. ``dsa``: GLM-5's MLA (8 heads, query latent 32, KV latent
+    16) with DSA picking 4 keys, the second layer sharing the first's indexer. Two
+    layers by default, four for ``gemma4``.
     """
     if num_layers is None:
         num_layers = 4 if kind == "gemma4" else 2
@@ -89,6 +91,20 @@ def tiny_config(kind: TinyKind = "dense", *, num_layers: int | None = None) -> d
             "linear_key_head_dim": 8,
             "linear_value_head_dim": 8,
             "full_attention_interval": 2,
+        }
+    if kind == "dsa":
+        return {
+            "model_type": "glm_moe_dsa",
+            **common,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 16,
+            "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 4,
+            "v_head_dim": 8,
+            "index_topk": 4,
+            "index_n_heads": 2,
+            "index_head_dim": 8,
+            "indexer_types": ["full"] + ["shared"] * (num_layers - 1),
         }
     if kind == "kda":
         return {
@@ -308,6 +324,129 @@ class LinearMixer(nn.Module):
         return (o.reshape(b, s, nv * dv)) * torch.sigmoid(gate.reshape(b, s, nv * dv))
 
 
+class _HeadSlice:
+    """A module that computes some of its ``groups`` head groups on local weights:
+    ``first_group`` and ``local_groups`` are set when a plan splits its heads over tp
+    (styles.apply_plan); unsharded it computes all of them."""
+
+    groups: int
+    first_group: int = 0
+    local_groups: int | None = None
+
+    def span(self) -> range:
+        n = self.groups if self.local_groups is None else self.local_groups
+        return range(self.first_group, self.first_group + n)
+
+
+class MLAProjection(nn.Module, _HeadSlice):
+    """MLA's input projections (``qkv_proj``) and, on DSA layers, the indexer's.
+
+    Per head group it emits ``[q of the group's heads; latent; rope key; indexer q, k
+    and weights]``: the latent and the indexer are computed whole on every rank that
+    holds any head (vLLM's ReplicatedLinear), so a rank's slice of the groups is whole
+    heads with everything they read, and a head split needs no exchange.
+    """
+
+    def __init__(self, model: Model, a: LayerAttention, groups: int) -> None:
+        super().__init__()
+        mla = model.mla
+        assert mla is not None
+        h = model.hidden_size
+        self.groups, self.mla = groups, mla
+        qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        self.per_group = a.heads // groups * qk
+        q_in = mla.q_lora_rank or h
+        if mla.q_lora_rank:
+            self.q_a = nn.Parameter(torch.empty(mla.q_lora_rank, h))
+            self.q_a_norm = RMSNorm(mla.q_lora_rank)
+        self.q = nn.Parameter(torch.empty(a.heads * qk, q_in))
+        self.kv_a = nn.Parameter(torch.empty(mla.kv_lora_rank + mla.qk_rope_head_dim, h))
+        self.kv_a_norm = RMSNorm(mla.kv_lora_rank)
+        self.indexer = a.indexer
+        if a.indexer:
+            dsa = model.dsa
+            assert dsa is not None
+            self.index_q = nn.Parameter(torch.empty(dsa.heads * dsa.head_dim, q_in))
+            self.index_k = nn.Parameter(torch.empty(dsa.head_dim, h))
+            self.index_k_norm = nn.LayerNorm(dsa.head_dim)
+            self.index_w = nn.Parameter(torch.empty(dsa.heads, h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        latent_q = self.q_a_norm(x @ self.q_a.T) if hasattr(self, "q_a") else x
+        q = latent_q @ self.q.T
+        kv = x @ self.kv_a.T
+        r = self.mla.kv_lora_rank
+        shared = [self.kv_a_norm(kv[..., :r]), kv[..., r:]]
+        if self.indexer:
+            k = self.index_k_norm(x @ self.index_k.T)
+            shared += [latent_q @ self.index_q.T, k, x @ self.index_w.T]
+        n = self.per_group
+        return torch.cat(
+            [t for g in self.span() for t in (q[..., g * n : (g + 1) * n], *shared)], -1
+        )
+
+
+class MLAAttention(nn.Module, _HeadSlice):
+    """Causal MLA on :class:`MLAProjection`'s output: each head expands the latent with
+    its own slice of ``kv_b`` (held whole, used for the local heads). A DSA layer's
+    indexer scores every earlier key (``sum_h w_h relu(q_h . k)``) and each query attends
+    to its ``top_k`` best; a layer that shares an indexer reuses its ``source``'s pick."""
+
+    def __init__(self, model: Model, a: LayerAttention, groups: int) -> None:
+        super().__init__()
+        mla = model.mla
+        assert mla is not None
+        self.groups, self.mla, self.top_k = groups, mla, a.top_k
+        self.hq = a.heads // groups
+        self.nope, self.rope, self.v = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
+        self.kv_b = nn.Parameter(torch.empty(a.heads, self.nope + self.v, mla.kv_lora_rank))
+        self.parts = [self.hq * (self.nope + self.rope), mla.kv_lora_rank, self.rope]
+        dsa = model.dsa
+        if a.indexer:
+            assert dsa is not None
+            self.index = (dsa.heads, dsa.head_dim)
+            self.parts += [dsa.heads * dsa.head_dim, dsa.head_dim, dsa.heads]
+        self.source: MLAAttention | None = None  # the layer whose top-k a sharing layer reads
+        self.picked: torch.Tensor | None = None
+
+    def _pick(self, parts: list[torch.Tensor], s: int) -> torch.Tensor | None:
+        if not self.top_k:
+            return None
+        if self.source is not None:
+            assert self.source.picked is not None
+            return self.source.picked
+        heads, dim = self.index
+        b = parts[0].shape[0]
+        q = parts[3][:, :, 0].reshape(b, s, heads, dim)
+        k, w = parts[4][:, :, 0], parts[5][:, :, 0]
+        score = torch.einsum("bthd,bsd->bths", q, k).relu()
+        score = torch.einsum("bths,bth->bts", score, w)
+        causal = torch.ones(s, s, dtype=torch.bool).tril()
+        score = score.masked_fill(~causal, float("-inf"))
+        top = score.topk(min(self.top_k, s), dim=-1).indices
+        keep = torch.zeros_like(score, dtype=torch.bool).scatter_(-1, top, True) & causal
+        self.picked = keep
+        return keep
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, width = x.shape
+        g = width // sum(self.parts)
+        parts = list(x.view(b, s, g, sum(self.parts)).split(self.parts, -1))
+        q = parts[0].reshape(b, s, g * self.hq, self.nope + self.rope).transpose(1, 2)
+        c, kr = parts[1][:, :, 0], parts[2][:, :, 0]  # every group carries the same latent
+        first = self.span()[0] * self.hq
+        w = self.kv_b[first : first + g * self.hq]
+        k_nope = torch.einsum("bsl,hdl->bhsd", c, w[:, : self.nope])
+        v = torch.einsum("bsl,hdl->bhsd", c, w[:, self.nope :])
+        k = torch.cat([k_nope, kr[:, None].expand(-1, g * self.hq, -1, -1)], -1)
+        keep = self._pick(parts, s)
+        if keep is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None])
+        return o.transpose(1, 2).reshape(b, s, g * self.hq * self.v)
+
+
 class Sampler(nn.Module):
     """Reads the logits in its layout and returns them (sampling itself is local)."""
 
@@ -432,8 +571,13 @@ class Block(nn.Module):
         self.kind = m.layer_kinds[index]
         self.attn_norm = RMSNorm(h)
         a = m.attention_layers[index]
-        self.qkv_proj = nn.Linear(h, m.qkv_width(a), bias=False)
-        self.attention = (LinearMixer if a.linear else Attention)(m, a, groups)
+        self.qkv_proj: nn.Module
+        if m.mla is not None and not a.linear:
+            self.qkv_proj = MLAProjection(m, a, groups)
+            self.attention = MLAAttention(m, a, groups)
+        else:
+            self.qkv_proj = nn.Linear(h, m.qkv_width(a), bias=False)
+            self.attention = (LinearMixer if a.linear else Attention)(m, a, groups)
         self.o_proj = nn.Linear(m.q_dim(a), h, bias=False)
         self.ffn_norm = RMSNorm(h)
         if self.kind == "dense":
@@ -483,21 +627,26 @@ class TinyTransformer(nn.Module):
 
     def __init__(self, model: Model, *, groups: int = 1, seed: int = 0) -> None:
         super().__init__()
-        if model.mla is not None:
-            raise ShardlabError(f"{model.name}: MLA attention is not implemented by the check")
         self.model = model
         self.groups = groups
         h = model.hidden_size
         self.embedding = nn.Embedding(model.vocab_size, h)
         self.layers = nn.ModuleList(Block(model, i, groups) for i in range(model.num_layers))
-        # A KV-sharing layer reads the last earlier layer of its span that computes KV.
+        # A KV-sharing layer reads the last earlier layer of its span that computes KV;
+        # a DSA layer without an indexer, the last earlier layer that has one.
         store: dict[object, Attention] = {}
+        indexer: MLAAttention | None = None
         for i, a in enumerate(model.attention_layers):
             attn = self.layers[i].attention
             if a.kv_shared:
                 attn.store = store[a.span]
             elif isinstance(attn, Attention):
                 store[a.span] = attn
+            if isinstance(attn, MLAAttention) and a.top_k:
+                if a.indexer:
+                    indexer = attn
+                else:
+                    attn.source = indexer
         self.final_norm = RMSNorm(h)
         self.lm_head = nn.Linear(h, model.vocab_size, bias=False)
         self.sampler = Sampler()
@@ -522,9 +671,10 @@ class TinyTransformer(nn.Module):
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
         m = self.model
         for block in self.layers:
-            w = block.qkv_proj.weight
-            parts = mixer_parts(m, m.attention_layers[block.index])
-            w.copy_(_group_rows(w, parts, self.groups))
+            if isinstance(block.qkv_proj, nn.Linear):  # (MLA's projection groups itself)
+                w = block.qkv_proj.weight
+                parts = mixer_parts(m, m.attention_layers[block.index])
+                w.copy_(_group_rows(w, parts, self.groups))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         e = _Edges(self.plan, None)

@@ -471,6 +471,17 @@ class Model:
         assert self.dsa is not None and self.mla is not None
         return self.dsa.indexer_params(self.hidden_size, self.mla.q_lora_rank)
 
+    def qkv_unsplit_params(self, a: LayerAttention) -> int:
+        """The part of :meth:`qkv_params` no head split divides: MLA's query and KV
+        down-projections with their norms (the latent every head reads) and the DSA
+        indexer. vLLM keeps them whole on every tensor-parallel rank (ReplicatedLinear)."""
+        if self.mla is None or a.linear:
+            return 0
+        m, h = self.mla, self.hidden_size
+        q_down = h * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0
+        kv_down = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+        return q_down + kv_down + self.indexer_params(a)
+
     def o_params(self, a: LayerAttention) -> int:
         n = self.q_dim(a) * self.hidden_size
         if self.o_bias and not a.linear:
