@@ -760,12 +760,14 @@ def _breakdown(
             c = t.head_costs[si][ki][int(h[ki])]
             stage = 0 if ki == 0 else t.degrees.pp - 1
             comm = head_comm[op.name] + (comm_first if ki == 0 else 0.0)
+            draft = float(np.broadcast_to(c.draft_s, c.compute_s.shape)[bi])
             add(
-                f"head.{op.name}",
+                # speculative decoding's draft passes run with the sampler (as compute)
+                f"head.{op.name}" + (" + MTP drafts" if draft else ""),
                 op.options[int(h[ki])].name,
                 layer_on_fullest=stage == fullest,
                 time=float(c.time_s[bi]) + comm,
-                compute=float(c.compute_s[bi]),
+                compute=float(c.compute_s[bi]) + draft,
                 memory=float(c.memory_s[bi]) + c.kernel_s,
                 comm=comm,
                 weight=c.weight_bytes,

@@ -54,7 +54,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         name="deepseek-v3",
         hf_id="deepseek-ai/DeepSeek-V3",
         file="deepseek-ai--DeepSeek-V3.json",
-        note="MTP layer counted apart",
+        note="MTP layer counted apart; it drafts with --draft-tokens",
     ),
     CatalogEntry(
         name="kimi-k2",
@@ -91,7 +91,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
         name="glm-4.5",
         hf_id="zai-org/GLM-4.5",
         file="zai-org--GLM-4.5.json",
-        note="MTP layer counted apart",
+        note="MTP layer counted apart; it drafts with --draft-tokens",
     ),
     CatalogEntry(
         name="glm-5",
