@@ -157,16 +157,23 @@ def test_weights_shrink_under_column_and_row_sharding_only() -> None:
         if degrees.tp == 1:
             continue
         t = degree_tables(problem, degrees)
-        for ci, (kind, _) in enumerate(t.classes):
+        for ci, (kind, attn) in enumerate(t.classes):
             for ki, op in enumerate(t.ops[kind]):
                 names = op.option_names
                 if "replicated" not in names or op.family in ("kv_cache", "residual"):
                     continue
                 full = t.op_weight[ci, ki, names.index("replicated")]
+                # MLA's down-projections stay whole on every rank (the latent every head
+                # reads); the rest of the projection splits.
+                whole = 0.0
+                if op.name == "qkv_proj":
+                    per_value = full / problem.model.qkv_params(attn)
+                    whole = problem.model.qkv_unsplit_params(attn) * per_value
+                    assert whole > 0
                 for split in ("column", "row"):
                     if split in names and op.split_size % degrees.tp == 0:
                         assert t.op_weight[ci, ki, names.index(split)] == pytest.approx(
-                            full / degrees.tp
+                            (full - whole) / degrees.tp + whole
                         )
                 if "seq_sharded" in names:
                     assert t.op_weight[ci, ki, names.index("seq_sharded")] == full
