@@ -41,7 +41,9 @@ from shardlab.render import (
 )
 
 if TYPE_CHECKING:
-    from shardlab.solvers import Budget
+    from shardlab.solvers import Budget, SolveResult
+
+VS_FREE_NEEDS_ENGINE = "--vs-free compares the engine's space with the free one: add --space engine"
 
 # When the command started (this module's import): --time-limit counts from here.
 _STARTED = time.perf_counter()
@@ -336,6 +338,14 @@ def solve(
     out_file: Annotated[
         str | None, typer.Option("--out", help="Write the best plan here (JSON).")
     ] = None,
+    vs_free: Annotated[
+        bool,
+        typer.Option(
+            "--vs-free",
+            help="With --space engine: also solve the free space (CP-SAT) and report what "
+            "per-operator sharding would add if the engine ran it.",
+        ),
+    ] = False,
     plot: Annotated[
         str, typer.Option(help="--objective pareto: write the front's figure here (PNG).")
     ] = "pareto.png",
@@ -364,6 +374,8 @@ def solve(
         algorithm=algorithm,
     )
     solver = get_solver(method, **options)
+    if vs_free and problem.space_kind != "engine":
+        raise ShardlabError(VS_FREE_NEEDS_ENGINE)
     if max_evals is None and time_limit is None:
         budget = Budget() if not solver.exact else Budget(max_evals=None, seconds=600.0)
     else:
@@ -377,6 +389,7 @@ def solve(
     if result.status == "unknown":
         raise ShardlabError(f"{method}: {result.message}")
     baseline = get_solver("megatron").solve(problem, seed=seed)
+    free = _free_optimum(problem, seed) if vs_free else None
     if out_file is not None and result.plan is not None:
         write_text(out_file, result.plan.to_json(problem.model, cluster=problem.cluster.name))
     ratio = None
@@ -398,6 +411,7 @@ def solve(
                     "plan": baseline.to_dict(problem)["plan"],
                     "ratio": ratio,
                 },
+                **({"free": _free_json(problem, result, free)} if free is not None else {}),
             }
         )
     else:
@@ -415,10 +429,51 @@ def solve(
             print_metrics(result.metrics)
             if ratio is not None:
                 out.print(f"  ratio to the megatron plan: [bold]{ratio:.3f}[/]")
+        if free is not None:
+            gain = _free_json(problem, result, free)
+            out.print(
+                f"free space (every per-operator sharding): cpsat {free.status}, "
+                f"{gain['throughput_tok_s'] or 0:,.0f} tok/s, plan {gain['degrees']}"
+            )
+            if gain["ratio"] is not None:
+                out.print(
+                    f"  free optimum over the {problem.engine} plan: [bold]{gain['ratio']:.3f}"
+                    "[/] (what per-operator sharding would add if the engine ran it)"
+                )
         if out_file is not None and result.plan is not None:
             out.print(f"wrote {out_file}")
     if result.status == "error":
         raise SystemExit(1)
+
+
+def _free_optimum(problem: Problem, seed: int) -> SolveResult:
+    """CP-SAT over the free space of ``problem`` (the yardstick of --vs-free)."""
+    from shardlab.solvers import Budget
+    from shardlab.solvers.registry import get_solver
+
+    free = get_solver("cpsat").solve(
+        problem.with_space("free"), budget=Budget(max_evals=None, seconds=600.0), seed=seed
+    )
+    if free.status == "unknown":
+        raise ShardlabError(f"--vs-free: {free.message}")
+    return free
+
+
+def _free_json(problem: Problem, result: SolveResult, free: SolveResult) -> dict:
+    from shardlab.compare import quality
+
+    ratio = None
+    if result.metrics is not None and free.metrics is not None and free.metrics.feasible:
+        ratio = 1 / quality(result.metrics.objective, free.metrics.objective)
+    return {
+        "method": "cpsat",
+        "space": "free",
+        "status": free.status,
+        "throughput_tok_s": free.metrics.throughput_tok_s if free.metrics else None,
+        "degrees": free.plan.degrees.short() if free.plan else None,
+        "plan": free.to_dict(problem)["plan"],
+        "ratio": ratio,
+    }
 
 
 def _solve_front(
@@ -523,6 +578,121 @@ def train_policy(
 
 
 @app.command()
+def launch(
+    plan_file: Annotated[str, typer.Option("--plan", help="A plan JSON (shardlab solve --out).")],
+    engine: Annotated[str, typer.Option(help="trtllm, vllm or sglang.")],
+    model_path: Annotated[
+        str | None,
+        typer.Option("--model-path", help="What the engine loads (default: the HF id)."),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Default: the plan's model.")
+    ] = None,
+    cluster: Annotated[
+        str | None, typer.Option("--cluster", "-c", help="Default: the plan's cluster.")
+    ] = None,
+    kv_dtype: Annotated[str | None, typer.Option("--kv-dtype", help="bf16 or fp8.")] = None,
+    draft_tokens: Annotated[
+        int | None, typer.Option("--draft-tokens", min=1, help="MTP drafts per step.")
+    ] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option("--max-tokens", min=1, help="Tokens per iteration per DP rank."),
+    ] = None,
+    trust_remote_code: Annotated[
+        bool, typer.Option("--trust-remote-code", help="Let the engine run the model's code.")
+    ] = False,
+    config_dir: Annotated[
+        str, typer.Option("--config-dir", help="Where config files the engine takes go.")
+    ] = ".",
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Print the engine's own launch commands for a plan, one per node of each replica,
+    and write the config files it takes; a plan the engine cannot run is refused."""
+    import json
+    from pathlib import Path
+
+    from shardlab.launch import build_launch
+    from shardlab.problems.catalog import hf_id_of
+
+    try:
+        data = json.loads(Path(plan_file).read_text())
+    except OSError as exc:
+        raise ShardlabError(f"{plan_file}: cannot read the plan ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ShardlabError(f"{plan_file}: not a plan JSON (shardlab solve --out)") from None
+    if not isinstance(data, dict):
+        raise ShardlabError(f"{plan_file}: a plan must be a JSON object")
+    model = model or data.get("model") or ""
+    cluster = cluster or data.get("cluster") or ""
+    if not model or not cluster:
+        raise ShardlabError(f"{plan_file}: names no model or cluster; give --model and --cluster")
+    overrides = {
+        k: v for k, v in (("kv_dtype", kv_dtype), ("draft_tokens", draft_tokens)) if v is not None
+    }
+    problem = Problem.build(model, cluster, engine=engine, max_tokens=max_tokens, **overrides)
+    plan = Plan.from_dict(data, problem.model, where=plan_file)
+    problem.space.degree_index(plan.degrees)  # the degrees must suit this cluster
+    path = model_path or hf_id_of(problem.model) or problem.model.name
+    spec = build_launch(
+        problem, plan, model_path=path, trust_remote_code=trust_remote_code, config_dir=config_dir
+    )
+    for name, content in spec.files:
+        write_text(name, content)
+    if fmt is Format.json:
+        emit_json(spec.to_dict())
+        return
+    out.print(
+        f"{problem.model.name} on {problem.cluster.name} with {engine} {spec.version}"
+        + (f" ({', '.join(spec.features)})" if spec.features else ""),
+        markup=False,
+    )
+    for c in spec.commands:
+        where = f"replica {c.replica}, node {c.node}"
+        if c.nodes > 1:
+            where += f" (node rank {c.node_rank} of {c.nodes})"
+        out.print(f"# {where}", markup=False)
+        out.print(c.shell(), markup=False, soft_wrap=True)
+    for name, _ in spec.files:
+        out.print(f"wrote {name}", markup=False)
+    for note in spec.notes:
+        out.print(f"note: {note}", markup=False, soft_wrap=True)
+
+
+@app.command()
+def engines(fmt: FormatOpt = Format.table) -> None:
+    """What each engine can launch: its pinned version and features, with sources."""
+    from shardlab.problems.capability import ENGINES, capability
+
+    rows = []
+    for name in ENGINES:
+        cap = capability(name)
+        rows.append(
+            {
+                "engine": name,
+                "version": cap.version,
+                "uneven_pipeline_stages": cap.uneven_pp,
+                "features": [
+                    {"name": f.name, "turns_on": f.turns_on, "source": f.source, "doc": f.doc}
+                    for f in cap.features
+                ],
+            }
+        )
+    if fmt is Format.json:
+        emit_json(rows)
+        return
+    table = Table(title="Engines (--space engine, shardlab launch)")
+    for col in ("engine", "feature", "turned on by", "what it does", "source"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        for f in r["features"]:
+            table.add_row(
+                f"{r['engine']} {r['version']}", f["name"], f["turns_on"], f["doc"], f["source"]
+            )
+    out.print(table)
+
+
+@app.command()
 def solvers(fmt: FormatOpt = Format.table) -> None:
     """List the registered methods."""
     from shardlab.solvers.registry import available_solvers, solver_class
@@ -584,6 +754,20 @@ def compare(
         typer.Option(help="Also run rl from this pretrained policy (as method rl+policy)."),
     ] = None,
     jobs: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 2,
+    engines: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated engines to run every instance on (default: --engine); "
+            "results name instances INSTANCE/ENGINE."
+        ),
+    ] = None,
+    vs_free: Annotated[
+        bool,
+        typer.Option(
+            "--vs-free",
+            help="With --space engine: also CP-SAT over the free space, the yardstick.",
+        ),
+    ] = False,
     name: Annotated[str | None, typer.Option(help="Results folder name.")] = None,
     results_dir: Annotated[str, typer.Option("--results-dir")] = "results",
     fmt: FormatOpt = Format.table,
@@ -635,6 +819,19 @@ def compare(
             raise ShardlabError(f"--budgets {budgets!r}: give positive integers, e.g. 500,2000")
     if policy is not None:
         get_solver("rl", policy=policy)  # a bad checkpoint fails here, not in every run
+    from shardlab.problems.capability import capability
+
+    engine_list: list[str] = []
+    if engines is not None:
+        engine_list = [e.strip() for e in engines.split(",") if e.strip()]
+        for e in engine_list:
+            capability(e)  # an unknown engine fails here, not in every run
+        if not engine_list:
+            raise ShardlabError(f"--engines {engines!r}: name one or more of trtllm, vllm, sglang")
+    if vs_free and problem.space_kind != "engine":
+        raise ShardlabError(
+            "--vs-free compares the engine space with the free one: add --space engine"
+        )
     results = run_comparison(
         instances,
         wanted,
@@ -646,6 +843,10 @@ def compare(
         budgets=levels,
         variants=variants + ([("rl+policy", "rl", {"policy": policy})] if policy else []),
         timing=problem.timing,
+        engine=problem.engine,
+        engines=engine_list,
+        space_kind=problem.space_kind,
+        vs_free=vs_free,
     )
     rows = summarize(results)
     out_dir = Path(results_dir) / label

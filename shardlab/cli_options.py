@@ -91,6 +91,15 @@ PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         typer.Option(DEFAULT_ENGINE, help="Serving engine: trtllm, vllm or sglang."),
     ),
     (
+        "space_kind",
+        str,
+        typer.Option(
+            "free",
+            "--space",
+            help="free: every sharding; engine: only what --engine can launch.",
+        ),
+    ),
+    (
         "calibration",
         str | None,
         typer.Option(None, help="Corrections from `shardlab calibrate` (YAML)."),
@@ -152,6 +161,7 @@ def problem_command(func: Callable[..., None]) -> Callable[..., None]:
             tie=tie,
             timing=timing,
             engine=engine,
+            space_kind=options.pop("space_kind"),
             calibration=options.pop("calibration"),
             max_batch=options.pop("max_batch"),
             max_tokens=options.pop("max_tokens"),

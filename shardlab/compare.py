@@ -34,6 +34,9 @@ from shardlab.problems.suite import Instance
 from shardlab.solvers import Budget
 from shardlab.solvers.registry import get_solver, solver_class
 
+# The label of CP-SAT over the free space in a comparison of engine spaces.
+FREE_OPTIMUM = "cpsat@free"
+
 
 @dataclass(frozen=True)
 class Task:
@@ -45,15 +48,23 @@ class Task:
     options: tuple[tuple[str, object], ...] = ()  # method-specific solver options
     label: str = ""  # the name results carry (default: the method)
     timing: str | None = None  # the instance's kernel timing (None: the problem default)
+    engine: str | None = None  # the serving engine (None: the problem default)
+    space_kind: str = "free"  # the space searched: every sharding, or the engine's
+    per_engine: bool = False  # several engines compared: name the instance with it
 
     @property
     def name(self) -> str:
         return self.label or self.method
 
+    @property
+    def instance_name(self) -> str:
+        """The instance as results name it: with its engine when several are compared."""
+        return self.instance.name + (f"/{self.engine}" if self.per_engine else "")
+
 
 def run_task(task: Task) -> dict[str, Any]:
     """One solve, as a JSON-ready dict (runs in a worker process)."""
-    problem = task.instance.problem(task.timing)
+    problem = task.instance.problem(task.timing, task.engine, task.space_kind)
     try:
         r = get_solver(task.method, **dict(task.options)).solve(
             problem,
@@ -63,7 +74,9 @@ def run_task(task: Task) -> dict[str, Any]:
     except Exception as exc:  # a failing run is recorded; the comparison goes on
         return {
             "task_max_evals": task.max_evals,
-            "instance": task.instance.name,
+            "instance": task.instance_name,
+            "engine": task.engine,
+            "space": task.space_kind,
             "method": task.name,
             "solver": task.method,
             "seed": task.seed,
@@ -80,7 +93,9 @@ def run_task(task: Task) -> dict[str, Any]:
     feasible = r.metrics is not None and r.status in ("optimal", "feasible")
     return {
         "task_max_evals": task.max_evals,
-        "instance": task.instance.name,
+        "instance": task.instance_name,
+        "engine": task.engine,
+        "space": task.space_kind,
         "method": task.name,
         "solver": task.method,
         "seed": task.seed,
@@ -128,16 +143,39 @@ def run_comparison(
     budgets: Sequence[int] | None = None,
     variants: Sequence[tuple[str, str, dict[str, object]]] = (),
     timing: str | None = None,
+    engine: str | None = None,
+    engines: Sequence[str] = (),
+    space_kind: str = "free",
+    vs_free: bool = False,
 ) -> list[dict[str, Any]]:
     """Every run as a dict; with ``budgets``, one record per run and budget (see the
     module docstring), each with its ``budget``. ``variants`` are extra methods run
     with options, as ``(label, method, options)`` (e.g. ``rl`` from a pretrained policy).
+    Each instance is run on ``engine``, or on each of ``engines`` (results then name it
+    ``instance/engine``), every method searching ``space_kind``; ``vs_free`` adds CP-SAT
+    over the free space (``cpsat@free``), whose optimum the others are then a fraction of.
     """
-    runs = [(m, m, {}) for m in dict.fromkeys([*methods, "megatron"])] + list(variants)
+    runs = [(m, m, {}, space_kind) for m in dict.fromkeys([*methods, "megatron"])]
+    runs += [(label, m, opts, space_kind) for label, m, opts in variants]
+    if vs_free and space_kind != "free":
+        runs.append((FREE_OPTIMUM, "cpsat", {}, "free"))
     tasks = [
-        Task(inst, m, s, b, seconds, tuple(sorted(opts.items())), label, timing)
+        Task(
+            inst,
+            m,
+            s,
+            b,
+            seconds,
+            tuple(sorted(opts.items())),
+            label,
+            timing,
+            eng,
+            space,
+            bool(engines),
+        )
         for inst in instances
-        for label, m, opts in runs
+        for eng in (engines or [engine])
+        for label, m, opts, space in runs
         for b in _budgets_of(m, max_evals, budgets)
         for s in (range(seeds) if m != "megatron" else range(1))
     ]
@@ -194,8 +232,8 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["objective"] is None:
             continue
         best[r["instance"]] = max(best.get(r["instance"], -math.inf), r["objective"])
-        if r["method"] == "cpsat" and r["status"] == "optimal":
-            proven[r["instance"]] = r["objective"]
+        if r["method"] in ("cpsat", FREE_OPTIMUM) and r["status"] == "optimal":
+            proven[r["instance"]] = max(proven.get(r["instance"], -math.inf), r["objective"])
     best.update(proven)
     megatron = {r["instance"]: r["objective"] for r in results if r["method"] == "megatron"}
     rows = []
@@ -331,7 +369,52 @@ def summary_markdown(name: str, command: str, rows: list[dict[str, Any]], timing
         )
     if budgets:
         lines += ["", *budget_table(rows, budgets)]
+    if any(r["method"] == FREE_OPTIMUM for r in rows):
+        lines += [
+            "",
+            "## Against the free optimum",
+            "",
+            "Each entry as a fraction of CP-SAT's optimum over the free space (every",
+            "per-operator sharding) under the same engine's kernels and memory budget.",
+            "",
+            *engine_table(rows),
+        ]
     return "\n".join(lines) + "\n"
+
+
+def engine_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Per instance and engine, every method as a fraction of the free optimum (CP-SAT
+    over the free space): the engine optimum (CP-SAT over the engine's space), the
+    baselines; and the geometric mean of free over engine optimum."""
+    by = {(r["instance"], r["method"]): r for r in rows if r.get("budget") is None}
+    methods = [m for m in dict.fromkeys(r["method"] for r in rows) if m != FREE_OPTIMUM]
+    insts = list(dict.fromkeys(r["instance"] for r in rows))
+    head = ["instance", "engine", "free optimum tok/s"] + [
+        "engine optimum" if m == "cpsat" else m for m in methods
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    gains = []
+    for inst in insts:
+        free = by.get((inst, FREE_OPTIMUM))
+        if free is None:
+            continue
+        name, _, engine = inst.rpartition("/")
+        cells = [name or inst, engine or "-", _fmt(free["throughput_tok_s"], ",.0f")]
+        cells += [
+            _fmt(by[(inst, m)]["ratio_to_best"], ".3f") if (inst, m) in by else "-" for m in methods
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+        eng = by.get((inst, "cpsat"))
+        if eng and eng["ratio_to_best"] > 0 and free["best_is_proven"]:
+            gains.append(1 / eng["ratio_to_best"])
+    if gains:
+        geo = math.exp(sum(math.log(g) for g in gains) / len(gains))
+        lines += [
+            "",
+            f"Free optimum over engine optimum: geometric mean {geo:.3f} over {len(gains)} "
+            f"instance-engine pairs (min {min(gains):.3f}, max {max(gains):.3f}).",
+        ]
+    return lines
 
 
 def budget_table(rows: list[dict[str, Any]], budgets: list[int]) -> list[str]:

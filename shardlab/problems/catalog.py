@@ -163,3 +163,12 @@ def load_model(name_or_path: str | Path) -> Model:
         f"model {str(name_or_path)!r}: not in the catalog and no such file; catalog: "
         + ", ".join(e.name for e in CATALOG)
     )
+
+
+def hf_id_of(model: Model) -> str | None:
+    """The HuggingFace id of a catalog model (None for others)."""
+    name = model.source.removeprefix("catalog:")
+    for entry in CATALOG:
+        if entry.name == name:
+            return entry.hf_id
+    return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -9,11 +10,12 @@ from typing import Any, Literal, get_args
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.calibration import Calibration
+from shardlab.problems.capability import ENGINES, Engine, capability
 from shardlab.problems.catalog import load_model
 from shardlab.problems.cluster import Cluster, parse_cluster
 from shardlab.problems.dtypes import BYTES_PER_VALUE
 from shardlab.problems.model import Model
-from shardlab.problems.space import SearchSpace, Tie
+from shardlab.problems.space import SearchSpace, SpaceKind, Tie
 from shardlab.problems.workload import Workload, get_workload
 
 DEFAULT_MODEL = "llama-3.1-70b"
@@ -23,8 +25,6 @@ DEFAULT_WORKLOAD = "chat"
 # How kernels are timed: measured tables (aiconfigurator-core; the roofline fills in
 # what they lack, a whole user-defined accelerator included) or the roofline alone.
 Timing = Literal["roofline", "silicon"]
-# The serving engine whose kernels (and, with silicon timing, measurements) apply.
-Engine = Literal["trtllm", "vllm", "sglang"]
 DEFAULT_TIMING: Timing = "silicon"
 DEFAULT_ENGINE: Engine = "trtllm"
 
@@ -36,7 +36,10 @@ class Problem:
     workload: Workload
     tie: Tie = "kind"
     timing: Timing = DEFAULT_TIMING
+    # the serving engine: its kernels (with silicon timing, its measurements), its
+    # memory budget and limits, and with space "engine" what it can launch
     engine: Engine = DEFAULT_ENGINE
+    space_kind: SpaceKind = "free"
     calibration: Calibration | None = None  # corrections fitted to measurements
     # the engine's requests and tokens per iteration per attention-DP rank (None: its
     # default, see shardlab.costmodel.engines)
@@ -51,10 +54,15 @@ class Problem:
             ):
                 flag = "--" + key.replace("_", "-")
                 raise ShardlabError(f"{flag} must be a positive integer, got {value!r}")
-        for key, allowed in (("timing", Timing), ("engine", Engine)):
-            if getattr(self, key) not in get_args(allowed):
+        for key, allowed in (
+            ("timing", get_args(Timing)),
+            ("engine", ENGINES),
+            ("space_kind", get_args(SpaceKind)),
+        ):
+            if getattr(self, key) not in allowed:
+                flag = "space" if key == "space_kind" else key
                 raise ShardlabError(
-                    f"{key} {getattr(self, key)!r} is not one of {', '.join(get_args(allowed))}"
+                    f"--{flag} {getattr(self, key)!r} is not one of {', '.join(allowed)}"
                 )
         if self.workload.draft_tokens and not self.model.mtp_layers:
             raise ShardlabError(
@@ -80,6 +88,7 @@ class Problem:
         tie: Tie = "kind",
         timing: Timing = DEFAULT_TIMING,
         engine: Engine = DEFAULT_ENGINE,
+        space_kind: SpaceKind = "free",
         calibration: Calibration | str | Path | None = None,
         max_batch: int | None = None,
         max_tokens: int | None = None,
@@ -98,6 +107,7 @@ class Problem:
             tie=tie,
             timing=timing,
             engine=engine,
+            space_kind=space_kind,
             calibration=calibration,
             max_batch=max_batch,
             max_tokens=max_tokens,
@@ -109,7 +119,12 @@ class Problem:
 
     @cached_property
     def space(self) -> SearchSpace:
-        return SearchSpace(self.model, self.cluster, tie=self.tie)
+        engine = capability(self.engine) if self.space_kind == "engine" else None
+        return SearchSpace(self.model, self.cluster, tie=self.tie, capability=engine)
+
+    def with_space(self, space_kind: SpaceKind) -> Problem:
+        """The same problem searched over another space (free or the engine's)."""
+        return dataclasses.replace(self, space_kind=space_kind)
 
     # -- precision -----------------------------------------------------------------
 

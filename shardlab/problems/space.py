@@ -31,6 +31,7 @@ from typing import Literal
 import numpy as np
 
 from shardlab.errors import ShardlabError
+from shardlab.problems.capability import Capability, EngineConfig
 from shardlab.problems.cluster import Cluster
 from shardlab.problems.model import LayerAttention, LayerKind, Model
 from shardlab.problems.operators import HEAD_OPS, OpSpec, OptionSpec, layer_ops
@@ -38,6 +39,12 @@ from shardlab.problems.plan import Degrees, Plan
 
 Tie = Literal["kind", "layer"]
 TIES: tuple[str, ...] = ("kind", "layer")
+# free: every plan of the layout algebra; engine: what the problem's engine can launch
+SpaceKind = Literal["free", "engine"]
+SPACE_KINDS: tuple[str, ...] = ("free", "engine")
+# The axes a degree choice is made of (RL decisions, Optuna's per-axis encoding); an
+# engine space adds "features", the index of the engine features a configuration sets.
+DEGREE_AXES: tuple[str, ...] = ("pp", "tp", "dp_attn", "ep")
 
 # Megatron-style option of each operator (see SearchSpace.megatron_plan).
 MEGATRON_OPTIONS: dict[str, str] = {
@@ -62,6 +69,7 @@ class Variable:
     cardinality: int
     role: Literal["degrees", "option", "cut"]
     group: str = ""  # option variables: "dense", "moe", "layer3", "head"
+    group_kind: str = ""  # option variables: the group's layer kind, or "head"
     op: str = ""
 
 
@@ -157,21 +165,49 @@ def max_shift(num_layers: int, pp: int) -> int:
 
 
 class SearchSpace:
-    """The degree tuples, operator options and pipeline partitions of one problem."""
+    """The degree tuples, operator options and pipeline partitions of one problem.
 
-    def __init__(self, model: Model, cluster: Cluster, *, tie: Tie = "kind") -> None:
+    With an engine ``capability`` the space holds only what that engine can launch:
+    variable 0 then indexes the engine's configurations (a degree tuple and the engine
+    features it is run with; several may share a degree tuple), and under each one
+    every operator has the single option the engine gives it, so the masks alone
+    restrict every solver. An engine chooses options per model, never per layer.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        cluster: Cluster,
+        *,
+        tie: Tie = "kind",
+        capability: Capability | None = None,
+    ) -> None:
         if tie not in TIES:
             raise ShardlabError(f"tie {tie!r}: use 'kind' or 'layer'")
         self.model = model
         self.cluster = cluster
         self.tie: Tie = tie
-        self.degree_tuples = enumerate_degrees(model, cluster)
-        if not self.degree_tuples:
+        self.capability = capability
+        free = enumerate_degrees(model, cluster)
+        if not free:
             raise ShardlabError(
                 f"cluster {cluster.name}: no way to split {model.name} ({model.num_heads} "
                 f"heads, {model.num_kv_heads} KV heads) over {cluster.num_gpus} GPUs; use a "
                 "GPU count whose factors divide the head counts (e.g. a power of two)"
             )
+        self.configs: tuple[EngineConfig, ...] | None = None
+        if capability is not None:
+            if tie != "kind":
+                raise ShardlabError(
+                    f"--space engine: {capability.engine} chooses each operator's sharding "
+                    "for the whole model, not per layer; use --tie kind"
+                )
+            self.configs = capability.configs(model, cluster, free)
+            self.degree_tuples: tuple[Degrees, ...] = tuple(c.degrees for c in self.configs)
+            self.feature_sets = tuple(dict.fromkeys(c.features for c in self.configs))
+        else:
+            self.degree_tuples = free
+            self.feature_sets = ((),)
         self.groups = self._groups()
         self.max_pp = max(d.pp for d in self.degree_tuples)
         variables = [Variable(name="degrees", cardinality=len(self.degree_tuples), role="degrees")]
@@ -183,6 +219,7 @@ class SearchSpace:
                         cardinality=len(op.options),
                         role="option",
                         group=g.key,
+                        group_kind=g.kind,
                         op=op.name,
                     )
                 )
@@ -236,7 +273,38 @@ class SearchSpace:
     def num_degree_tuples(self) -> int:
         return len(self.degree_tuples)
 
+    def label(self, index: int) -> str:
+        """The degree tuple at ``index`` and, in an engine space, the features it sets."""
+        text = self.degree_tuples[index].short()
+        if self.configs is not None and self.configs[index].features:
+            text += " +" + "+".join(self.configs[index].features)
+        return text
+
+    def axis_value(self, index: int, axis: str) -> int:
+        """Value of one of :data:`DEGREE_AXES` (or ``features``) at ``index``."""
+        if axis == "features":
+            features = self.configs[index].features if self.configs is not None else ()
+            return self.feature_sets.index(features)
+        return int(getattr(self.degree_tuples[index], axis))
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The axes a choice of variable 0 is made of (ep only on MoE models)."""
+        axes = DEGREE_AXES if self.model.is_moe else DEGREE_AXES[:3]
+        return axes + (("features",) if len(self.feature_sets) > 1 else ())
+
     def degree_index(self, degrees: Degrees) -> int:
+        """Index of ``degrees`` (in an engine space: its configuration with the
+        engine's default features)."""
+        if self.capability is not None:
+            for i, d in enumerate(self.degree_tuples):
+                if d == degrees:
+                    return i
+            why = self.capability.why_not(self.model, self.cluster, degrees)
+            raise ShardlabError(
+                f"degrees {degrees.short()}: {self.capability.label} cannot run them "
+                f"({why}); use --space free or other degrees"
+            )
         try:
             return self.degree_tuples.index(degrees)
         except ValueError:
@@ -264,11 +332,18 @@ class SearchSpace:
         slots_of: dict[OpSpec, list[int]] = {}
         for v, _, op in self.option_slots():
             slots_of.setdefault(op, []).append(v)
+        even_only = self.capability is not None and not self.capability.uneven_pp
         for d, degrees in enumerate(self.degree_tuples):
             for op, slots in slots_of.items():
                 valid = [option_valid(op, opt, degrees) for opt in op.options]
                 masks[d, slots, : len(valid)] = valid
-            shift = max_shift(self.model.num_layers, degrees.pp)
+            if self.configs is not None:
+                for v, g, op in self.option_slots():
+                    chosen = op.option_names.index(self.configs[d].option(g.kind, op.name))
+                    assert masks[d, v, chosen], (self.configs[d], op.name)
+                    masks[d, v] = False
+                    masks[d, v, chosen] = True
+            shift = 0 if even_only else max_shift(self.model.num_layers, degrees.pp)
             for j in range(self.max_pp - 1):
                 v = self.first_cut + j
                 if j < degrees.pp - 1:
@@ -310,11 +385,11 @@ class SearchSpace:
         ok = np.take_along_axis(m, codes[:, :, None], axis=2)[:, :, 0]
         bad_rows, bad_vars = np.nonzero(~ok)
         for r, v in zip(bad_rows, bad_vars, strict=True):
+            valid = np.flatnonzero(m[r, v])
             if self.variables[v].role == "cut":
-                valid = np.flatnonzero(m[r, v])
                 codes[r, v] = valid[np.argmin(np.abs(valid - codes[r, v]))]
-            else:
-                codes[r, v] = 0
+            else:  # the canonical option, or (an engine space) the one the engine runs
+                codes[r, v] = valid[0]
         return codes
 
     # -- sampling, decoding, encoding ------------------------------------------------
@@ -404,6 +479,8 @@ class SearchSpace:
                 )
             row[self.first_cut + j] = int(b) - base + MAX_SHIFT
         row[self.first_cut + pp - 1 :] = MAX_SHIFT
+        if self.configs is not None:
+            return self._engine_row(plan, row)
         if not self.is_valid(row[None])[0]:
             bad = [
                 self.variables[v].name
@@ -417,6 +494,54 @@ class SearchSpace:
             )
         return row
 
+    def _engine_row(self, plan: Plan, row: np.ndarray) -> np.ndarray:
+        """``row`` under the configuration of the engine that runs ``plan``'s options."""
+        assert self.capability is not None and self.configs is not None
+        candidates = [i for i, c in enumerate(self.configs) if c.degrees == plan.degrees]
+        for i in candidates:
+            row[0] = i
+            if self.is_valid(row[None])[0]:
+                return row
+        # Name the first value no configuration of these degrees runs.
+        engine = self.capability.label
+        for v in range(1, self.n_vars):
+            if not any(self._masks[i, v, row[v]] for i in candidates):
+                var = self.variables[v]
+                if var.role == "cut":
+                    raise ShardlabError(
+                        f"pipeline partition {list(plan.stage_layers)}: {engine} splits "
+                        "layers into equal stages only; use --space free or equal stages"
+                    )
+                runs = sorted({self.configs[i].option(var.group_kind, var.op) for i in candidates})
+                ops = {op.name: op for _, _, op in self.option_slots()}
+                raise ShardlabError(
+                    f"{var.name}={ops[var.op].options[row[v]].name} under degrees "
+                    f"{plan.degrees.short()}: {engine} has no equivalent (it runs "
+                    f"{var.op} as {' or '.join(runs)}); use --space free"
+                )
+        raise ShardlabError(
+            f"plan under degrees {plan.degrees.short()}: {engine} runs no combination of its "
+            "options (each is one of the engine's, but not together); use --space free"
+        )
+
+    def config_index(self, degrees: Degrees, features: tuple[str, ...]) -> int | None:
+        """Index of the engine configuration with these degrees that sets the most of
+        ``features`` and no other (a feature the model or degrees leave inert is not
+        offered); None if the engine cannot run the degrees."""
+        best, most = None, -1
+        for i, c in enumerate(self.configs or ()):
+            fits = c.degrees == degrees and set(c.features) <= set(features)
+            if fits and len(c.features) > most:
+                best, most = i, len(c.features)
+        return best
+
+    def config_plan(self, index: int) -> Plan:
+        """The plan of engine configuration ``index``, with equal pipeline stages."""
+        row = self._masks[index].argmax(axis=1)
+        row[0] = index
+        row[self.first_cut :] = MAX_SHIFT
+        return self.decode(row)
+
     def megatron_plan(self, degrees: Degrees) -> Plan:
         """The plan Megatron-LM / vLLM would run under ``degrees``.
 
@@ -425,12 +550,15 @@ class SearchSpace:
         and LM head; MoE experts dispatched with all-to-all when split over ``ep``,
         else computed on every token with partial sums (tensor-parallel experts); equal
         pipeline stages. Options that would shard an axis of size 1 fall back to the
-        canonical option (the same plan).
+        canonical option (the same plan). In an engine space: the plan the engine runs
+        under ``degrees`` with its default features.
         """
         d = self.degree_index(degrees)
         row = np.zeros(self.n_vars, dtype=np.int64)
         row[0] = d
         mask = self._masks[d]
+        if self.configs is not None:  # as the engine runs these degrees by default
+            return self.config_plan(d)
         for v, _, op in self.option_slots():
             idx = megatron_index(op, degrees)
             row[v] = idx if mask[v, idx] else 0

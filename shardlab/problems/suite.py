@@ -33,14 +33,18 @@ class Instance:
     tie: str = "kind"
     overrides: tuple[tuple[str, Any], ...] = field(default=())
 
-    def problem(self, timing: str | None = None) -> Problem:
-        """The instance's problem (``timing``: the problem's default if None)."""
+    def problem(
+        self, timing: str | None = None, engine: str | None = None, space_kind: str = "free"
+    ) -> Problem:
+        """The instance's problem (``timing``, ``engine``: the problem's defaults if None)."""
         return Problem.build(
             self.model,
             self.cluster,
             self.workload,
             tie=self.tie,  # type: ignore[arg-type]
+            space_kind=space_kind,  # type: ignore[arg-type]
             **({"timing": timing} if timing is not None else {}),
+            **({"engine": engine} if engine is not None else {}),
             **dict(self.overrides),
         )
 

@@ -88,7 +88,6 @@ from shardlab.problems.space import (
     SearchSpace,
     balanced_boundaries,
     max_shift,
-    option_valid,
 )
 from shardlab.solvers.base import Budget, Outcome, SearchContext, Solver
 from shardlab.solvers.evaluator import BudgetExhausted
@@ -193,23 +192,25 @@ class Subproblem:
     tpot_low: float | None = None
 
 
-def _valid_options(space: SearchSpace, d: Degrees) -> dict[tuple[str, str], list[int]]:
-    """Valid option indices per (layer kind or 'head', operator)."""
-    out: dict[tuple[str, str], list[int]] = {}
-    for g in space.groups:
-        for op in g.ops:
-            key = (g.kind, op.name)
-            if key not in out:
-                out[key] = [i for i, opt in enumerate(op.options) if option_valid(op, opt, d)]
-    return out
+def _valid_options(space: SearchSpace, di: int) -> dict[tuple[str, str], list[int]]:
+    """Option indices valid under degree tuple ``di`` somewhere in the model, per
+    (layer kind or 'head', operator)."""
+    mask = space.mask(di)
+    out: dict[tuple[str, str], set[int]] = {}
+    for v, g, op in space.option_slots():
+        out.setdefault((g.kind, op.name), set()).update(
+            int(i) for i in np.flatnonzero(mask[v, : len(op.options)])
+        )
+    return {key: sorted(idx) for key, idx in out.items()}
 
 
-def _memory_low(problem: Problem, d: Degrees, t: IntegerTables, per_dp: np.ndarray) -> np.ndarray:
+def _memory_low(problem: Problem, di: int, t: IntegerTables, per_dp: np.ndarray) -> np.ndarray:
     """The least memory of the fullest stage over every plan, for each value of
     ``per_dp``: an equal share of the least memory. ``t`` gives what does not depend on
     the requests."""
     m = problem.model
-    valid = _valid_options(problem.space, d)
+    d = problem.space.degree_tuples[di]
+    valid = _valid_options(problem.space, di)
     kv = kv_bytes(problem, d, per_dp)  # (cls, op, opt, per_dp)
     mem_low = np.zeros(len(per_dp))
     act_low = 0.0
@@ -366,10 +367,10 @@ def subproblems(
         top = bt.per_dp_max
         cs = np.arange(1, top + 1) if bt.inflight else np.array([top])
         t = integer_tables(problem, d, top)
-        mem_low = _memory_low(problem, d, t, cs)
+        mem_low = _memory_low(problem, di, t, cs)
         fits = mem_low <= t.hbm_bytes
         discarded += int((~fits).sum())
-        valid = _valid_options(space, d)
+        valid = _valid_options(space, di)
         kept = cs[fits][::-1]
         for start in range(0, len(kept), BOUND_CHUNK):
             chunk = kept[start : start + BOUND_CHUNK]
@@ -962,7 +963,7 @@ class CpSatSolver(Solver):
             hint = megatron_rule(ctx)[0]
             if hint is not None:
                 ev.evaluate_plan(hint)
-                solves.feasible.found(space.degree_index(hint.degrees), hint)
+                solves.feasible.found(int(space.encode(hint)[0]), hint)
             ev.enter("bounding the (degrees, requests) subproblems")
             subs, discarded = subproblems(problem, ev.check_time)
             solves.feasible.index(subs)

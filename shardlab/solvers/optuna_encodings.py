@@ -52,9 +52,6 @@ from shardlab.problems.space import MAX_SHIFT, SearchSpace
 
 ENCODINGS: tuple[str, ...] = ("shared", "class")
 
-# Parallel axes the shared encoding asks for; replicas and etp follow from them.
-DEGREE_AXES: tuple[str, ...] = ("pp", "tp", "dp_attn", "ep")
-
 
 class Layout(Protocol):
     """What the solver needs of an encoding."""
@@ -97,16 +94,17 @@ class SharedLayout:
 
     def __init__(self, space: SearchSpace) -> None:
         self.space = space
-        tuples = space.degree_tuples
-        values = {a: sorted({getattr(d, a) for d in tuples}) for a in DEGREE_AXES}
-        self.axes = tuple(a for a in DEGREE_AXES if len(values[a]) > 1)
+        n = space.num_degree_tuples
+        # replicas and etp follow from the axes; an engine space adds its feature sets
+        at = [{a: space.axis_value(i, a) for a in space.axes} for i in range(n)]
+        values = {a: sorted({v[a] for v in at}) for a in space.axes}
+        self.axes = tuple(a for a in space.axes if len(values[a]) > 1)
         self.axis_values = {a: tuple(values[a]) for a in self.axes}
         self._log2 = np.array(
-            [[math.log2(getattr(d, a)) for a in self.axes] for d in tuples], dtype=float
-        ).reshape(len(tuples), len(self.axes))
+            [[math.log2(v[a] + (a == "features")) for a in self.axes] for v in at], dtype=float
+        ).reshape(n, len(self.axes))
         self._index_of = {
-            tuple(self.axis_values[a].index(getattr(d, a)) for a in self.axes): i
-            for i, d in enumerate(tuples)
+            tuple(self.axis_values[a].index(v[a]) for a in self.axes): i for i, v in enumerate(at)
         }
         self._nearest: dict[tuple[int, ...], int] = {}
         distributions: dict[str, BaseDistribution] = {}
@@ -140,7 +138,10 @@ class SharedLayout:
         d = self._nearest.get(levels)
         if d is None:
             point = np.array(
-                [math.log2(self.axis_values[a][i]) for a, i in zip(self.axes, levels, strict=True)]
+                [
+                    math.log2(self.axis_values[a][i] + (a == "features"))
+                    for a, i in zip(self.axes, levels, strict=True)
+                ]
             )
             d = int(np.abs(self._log2 - point).sum(axis=1).argmin())
             self._nearest[levels] = d
@@ -158,8 +159,10 @@ class SharedLayout:
         return self.space.repair(row)[0]
 
     def params_of(self, row: np.ndarray) -> dict[str, Any]:
-        d = self.space.degree_tuples[int(row[0])]
-        out: dict[str, Any] = {a: self.axis_values[a].index(getattr(d, a)) for a in self.axes}
+        d = int(row[0])
+        out: dict[str, Any] = {
+            a: self.axis_values[a].index(self.space.axis_value(d, a)) for a in self.axes
+        }
         for o in self.options:
             out[o.name] = o.labels[int(row[o.var])]
         for v, name, _ in self.cuts:
@@ -196,7 +199,7 @@ class ClassLayout:
 
     def __init__(self, space: SearchSpace) -> None:
         self.space = space
-        self.degree_labels = tuple(d.short() for d in space.degree_tuples)
+        self.degree_labels = tuple(space.label(i) for i in range(space.num_degree_tuples))
         if len(set(self.degree_labels)) != len(self.degree_labels):
             raise ShardlabError("degree tuples with identical labels; cannot name them")
         class_of: dict[bytes, str] = {}

@@ -182,7 +182,7 @@ def fingerprint(problem: Problem) -> str:
         [
             repr(problem),
             repr([(v.name, v.cardinality, v.role) for v in space.variables]),
-            repr([d.short() for d in space.degree_tuples]),
+            repr([space.label(i) for i in range(space.num_degree_tuples)]),
             repr(space.mask_table().tobytes().hex()),
         ]
     )

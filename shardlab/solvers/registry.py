@@ -16,6 +16,8 @@ ENTRY_POINT_GROUP = "shardlab.solvers"
 # Built-in methods: module that registers each when imported.
 BUILTIN: dict[str, str] = {
     "megatron": "shardlab.solvers.megatron",
+    "recipe": "shardlab.solvers.recipe",
+    "grid": "shardlab.solvers.grid",
     "random": "shardlab.solvers.random_search",
     "anneal": "shardlab.solvers.anneal",
     "genetic": "shardlab.solvers.genetic",

@@ -5,7 +5,8 @@ gymnasium environment (:mod:`shardlab.envs.sharding`). A plan is decided in this
 
 1. the degrees, one axis at a time: ``pp``, ``tp``, ``dp_attn`` and, for MoE models,
    ``ep`` (``replicas`` and ``etp`` follow from the GPU count and ``ep * etp ==
-   tp * dp_attn``). Each axis's candidates are the distinct values that axis takes in
+   tp * dp_attn``), and in an engine space the set of engine ``features``. Each
+   axis's candidates are the distinct values that axis takes in
    :attr:`SearchSpace.degree_tuples`; a value is valid when some tuple agrees with it
    and with the axes already chosen, so the four choices always name a valid tuple;
 2. one decision per option variable of the space, in the space's order (candidate ``c``
@@ -30,8 +31,7 @@ import numpy as np
 
 from shardlab.problems.space import SearchSpace
 
-StepKind = Literal["pp", "tp", "dp_attn", "ep", "option", "cut"]
-DEGREE_AXES: tuple[StepKind, ...] = ("pp", "tp", "dp_attn", "ep")
+StepKind = Literal["pp", "tp", "dp_attn", "ep", "features", "option", "cut"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,13 +47,14 @@ class Decisions:
 
     def __init__(self, space: SearchSpace) -> None:
         self.space = space
-        axes = DEGREE_AXES if space.model.is_moe else DEGREE_AXES[:3]
+        axes = space.axes
         # (num_tuples, len(axes)) value of each axis in each valid degree tuple
         self.tuple_values = np.array(
-            [[getattr(d, a) for a in axes] for d in space.degree_tuples], dtype=np.int64
+            [[space.axis_value(i, a) for a in axes] for i in range(space.num_degree_tuples)],
+            dtype=np.int64,
         )
         steps = [
-            Step(kind=a, name=a, var=-1, values=tuple(int(v) for v in np.unique(col)))
+            Step(kind=a, name=a, var=-1, values=tuple(int(v) for v in np.unique(col)))  # type: ignore[arg-type]
             for a, col in zip(axes, self.tuple_values.T, strict=True)
         ]
         for v, var in enumerate(space.variables):

@@ -15,8 +15,8 @@ import numpy as np
 
 from shardlab.problems.operators import HEAD_OPS
 from shardlab.problems.problem import Problem
-from shardlab.problems.space import MAX_SHIFT
-from shardlab.solvers.rl.decisions import DEGREE_AXES, Decisions
+from shardlab.problems.space import DEGREE_AXES, MAX_SHIFT
+from shardlab.solvers.rl.decisions import Decisions
 
 STEP_KINDS = (*DEGREE_AXES, "option", "cut")
 # Operator and option names of shardlab.problems.operators (layer operators, then the
@@ -108,6 +108,8 @@ def candidate_features(dec: Decisions) -> np.ndarray:
                 row += [_log2_share(value, n), float(value == 1), float(value <= node)]
                 row += [math.log2(value) / 10.0]
                 row += [0.0] * len(OPTION_VOCAB) + [0.0, 0.0]
+            elif step.kind == "features":  # an engine's feature set: what options show
+                row = [0.0] * 7 + _one_hot(OPTION_VOCAB, "other") + [0.0, 0.0]
             elif step.kind == "option":
                 op = ops[step.var]
                 row = [0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]

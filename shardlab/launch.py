@@ -1,0 +1,363 @@
+"""A plan as its engine's own launch commands: plan in, commands (and config files) out.
+
+The plan is first placed in the engine's space (:mod:`shardlab.problems.capability`):
+a plan the engine cannot run is refused there, naming the option. Then every replica
+becomes one server: a replica smaller than a node shares it with others (its own
+``CUDA_VISIBLE_DEVICES`` and port), a larger one spans whole nodes, each node getting
+the engine's multi-node flags (node count, node rank, the head node's address as a
+placeholder). Replicas are independent servers; a router in front spreads requests.
+
+Flags are the pinned versions' own (``shardlab/problems/data/engines/``, read off the
+engines' argument definitions; ``tests/test_launch.py`` checks every flag printed
+against them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shardlab.errors import ShardlabError
+from shardlab.problems.capability import EngineConfig
+from shardlab.problems.plan import Plan
+from shardlab.problems.problem import Problem
+
+TRTLLM_CONFIG = "extra-llm-api-config.yaml"
+BASE_PORT = 8000
+
+
+def _quote(arg: str) -> str:
+    """Shell quoting that leaves the ``${NODE<i>_ADDR}`` placeholders to expand."""
+    return arg if re.fullmatch(r"[\w@%+=:,./${}-]+", arg) else shlex.quote(arg)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeCommand:
+    replica: int
+    node: int  # the cluster node it runs on (its head node, for a multi-node job)
+    node_rank: int  # rank of that node within the replica's nodes
+    nodes: int  # nodes of the replica
+    env: tuple[tuple[str, str], ...]
+    argv: tuple[str, ...]
+
+    def shell(self) -> str:
+        env = " ".join(f"{k}={_quote(v)}" for k, v in self.env)
+        return (env + " " if env else "") + " ".join(_quote(a) for a in self.argv)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "replica": self.replica,
+            "node": self.node,
+            "node_rank": self.node_rank,
+            "nodes": self.nodes,
+            "env": dict(self.env),
+            "argv": list(self.argv),
+            "shell": self.shell(),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    engine: str
+    version: str
+    features: tuple[str, ...]
+    commands: tuple[NodeCommand, ...]
+    files: tuple[tuple[str, str], ...] = ()  # (file name, content)
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "engine": self.engine,
+            "version": self.version,
+            "features": list(self.features),
+            "commands": [c.to_dict() for c in self.commands],
+            "files": [{"name": n, "content": c} for n, c in self.files],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """Where and how one server runs: the parts of its command every engine needs."""
+
+    model_path: str
+    port: int
+    first_node: int  # the cluster node of the replica's node rank 0
+    node_rank: int
+    nodes: int
+
+    def addr(self, k: int) -> str:
+        """The address of the replica's node ``k`` (a placeholder the user sets)."""
+        return f"${{NODE{self.first_node + k}_ADDR}}"
+
+    @property
+    def head(self) -> str:
+        return self.addr(0)
+
+
+def build_launch(
+    problem: Problem,
+    plan: Plan,
+    *,
+    model_path: str,
+    trust_remote_code: bool = False,
+    config_dir: str = ".",
+) -> Launch:
+    """The launch commands of ``plan`` on ``problem.engine`` (refused in one line if the
+    engine cannot run it)."""
+    space = problem.with_space("engine").space
+    config = space.configs[int(space.encode(plan)[0])]  # type: ignore[index]
+    cluster, d = problem.cluster, plan.degrees
+    node = cluster.node_size
+    gpus = d.pp * d.group
+    if gpus <= node:
+        if node % gpus:
+            raise ShardlabError(
+                f"plan: a replica of {gpus} GPUs does not tile {node}-GPU nodes; use degrees "
+                "whose GPUs per replica divide a node or are whole nodes"
+            )
+        per_node, nodes = node // gpus, 1
+    else:
+        if gpus % node:
+            raise ShardlabError(
+                f"plan: a replica of {gpus} GPUs spans part of a {node}-GPU node; use "
+                "degrees whose GPUs per replica are whole nodes"
+            )
+        per_node, nodes = 0, gpus // node
+    build = _BUILDERS[problem.engine]
+    commands: list[NodeCommand] = []
+    files: dict[str, str] = {}
+    notes: list[str] = []
+    for r in range(d.replicas):
+        if per_node:
+            first, slot = r // per_node, r % per_node
+            visible = ",".join(str(g) for g in range(slot * gpus, (slot + 1) * gpus))
+            env = [("CUDA_VISIBLE_DEVICES", visible)] if per_node > 1 else []
+            ranks = [(first, 0)]
+            port = BASE_PORT + slot
+        else:
+            first, env, port = r * nodes, [], BASE_PORT
+            ranks = [(first + k, k) for k in range(nodes)]
+        for at, rank in ranks:
+            target = Target(
+                model_path=model_path, port=port, first_node=first, node_rank=rank, nodes=nodes
+            )
+            out = build(problem, plan, config, target, trust_remote_code, config_dir)
+            if out is None:  # the engine starts every node from the head's command
+                continue
+            more_env, argv, made, said = out
+            files.update(made)
+            notes += [n for n in said if n not in notes]
+            commands.append(
+                NodeCommand(
+                    replica=r,
+                    node=at,
+                    node_rank=rank,
+                    nodes=nodes,
+                    env=tuple(env + more_env),
+                    argv=tuple(argv),
+                )
+            )
+    if d.replicas > 1:
+        notes.append(
+            f"{d.replicas} replicas are {d.replicas} independent servers: put a router or "
+            "load balancer in front of their ports"
+        )
+    if nodes > 1:
+        notes.append(
+            "set NODE<i>_ADDR to the address of cluster node i (the head node of each "
+            "multi-node replica) before running"
+        )
+    return Launch(
+        engine=problem.engine,
+        version=space.capability.version,  # type: ignore[union-attr]
+        features=config.features,
+        commands=tuple(commands),
+        files=tuple(sorted(files.items())),
+        notes=tuple(notes),
+    )
+
+
+BuildOut = tuple[list[tuple[str, str]], list[str], dict[str, str], list[str]] | None
+
+
+def _partition(plan: Plan) -> str:
+    return ",".join(str(n) for n in plan.stage_layers)
+
+
+def _vllm(
+    problem: Problem,
+    plan: Plan,
+    config: EngineConfig,
+    t: Target,
+    trust: bool,
+    config_dir: str,
+) -> BuildOut:
+    d, w, f = plan.degrees, problem.workload, set(config.features)
+    node = problem.cluster.node_size
+    argv = ["vllm", "serve", t.model_path, "--tensor-parallel-size", str(d.tp)]
+    env: list[tuple[str, str]] = []
+    if d.pp > 1:
+        argv += ["--pipeline-parallel-size", str(d.pp)]
+        env.append(("VLLM_PP_LAYER_PARTITION", _partition(plan)))
+    if d.dp_attn > 1:
+        argv += ["--data-parallel-size", str(d.dp_attn)]
+    if "expert-parallel" in f:
+        argv.append("--enable-expert-parallel")
+    if "deepep" in f:
+        mode = "low_latency" if w.phase == "decode" else "high_throughput"
+        argv += ["--all2all-backend", f"deepep_{mode}"]
+    if "sequence-parallel" in f:
+        argv += ["--compilation-config", json.dumps({"pass_config": {"enable_sp": True}})]
+    if plan.concurrency is not None:
+        argv += ["--max-num-seqs", str(plan.concurrency)]  # per DP engine core
+    if problem.max_tokens is not None:
+        argv += ["--max-num-batched-tokens", str(problem.max_tokens)]
+    if problem.kv_dtype == "fp8":
+        argv += ["--kv-cache-dtype", "fp8"]
+    if w.draft_tokens:
+        spec = {"method": "mtp", "num_speculative_tokens": w.draft_tokens}
+        argv += ["--speculative-config", json.dumps(spec)]
+    if trust:
+        argv.append("--trust-remote-code")
+    if t.nodes > 1:
+        rank_gpus = d.tp * d.pp
+        if d.dp_attn > 1 and rank_gpus <= node:  # DP ranks spread over the nodes
+            local = node // rank_gpus
+            argv += ["--data-parallel-size-local", str(local)]
+            argv += ["--data-parallel-address", t.head, "--data-parallel-rpc-port", "13345"]
+            if t.node_rank:
+                argv += ["--data-parallel-start-rank", str(t.node_rank * local), "--headless"]
+        else:  # TP / PP over the nodes, multiprocessing backend
+            argv += ["--nnodes", str(t.nodes), "--node-rank", str(t.node_rank)]
+            argv += ["--master-addr", t.head, "--master-port", "29501"]
+            if t.node_rank:
+                argv.append("--headless")
+    if not (t.nodes > 1 and t.node_rank):
+        argv += ["--host", "0.0.0.0", "--port", str(t.port)]
+    return env, argv, {}, []
+
+
+def _sglang(
+    problem: Problem,
+    plan: Plan,
+    config: EngineConfig,
+    t: Target,
+    trust: bool,
+    config_dir: str,
+) -> BuildOut:
+    d, w, f = plan.degrees, problem.workload, set(config.features)
+    if w.draft_tokens and d.pp > 1:
+        raise ShardlabError(
+            "plan: SGLang 0.5.14 does not run speculative decoding with pipeline stages "
+            "(srt/server_args.py:6651-6654); drop --draft-tokens or use pp = 1"
+        )
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", t.model_path]
+    argv += ["--tp-size", str(d.group)]
+    env: list[tuple[str, str]] = []
+    if d.pp > 1:
+        argv += ["--pp-size", str(d.pp)]
+        env.append(("SGLANG_PP_LAYER_PARTITION", _partition(plan)))
+    if d.dp_attn > 1:
+        argv += ["--dp-size", str(d.dp_attn), "--enable-dp-attention", "--enable-dp-lm-head"]
+    if d.ep > 1:
+        argv += ["--ep-size", str(d.ep)]
+    if "deepep" in f:
+        argv += ["--moe-a2a-backend", "deepep"]
+    if "dense-tp1" in f:
+        argv += ["--moe-dense-tp-size", "1"]
+    if plan.concurrency is not None:  # the server's limit, divided over its DP ranks
+        argv += ["--max-running-requests", str(plan.concurrency * d.dp_attn)]
+    if problem.max_tokens is not None:  # divided over DP ranks (server_args.py:5053)
+        argv += ["--chunked-prefill-size", str(problem.max_tokens * d.dp_attn)]
+    if problem.kv_dtype == "fp8":
+        argv += ["--kv-cache-dtype", "fp8_e4m3"]
+    if w.draft_tokens:
+        k = w.draft_tokens
+        argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(k)]
+        argv += ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(k + 1)]
+    if trust:
+        argv.append("--trust-remote-code")
+    if t.nodes > 1:
+        argv += ["--nnodes", str(t.nodes), "--node-rank", str(t.node_rank)]
+        argv += ["--dist-init-addr", f"{t.head}:5000"]
+    argv += ["--host", "0.0.0.0", "--port", str(t.port)]
+    return env, argv, {}, []
+
+
+def _trtllm(
+    problem: Problem,
+    plan: Plan,
+    config: EngineConfig,
+    t: Target,
+    trust: bool,
+    config_dir: str,
+) -> BuildOut:
+    if t.node_rank:
+        return None  # one MPI job starts every rank from the head node
+    d, w, f = plan.degrees, problem.workload, set(config.features)
+    node = problem.cluster.node_size
+    options: dict[str, object] = {"enable_attention_dp": d.dp_attn > 1}
+    if problem.model.is_moe:
+        options["moe_expert_parallel_size"] = d.ep
+        options["moe_tensor_parallel_size"] = d.etp
+    if d.pp > 1:
+        options["pp_partition"] = list(plan.stage_layers)
+    if problem.kv_dtype == "fp8":
+        options["kv_cache_config"] = {"dtype": "fp8"}
+    if w.draft_tokens:
+        options["speculative_config"] = {
+            "decoding_type": "MTP",
+            "num_nextn_predict_layers": w.draft_tokens,
+        }
+    env: list[tuple[str, str]] = []
+    if "nvlink-alltoall" in f:
+        env.append(("TRTLLM_FORCE_COMM_METHOD", "NVLINK_ONE_SIDED"))
+    elif "deepep" in f:
+        env += [("TRTLLM_CAN_USE_DEEP_EP", "1"), ("TRTLLM_FORCE_COMM_METHOD", "DEEPEP")]
+    elif d.dp_attn > 1 and d.ep > 1:  # the all-gather the plan was priced with
+        env.append(("TRTLLM_FORCE_COMM_METHOD", "ALLGATHER"))
+    path = str(Path(config_dir) / TRTLLM_CONFIG)
+    serve = ["trtllm-serve", t.model_path, "--backend", "pytorch"]
+    serve += ["--tp_size", str(d.group), "--pp_size", str(d.pp)]
+    if problem.model.is_moe:
+        serve += ["--ep_size", str(d.ep)]
+    if plan.concurrency is not None:
+        serve += ["--max_batch_size", str(plan.concurrency)]
+    if problem.max_tokens is not None:
+        serve += ["--max_num_tokens", str(problem.max_tokens)]
+    if trust:
+        serve.append("--trust_remote_code")
+    serve += ["--host", "0.0.0.0", "--port", str(t.port), "--config", path]
+    notes = []
+    if t.nodes > 1:
+        ranks = d.group * d.pp
+        hosts = ",".join(f"{t.addr(k)}:{node}" for k in range(t.nodes))
+        serve += ["--gpus_per_node", str(node)]
+        argv = ["mpirun", "-H", hosts, "-n", str(ranks), "trtllm-llmapi-launch", *serve]
+        notes.append(
+            "TensorRT-LLM runs a multi-node server as one MPI job started from its head "
+            "node (srun with trtllm-llmapi-launch works the same; "
+            "examples/llm-api/llm_mgmn_trtllm_serve.sh)"
+        )
+    else:
+        argv = serve
+    return env, argv, {path: _yaml(options)}, notes
+
+
+def _yaml(options: dict[str, object]) -> str:
+    """The LLM-API options as YAML (JSON scalars are YAML; the schema is strict)."""
+    lines = []
+    for key, value in options.items():
+        if isinstance(value, dict):
+            lines.append(f"{key}:")
+            lines += [f"  {k}: {json.dumps(v)}" for k, v in value.items()]
+        else:
+            lines.append(f"{key}: {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+_BUILDERS = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm}

@@ -1,0 +1,231 @@
+"""``shardlab launch``: the engines' own commands, whose degrees are the plan's, for one
+node and several, with every flag one the pinned engine defines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from shardlab.cli import main
+from shardlab.launch import Launch, build_launch
+from shardlab.problems.capability import ENGINES
+from shardlab.problems.plan import Degrees, Plan
+from shardlab.problems.problem import Problem
+
+# (model, cluster, degrees, engine features wanted): one GPU per replica, several
+# replicas on a node, attention DP, pipeline stages, whole multi-node replicas
+CASES = [
+    ("llama-3.1-8b", "h100x8", Degrees(replicas=4, tp=2, etp=2), ()),
+    ("llama-3.1-70b", "h100x16", Degrees(replicas=1, pp=2, tp=8, etp=8), ()),
+    ("mixtral-8x7b", "h100x8", Degrees(replicas=1, tp=1, dp_attn=8, ep=8, etp=1), ("deepep",)),
+    ("deepseek-v3", "h100x32", Degrees(replicas=2, tp=1, dp_attn=16, ep=16, etp=1), ("deepep",)),
+    ("deepseek-v3", "h100x32", Degrees(replicas=1, pp=2, tp=16, ep=16, etp=1), ()),
+    ("qwen3-235b-a22b", "h200x16", Degrees(replicas=1, tp=16, ep=16, etp=1), ()),
+]
+
+
+def engine_flags(engine: str) -> dict:
+    text = (
+        resources.files("shardlab.problems") / "data" / "engines" / f"{engine}.json"
+    ).read_text()
+    return json.loads(text)
+
+
+def case_plan(engine: str, model: str, cluster: str, d: Degrees, feats: tuple) -> tuple:
+    problem = Problem.build(model, cluster, "chat", engine=engine, space_kind="engine")
+    space = problem.space
+    i = space.config_index(d, (*feats, "expert-parallel", "dp-attention", "attention-dp"))
+    if i is None:
+        pytest.skip(f"{engine} does not run {d.short()}")
+    plan = space.config_plan(i)
+    return problem, Plan(**{**plan.__dict__, "concurrency": 16})
+
+
+def values(argv: tuple[str, ...], flag: str, default: str | None = None) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv else default
+
+
+def check_degrees(engine: str, launch: Launch, problem: Problem, plan: Plan) -> None:
+    d = plan.degrees
+    nodes = max(1, d.pp * d.group // problem.cluster.node_size)
+    per_replica = 1 if engine == "trtllm" else nodes
+    assert len(launch.commands) == d.replicas * per_replica
+    for c in launch.commands:
+        a = c.argv
+        assert c.nodes == nodes
+        if engine == "vllm":
+            assert values(a, "--tensor-parallel-size") == str(d.tp)
+            assert values(a, "--pipeline-parallel-size", "1") == str(d.pp)
+            assert values(a, "--data-parallel-size", "1") == str(d.dp_attn)
+            assert ("--enable-expert-parallel" in a) == (problem.model.is_moe and d.ep > 1)
+            if nodes > 1 and d.dp_attn > 1 and d.tp * d.pp <= problem.cluster.node_size:
+                local = int(values(a, "--data-parallel-size-local"))
+                assert local * nodes == d.dp_attn
+                assert values(a, "--data-parallel-start-rank", "0") == str(c.node_rank * local)
+            elif nodes > 1:
+                assert values(a, "--nnodes") == str(nodes)
+                assert values(a, "--node-rank") == str(c.node_rank)
+        elif engine == "sglang":
+            assert values(a, "--tp-size") == str(d.group)
+            assert values(a, "--pp-size", "1") == str(d.pp)
+            assert values(a, "--dp-size", "1") == str(d.dp_attn)
+            assert values(a, "--ep-size", "1") == str(d.ep)
+            assert ("--enable-dp-attention" in a) == (d.dp_attn > 1)
+            if nodes > 1:
+                assert values(a, "--nnodes") == str(nodes)
+                assert values(a, "--node-rank") == str(c.node_rank)
+                assert values(a, "--dist-init-addr").startswith(f"${{NODE{c.node - c.node_rank}")
+        else:
+            assert values(a, "--tp_size") == str(d.group)
+            assert values(a, "--pp_size") == str(d.pp)
+            if problem.model.is_moe:
+                assert values(a, "--ep_size") == str(d.ep)
+            if nodes > 1:
+                assert a[0] == "mpirun" and values(a, "-n") == str(d.group * d.pp)
+                assert values(a, "-H").count(",") == nodes - 1
+            ((_, yaml),) = launch.files
+            assert f"enable_attention_dp: {json.dumps(d.dp_attn > 1)}" in yaml
+            if problem.model.is_moe:
+                assert f"moe_tensor_parallel_size: {d.etp}" in yaml
+            if d.pp > 1:
+                assert f"pp_partition: {json.dumps(list(plan.stage_layers))}" in yaml
+
+
+def check_flags(engine: str, launch: Launch) -> None:
+    known = engine_flags(engine)
+    flags = set(known["flags"])
+    for c in launch.commands:
+        for i, arg in enumerate(c.argv):
+            if arg.startswith("--") and not (c.argv[0] == "mpirun" and i < 5):
+                assert arg in flags, f"{engine} {known['version']} has no flag {arg}"
+                if arg in known["choices"]:
+                    assert c.argv[i + 1] in known["choices"][arg]
+    keys = {k.replace("(MTP)", "") for k in known["config_keys"]}
+    for _, content in launch.files:
+        parent = ""
+        for line in content.splitlines():
+            key = line.split(":")[0]
+            if line.startswith("  "):
+                assert f"{parent}.{key.strip()}" in keys
+            else:
+                parent = key
+                assert key in keys
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2].short()}")
+def test_launch_commands_carry_the_plan_degrees(engine: str, case: tuple) -> None:
+    problem, plan = case_plan(engine, *case)
+    launch = build_launch(problem, plan, model_path="org/model")
+    check_degrees(engine, launch, problem, plan)
+    check_flags(engine, launch)
+
+
+def test_every_case_runs_on_some_engine_and_some_span_nodes() -> None:
+    multi = 0
+    for case in CASES:
+        ran = 0
+        for engine in ENGINES:
+            problem = Problem.build(case[0], case[1], engine=engine, space_kind="engine")
+            every = tuple(f.name for f in problem.space.capability.features)
+            if problem.space.config_index(case[2], every) is not None:
+                ran += 1
+        assert ran, case
+        multi += case[2].pp * case[2].group > 8
+    assert multi >= 2
+
+
+def test_workload_flags_follow_the_problem() -> None:
+    for engine in ENGINES:
+        problem, plan = case_plan(engine, *CASES[3])
+        problem = Problem.build(
+            "deepseek-v3",
+            "h100x32",
+            engine=engine,
+            space_kind="engine",
+            kv_dtype="fp8",
+            draft_tokens=2,
+            acceptance=0.7,
+            max_tokens=4096,
+        )
+        launch = build_launch(problem, plan, model_path="org/model")
+        check_flags(engine, launch)
+        text = " ".join(c.shell() for c in launch.commands) + " ".join(
+            content for _, content in launch.files
+        )
+        assert {"vllm": '"mtp"', "sglang": "EAGLE", "trtllm": "MTP"}[engine] in text
+        assert "fp8" in text
+
+
+def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["shardlab", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_solve_then_launch_writes_the_config(tmp_path: Path, capsys, monkeypatch) -> None:
+    plan = tmp_path / "plan.json"
+    args = ["solve", "--model", "mixtral-8x7b", "--cluster", "h100x8", "--engine", "trtllm"]
+    code, _, _ = run_cli([*args, "--space", "engine", "--out", str(plan)], capsys, monkeypatch)
+    assert code == 0
+    args = ["launch", "--plan", str(plan), "--engine", "trtllm", "--config-dir", str(tmp_path)]
+    code, out, _ = run_cli([*args, "--format", "json"], capsys, monkeypatch)
+    assert code == 0
+    data = json.loads(out)
+    (f,) = data["files"]
+    assert Path(f["name"]).read_text() == f["content"]
+    assert data["commands"][0]["argv"][:2] == ["trtllm-serve", "mistralai/Mixtral-8x7B-v0.1"]
+
+
+def test_cli_refuses_a_plan_the_engine_cannot_run(tmp_path: Path, capsys, monkeypatch) -> None:
+    problem = Problem.build("mixtral-8x7b", "h100x4")
+    plan = problem.space.megatron_plan(Degrees(tp=4, ep=2, etp=2))  # EP over half the group
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json(problem.model, cluster="h100x4"))
+    code, out, err = run_cli(
+        ["launch", "--plan", str(path), "--engine", "vllm"], capsys, monkeypatch
+    )
+    assert code == 2 and not out
+    assert err.strip().count("\n") == 0 and "expert parallel over 2 of the 4" in err
+    assert list(tmp_path.iterdir()) == [path]
+
+
+ENGINE_PYTHON = {e: os.environ.get(f"SHARDLAB_{e.upper()}_PYTHON") for e in ("vllm", "sglang")}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_engines_own_parser_takes_the_commands(engine: str) -> None:
+    """Opt-in (a Python with the engine installed, e.g. SHARDLAB_VLLM_PYTHON): the
+    engines' parsers need their wheels, which CI does not install."""
+    python = ENGINE_PYTHON[engine]
+    if not python:
+        pytest.skip(f"set SHARDLAB_{engine.upper()}_PYTHON to a Python with {engine} installed")
+    commands, expected = [], []
+    for case in CASES:
+        problem, plan = case_plan(engine, *case)
+        for c in build_launch(problem, plan, model_path="org/model").commands:
+            commands.append(list(c.argv))
+            d = plan.degrees
+            expected.append((d.tp if engine == "vllm" else d.group, d.pp, d.dp_attn))
+    script = Path(__file__).with_name("engine_argparse.py")
+    run = subprocess.run(
+        [python, str(script), engine],
+        input=json.dumps(commands),
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    parsed = json.loads(run.stdout.strip().splitlines()[-1])  # engines log to stdout too
+    assert [(p["tp"], p["pp"], p["dp"]) for p in parsed] == expected
