@@ -191,11 +191,14 @@ def space(problem: Problem, fmt: FormatOpt = Format.table) -> None:
     s = problem.space
     p = problem.model.num_params()
     other_tie = "layer" if problem.tie == "kind" else "kind"
-    other = Problem.build(problem.model, problem.cluster, problem.workload, tie=other_tie)
-    sizes = {problem.tie: s.log10_size(), other_tie: other.space.log10_size()}
+    sizes: dict[str, float | None] = {problem.tie: s.log10_size(), other_tie: None}
+    if s.configs is None:  # an engine chooses options per model only
+        other = Problem.build(problem.model, problem.cluster, problem.workload, tie=other_tie)
+        sizes[other_tie] = other.space.log10_size()
     data = {
         "model": problem.model.name,
         "cluster": problem.cluster.name,
+        "space": problem.space_kind,
         "tie": problem.tie,
         "total_params": p.total,
         "active_params": p.active,
@@ -207,6 +210,9 @@ def space(problem: Problem, fmt: FormatOpt = Format.table) -> None:
         "log10_space_size_per_layer": sizes["layer"],
         "degree_tuples": [asdict(d) for d in s.degree_tuples],
     }
+    if s.configs is not None:
+        data["engine"] = f"{problem.engine} {s.capability.version}"  # type: ignore[union-attr]
+        data["features"] = [list(c.features) for c in s.configs]
     if fmt is Format.json:
         emit_json(data)
         return
@@ -215,10 +221,18 @@ def space(problem: Problem, fmt: FormatOpt = Format.table) -> None:
         f"  parameters: {p.total / 1e9:,.1f}B total, {p.active / 1e9:,.1f}B active per token; "
         f"weights {data['weight_gb']:,.0f} GB"
     )
-    out.print(f"  degree tuples: {s.num_degree_tuples}")
+    if s.configs is not None:
+        out.print(
+            f"  {data['engine']} configurations (degrees + engine features): "
+            f"{s.num_degree_tuples} over {len(set(s.degree_tuples))} degree tuples",
+            markup=False,
+        )
+    else:
+        out.print(f"  degree tuples: {s.num_degree_tuples}")
     out.print(f"  variables ({problem.tie}): {s.n_vars}")
     out.print(f"  plans, options tied per layer kind: 10^{sizes['kind']:.1f}")
-    out.print(f"  plans, options chosen per layer:    10^{sizes['layer']:.1f}")
+    if sizes["layer"] is not None:
+        out.print(f"  plans, options chosen per layer:    10^{sizes['layer']:.1f}")
 
 
 def _report(problem: Problem, plan: Plan, fmt: Format, *, top: int | None) -> None:
@@ -627,9 +641,12 @@ def launch(
     cluster = cluster or data.get("cluster") or ""
     if not model or not cluster:
         raise ShardlabError(f"{plan_file}: names no model or cluster; give --model and --cluster")
-    overrides = {
-        k: v for k, v in (("kv_dtype", kv_dtype), ("draft_tokens", draft_tokens)) if v is not None
-    }
+    overrides: dict[str, object] = {}
+    if kv_dtype is not None:
+        overrides["kv_dtype"] = kv_dtype
+    if draft_tokens is not None:
+        # the engine measures acceptance itself; launch prices nothing
+        overrides.update(draft_tokens=draft_tokens, acceptance=0.0)
     problem = Problem.build(model, cluster, engine=engine, max_tokens=max_tokens, **overrides)
     plan = Plan.from_dict(data, problem.model, where=plan_file)
     problem.space.degree_index(plan.degrees)  # the degrees must suit this cluster
@@ -662,7 +679,7 @@ def launch(
 @app.command()
 def engines(fmt: FormatOpt = Format.table) -> None:
     """What each engine can launch: its pinned version and features, with sources."""
-    from shardlab.problems.capability import ENGINES, capability
+    from shardlab.problems.capability import ENGINES, capability, option_coverage
 
     rows = []
     for name in ENGINES:
@@ -678,6 +695,13 @@ def engines(fmt: FormatOpt = Format.table) -> None:
                 ],
             }
         )
+    coverage = {name: option_coverage(name) for name in ENGINES}
+    pairs = list(dict.fromkeys(k for c in coverage.values() for k in c))
+    for r in rows:
+        r["options"] = [
+            {"operator": op, "option": opt, "features": coverage[r["engine"]][(op, opt)]}
+            for op, opt in pairs
+        ]
     if fmt is Format.json:
         emit_json(rows)
         return
@@ -690,6 +714,19 @@ def engines(fmt: FormatOpt = Format.table) -> None:
                 f"{r['engine']} {r['version']}", f["name"], f["turns_on"], f["doc"], f["source"]
             )
     out.print(table)
+    options = Table(
+        title="Operator options each engine runs (with the fewest features it takes; "
+        "'-': no equivalent)"
+    )
+    for col in ("operator", "option", *ENGINES):
+        options.add_column(col)
+    for op, opt in pairs:
+        cells = []
+        for name in ENGINES:
+            feats = coverage[name][(op, opt)]
+            cells.append("-" if feats is None else "+".join(feats) or "default")
+        options.add_row(op, opt, *cells)
+    out.print(options)
 
 
 @app.command()

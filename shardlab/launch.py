@@ -27,6 +27,12 @@ from shardlab.problems.problem import Problem
 
 TRTLLM_CONFIG = "extra-llm-api-config.yaml"
 BASE_PORT = 8000
+# Servers sharing a node are this many ports apart: SGLang takes port + 233 to + 239
+# for its own use (srt/server_args.py:7302-7330).
+PORT_STEP = 10
+# Architectures whose MTP layers SGLang 0.5.14 drafts from the served checkpoint
+# (srt/arg_groups/speculative_hook.py:290-306; kimi_k2 is DeepseekV3ForCausalLM).
+SGLANG_MTP = frozenset({"deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe", "glm_moe_dsa"})
 
 
 def _quote(arg: str) -> str:
@@ -137,7 +143,7 @@ def build_launch(
             visible = ",".join(str(g) for g in range(slot * gpus, (slot + 1) * gpus))
             env = [("CUDA_VISIBLE_DEVICES", visible)] if per_node > 1 else []
             ranks = [(first, 0)]
-            port = BASE_PORT + slot
+            port = BASE_PORT + PORT_STEP * slot
         else:
             first, env, port = r * nodes, [], BASE_PORT
             ranks = [(first + k, k) for k in range(nodes)]
@@ -198,6 +204,7 @@ def _vllm(
 ) -> BuildOut:
     d, w, f = plan.degrees, problem.workload, set(config.features)
     node = problem.cluster.node_size
+    notes: list[str] = []
     argv = ["vllm", "serve", t.model_path, "--tensor-parallel-size", str(d.tp)]
     env: list[tuple[str, str]] = []
     if d.pp > 1:
@@ -210,8 +217,9 @@ def _vllm(
     if "deepep" in f:
         mode = "low_latency" if w.phase == "decode" else "high_throughput"
         argv += ["--all2all-backend", f"deepep_{mode}"]
-    if "sequence-parallel" in f:
-        argv += ["--compilation-config", json.dumps({"pass_config": {"enable_sp": True}})]
+    if "sequence-parallel" in f:  # in every step, as priced (not above a token count)
+        sp = {"pass_config": {"enable_sp": True, "sp_min_token_num": 1}}
+        argv += ["--compilation-config", json.dumps(sp)]
     if plan.concurrency is not None:
         argv += ["--max-num-seqs", str(plan.concurrency)]  # per DP engine core
     if problem.max_tokens is not None:
@@ -231,14 +239,20 @@ def _vllm(
             argv += ["--data-parallel-address", t.head, "--data-parallel-rpc-port", "13345"]
             if t.node_rank:
                 argv += ["--data-parallel-start-rank", str(t.node_rank * local), "--headless"]
-        else:  # TP / PP over the nodes, multiprocessing backend
+        else:  # a DP rank over several nodes: TP / PP over them, multiprocessing backend
+            if d.dp_attn > 1:
+                notes.append(
+                    "vLLM data parallel ranks that span nodes use --nnodes/--node-rank with "
+                    "the mp backend (vllm/engine/arg_utils.py:1910-1939); vLLM's guides show "
+                    "only -dpl or Ray for data parallel over nodes"
+                )
             argv += ["--nnodes", str(t.nodes), "--node-rank", str(t.node_rank)]
             argv += ["--master-addr", t.head, "--master-port", "29501"]
             if t.node_rank:
                 argv.append("--headless")
     if not (t.nodes > 1 and t.node_rank):
         argv += ["--host", "0.0.0.0", "--port", str(t.port)]
-    return env, argv, {}, []
+    return env, argv, {}, notes
 
 
 def _sglang(
@@ -254,6 +268,18 @@ def _sglang(
         raise ShardlabError(
             "plan: SGLang 0.5.14 does not run speculative decoding with pipeline stages "
             "(srt/server_args.py:6651-6654); drop --draft-tokens or use pp = 1"
+        )
+    if w.draft_tokens and problem.model.architecture not in SGLANG_MTP:
+        raise ShardlabError(
+            f"--draft-tokens: SGLang 0.5.14 drafts with the served checkpoint's MTP layers "
+            f"only for DeepSeek-V3/V3.2, Kimi-K2 and GLM (not {problem.model.architecture}; "
+            "srt/arg_groups/speculative_hook.py:290-306); drop --draft-tokens"
+        )
+    notes = []
+    if d.dp_attn > 1 and d.ep > 1 and "deepep" not in f:
+        notes.append(
+            "SGLang DP attention with --ep-size > 1 on the default MoE backend was reported "
+            "to give wrong logits (sgl-project/sglang#23729, closed); check the outputs"
         )
     argv = ["python", "-m", "sglang.launch_server", "--model-path", t.model_path]
     argv += ["--tp-size", str(d.group)]
@@ -285,7 +311,7 @@ def _sglang(
         argv += ["--nnodes", str(t.nodes), "--node-rank", str(t.node_rank)]
         argv += ["--dist-init-addr", f"{t.head}:5000"]
     argv += ["--host", "0.0.0.0", "--port", str(t.port)]
-    return env, argv, {}, []
+    return env, argv, {}, notes
 
 
 def _trtllm(
@@ -325,8 +351,9 @@ def _trtllm(
     serve += ["--tp_size", str(d.group), "--pp_size", str(d.pp)]
     if problem.model.is_moe:
         serve += ["--ep_size", str(d.ep)]
-    if plan.concurrency is not None:
-        serve += ["--max_batch_size", str(plan.concurrency)]
+    if plan.concurrency is not None:  # it admits pp x max_batch_size requests
+        # (tensorrt_llm/_torch/pyexecutor/model_engine.py:1334-1339)
+        serve += ["--max_batch_size", str(-(-plan.concurrency // d.pp))]
     if problem.max_tokens is not None:
         serve += ["--max_num_tokens", str(problem.max_tokens)]
     if trust:
@@ -337,7 +364,9 @@ def _trtllm(
         ranks = d.group * d.pp
         hosts = ",".join(f"{t.addr(k)}:{node}" for k in range(t.nodes))
         serve += ["--gpus_per_node", str(node)]
-        argv = ["mpirun", "-H", hosts, "-n", str(ranks), "trtllm-llmapi-launch", *serve]
+        forward = [a for name, _ in env for a in ("-x", name)]  # to every node's ranks
+        argv = ["mpirun", "-H", hosts, "-n", str(ranks), *forward]
+        argv += ["trtllm-llmapi-launch", *serve]
         notes.append(
             "TensorRT-LLM runs a multi-node server as one MPI job started from its head "
             "node (srun with trtllm-llmapi-launch works the same; "

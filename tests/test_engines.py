@@ -12,7 +12,7 @@ import pytest
 
 from shardlab.cli import main
 from shardlab.errors import ShardlabError
-from shardlab.problems.capability import ENGINES, capability
+from shardlab.problems.capability import ENGINES, capability, option_coverage
 from shardlab.problems.operators import layer_ops
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
@@ -168,3 +168,38 @@ def test_vs_free_needs_the_engine_space(capsys, monkeypatch) -> None:
         main()
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+def test_option_coverage_names_what_each_engine_has_no_equivalent_for() -> None:
+    for engine in ENGINES:
+        cov = option_coverage(engine)
+        for op in ("qkv_proj", "attention", "o_proj", "embedding", "lm_head", "sampler"):
+            assert cov[(op, "seq_sharded")] is None  # token splits no engine runs
+        assert cov[("experts", "alltoall")]  # a feature (DeepEP / NVLink all-to-all)
+        assert cov[("qkv_proj", "column")] == ()  # tensor parallel by default
+    assert option_coverage("sglang")[("ffn_up", "column_full")] == ("dp-attention",)
+    assert option_coverage("vllm")[("residual", "seq_sharded")] == ("sequence-parallel",)
+    assert option_coverage("trtllm")[("residual", "seq_sharded")] is None
+
+
+def test_fp8_blocks_are_never_split() -> None:
+    """DeepSeek-V3's 128-row fp8 blocks: vLLM and SGLang refuse a split into part blocks
+    (18,432 / 32 = 576 rows), so only SGLang's --moe-dense-tp-size 1 with DeepEP (the
+    large-scale EP recipe) runs attention DP 32."""
+    wide = Degrees(tp=1, dp_attn=32, ep=32, etp=1)
+    sglang = engine_problem("deepseek-v3", "h100x32", "chat", "sglang").space
+    labels = [sglang.label(i) for i, d in enumerate(sglang.degree_tuples) if d == wide]
+    assert labels == [wide.short() + " +dp-attention+deepep+dense-tp1"]
+    vllm = engine_problem("deepseek-v3", "h100x32", "chat", "vllm")
+    with pytest.raises(ShardlabError, match="576-row slices of 128-row fp8 blocks"):
+        vllm.space.degree_index(Degrees(tp=32, etp=32))
+    trtllm = engine_problem("deepseek-v3", "h100x32", "chat", "trtllm").space
+    assert trtllm.degree_index(Degrees(tp=1, dp_attn=32, ep=32, etp=1)) >= 0
+
+
+def test_sglang_runs_dp_attention_only_where_its_model_code_gathers_tokens() -> None:
+    mixtral = engine_problem("mixtral-8x7b", "h100x8", "chat", "sglang").space
+    assert all(d.dp_attn == 1 for d in mixtral.degree_tuples)
+    assert not any(c.features for c in mixtral.configs)
+    qwen = engine_problem("qwen3-30b-a3b", "h100x8", "chat", "sglang").space
+    assert any(d.dp_attn > 1 for d in qwen.degree_tuples)

@@ -89,6 +89,8 @@ def check_degrees(engine: str, launch: Launch, problem: Problem, plan: Plan) -> 
             if nodes > 1:
                 assert a[0] == "mpirun" and values(a, "-n") == str(d.group * d.pp)
                 assert values(a, "-H").count(",") == nodes - 1
+                forwarded = {a[i + 1] for i, x in enumerate(a) if x == "-x"}
+                assert forwarded == {name for name, _ in c.env}  # to the remote ranks too
             ((_, yaml),) = launch.files
             assert f"enable_attention_dp: {json.dumps(d.dp_attn > 1)}" in yaml
             if problem.model.is_moe:
@@ -229,3 +231,32 @@ def test_the_engines_own_parser_takes_the_commands(engine: str) -> None:
     )
     parsed = json.loads(run.stdout.strip().splitlines()[-1])  # engines log to stdout too
     assert [(p["tp"], p["pp"], p["dp"]) for p in parsed] == expected
+
+
+def test_servers_sharing_a_node_get_ports_apart() -> None:
+    for engine in ENGINES:
+        problem, plan = case_plan(engine, *CASES[0])  # 4 replicas of 2 GPUs on a node
+        commands = build_launch(problem, plan, model_path="org/model").commands
+        ports = [int(values(c.argv, "--port")) for c in commands]
+        assert ports == [8000, 8010, 8020, 8030]
+        visible = [dict(c.env)["CUDA_VISIBLE_DEVICES"] for c in commands]
+        assert visible == ["0,1", "2,3", "4,5", "6,7"]
+
+
+def test_cli_launch_with_draft_tokens(tmp_path: Path, capsys, monkeypatch) -> None:
+    path = tmp_path / "plan.json"
+    for engine, marker in (("vllm", '"mtp"'), ("sglang", "EAGLE"), ("trtllm", "MTP")):
+        problem = Problem.build("deepseek-v3", "h200x8", engine=engine, space_kind="engine")
+        plan = problem.space.megatron_plan(Degrees(tp=8, ep=8, etp=1))  # as it runs them
+        path.write_text(plan.to_json(problem.model, cluster="h200x8"))
+        args = ["launch", "--plan", str(path), "--engine", engine, "--draft-tokens", "2"]
+        code, out, err = run_cli([*args, "--config-dir", str(tmp_path)], capsys, monkeypatch)
+        assert code == 0, err
+        text = out + "".join(p.read_text() for p in tmp_path.glob("*.yaml"))
+        assert marker in text
+    problem = Problem.build("minimax-m2", "h100x8", engine="sglang", space_kind="engine")
+    plan = problem.space.megatron_plan(Degrees(tp=8, ep=8, etp=1))
+    path.write_text(plan.to_json(problem.model, cluster="h100x8"))
+    args = ["launch", "--plan", str(path), "--engine", "sglang", "--draft-tokens", "2"]
+    code, out, err = run_cli(args, capsys, monkeypatch)
+    assert code == 2 and err.strip().count("\n") == 0 and "minimax_m2" in err

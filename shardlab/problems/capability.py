@@ -151,7 +151,14 @@ class Capability(ABC):
                         f"{op.split_size:,}-wide dimension does not divide over the degrees"
                     )
                 options.append((kind, op.name, name))
+        why = self.check(model, d, {op: name for _, op, name in options})
+        if why is not None:
+            return why
         return EngineConfig(degrees=d, features=features, options=tuple(options))
+
+    def check(self, model: Model, d: Degrees, options: dict[str, str]) -> str | None:
+        """Why the engine refuses these resolved options (operator -> option), if it does."""
+        return None
 
     def configs(
         self, model: Model, cluster: Cluster, free: tuple[Degrees, ...]
@@ -190,6 +197,41 @@ class Capability(ABC):
             if isinstance(c, str):
                 return c
         return "they are not a valid degree tuple of this problem"
+
+
+# Models and a cluster whose engine configurations show every feature at work: a
+# dense model, a MoE model with shared experts and dense layers (DeepSeek-V3), one
+# with few experts; two nodes, so that multi-node rules apply.
+COVERAGE_CASES: tuple[tuple[str, str], ...] = (
+    ("llama-3.1-70b", "h100x16"),
+    ("deepseek-v3", "h200x16"),
+    ("mixtral-8x7b", "h100x16"),
+)
+
+
+def option_coverage(engine: str) -> dict[tuple[str, str], tuple[str, ...] | None]:
+    """For every (operator, option): the fewest engine features under which ``engine``
+    produces it on :data:`COVERAGE_CASES` with more than one GPU per stage (``()``:
+    with its defaults), None if never (the option has no equivalent in the engine)."""
+    from shardlab.problems.catalog import load_model
+    from shardlab.problems.cluster import parse_cluster
+    from shardlab.problems.space import enumerate_degrees
+
+    cap = capability(engine)
+    out: dict[tuple[str, str], tuple[str, ...] | None] = {}
+    for model_name, cluster_name in COVERAGE_CASES:
+        model, cluster = load_model(model_name), parse_cluster(cluster_name)
+        for op in (*{o for k in model.kinds for o in layer_ops(model, k)}, *HEAD_OPS):
+            for opt in op.options:
+                out.setdefault((op.name, opt.name), None)
+        for c in cap.configs(model, cluster, enumerate_degrees(model, cluster)):
+            if c.degrees.group == 1:  # one GPU per stage: every option is the same plan
+                continue
+            for _, op_name, name in c.options:
+                seen = out.get((op_name, name))
+                if seen is None or len(c.features) < len(seen):
+                    out[(op_name, name)] = c.features
+    return out
 
 
 def capability(engine: str) -> Capability:

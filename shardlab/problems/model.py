@@ -339,7 +339,12 @@ class Model:
     tie_word_embeddings: bool = False
     weight_dtype: WeightDtype = "bf16"
     quantized_families: tuple[str, ...] = QUANTIZABLE_FAMILIES
+    # output rows per scale of a block-quantized checkpoint (DeepSeek-V3's fp8: 128;
+    # 0: none): engines refuse to split a weight into slices that are not whole blocks
+    weight_block: int = 0
     max_position_embeddings: int = 0
+    # the config's model_type (aliases resolved): which engine code serves the model
+    architecture: str = ""
     # What reading the config assumed, one line each (an unknown model_type, ...).
     notices: tuple[str, ...] = field(default=(), compare=False)
 
@@ -663,6 +668,24 @@ def _weight_dtype(r: _ConfigReader) -> tuple[WeightDtype, tuple[str, ...]]:
         "supported: fp8, fbgemm_fp8, mxfp4 (or remove quantization_config and pass "
         "--weight-dtype)"
     )
+
+
+def _weight_block(r: _ConfigReader) -> int:
+    """Rows per scale block of a block-quantized checkpoint (0: not block-quantized)."""
+    quant = r.cfg.get("quantization_config")
+    block = quant.get("weight_block_size") if isinstance(quant, Mapping) else None
+    if block is None:
+        return 0
+    if (
+        not isinstance(block, list)
+        or not block
+        or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
+    ):
+        raise ShardlabError(
+            f"{r.where}: key 'quantization_config.weight_block_size' must be a list of "
+            f"positive integers (e.g. [128, 128]), got {block!r}"
+        )
+    return block[0]
 
 
 # Keys whose structure shardlab does not model yet: refused rather than mispriced.
@@ -1042,6 +1065,9 @@ def model_from_config(config: Mapping[str, Any], *, name: str, source: str) -> M
         tie_word_embeddings=r.bool("tie_word_embeddings"),
         weight_dtype=weight_dtype,
         quantized_families=families,
+        weight_block=_weight_block(r),
+        architecture=MODEL_TYPE_ALIASES.get(str(cfg.get("model_type") or ""), "")
+        or str(cfg.get("model_type") or ""),
         max_position_embeddings=r.int("max_position_embeddings", 0, minimum=1)
         if r.has("max_position_embeddings")
         else 0,

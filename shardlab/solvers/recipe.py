@@ -23,7 +23,9 @@ smallest that holds the model in memory, and the rest of the cluster holds repli
   - TensorRT-LLM: attention DP with EP over the unit (the curated DeepSeek-R1
     throughput configuration, examples/configs/curated/deepseek-r1-throughput.yaml).
 
-The plan is always one the engine can launch; in the free space it is encoded there.
+A DeepSeek-class model that the engine runs no wide-EP recipe for (SGLang's DP attention
+needs a model built on its LayerCommunicator) takes the tensor-parallel recipe. The plan
+is always one the engine can launch; in the free space it is encoded there.
 """
 
 from __future__ import annotations
@@ -51,11 +53,11 @@ def _units(problem: Problem) -> Iterator[int]:
         g *= 2
 
 
-def recipe_candidates(problem: Problem) -> list[tuple[Degrees, tuple[str, ...]]]:
-    """The recipe's (degrees, engine features), in the order it tries them."""
-    m, engine = problem.model, problem.engine
+def recipe_candidates(problem: Problem, *, wide: bool) -> list[tuple[Degrees, tuple[str, ...]]]:
+    """The recipe's (degrees, engine features), in the order it tries them: the wide-EP
+    recipe of DeepSeek-class models, or the tensor-parallel one."""
+    engine = problem.engine
     node, n = problem.cluster.node_size, problem.cluster.num_gpus
-    wide = m.moe is not None and m.moe.num_experts >= WIDE_EP_EXPERTS
     out: list[tuple[Degrees, tuple[str, ...]]] = []
     for g in _units(problem):
         if n % g:
@@ -81,12 +83,18 @@ def recipe_candidates(problem: Problem) -> list[tuple[Degrees, tuple[str, ...]]]
     return out
 
 
-def recipe_plans(ctx: SearchContext) -> Iterator[Plan]:
-    space = ctx.problem.with_space("engine").space
-    for d, feats in recipe_candidates(ctx.problem):
-        i = space.config_index(d, feats)
-        if i is not None:
-            yield space.config_plan(i)
+def recipe_plans(problem: Problem) -> list[Plan]:
+    """The recipe's plans the engine can run, in order; a DeepSeek-class model whose
+    architecture the engine runs no wide-EP recipe for takes the tensor-parallel one."""
+    space = problem.with_space("engine").space
+    m = problem.model
+    wide = m.moe is not None and m.moe.num_experts >= WIDE_EP_EXPERTS
+    for kind in ((True, False) if wide else (False,)):
+        found = [space.config_index(d, f) for d, f in recipe_candidates(problem, wide=kind)]
+        plans = [space.config_plan(i) for i in found if i is not None]
+        if plans:
+            return plans
+    return []
 
 
 @register("recipe")
@@ -95,7 +103,7 @@ class RecipeSolver(Solver):
 
     def _search(self, ctx: SearchContext) -> Outcome:
         tried = []
-        for plan in recipe_plans(ctx):
+        for plan in recipe_plans(ctx.problem):
             metrics = ctx.evaluator.metrics(ctx.space.encode(plan)[None])
             tried.append(plan.degrees.short())
             if not metrics.memory_violation[0]:
