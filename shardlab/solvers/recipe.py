@@ -89,7 +89,7 @@ def recipe_plans(problem: Problem) -> list[Plan]:
     space = problem.with_space("engine").space
     m = problem.model
     wide = m.moe is not None and m.moe.num_experts >= WIDE_EP_EXPERTS
-    for kind in ((True, False) if wide else (False,)):
+    for kind in (True, False) if wide else (False,):
         found = [space.config_index(d, f) for d, f in recipe_candidates(problem, wide=kind)]
         plans = [space.config_plan(i) for i in found if i is not None]
         if plans:
