@@ -127,7 +127,10 @@ def timing_label(problem: Problem) -> str:
 
 def problem_line(problem: Problem) -> str:
     """The headline of an output: the problem, its workload and how it is timed."""
-    return f"[bold]{problem.name}[/]: {problem.workload.describe()}; {timing_label(problem)}"
+    line = f"[bold]{problem.name}[/]: {problem.workload.describe()}; {timing_label(problem)}"
+    if problem.space_kind == "engine":
+        line += f"; plans {problem.engine} can launch"
+    return line
 
 
 def plan_json(problem: Problem, plan: Plan) -> dict:
