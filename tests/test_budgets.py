@@ -54,7 +54,7 @@ def test_every_method_ends_on_time_with_its_best_plan(method: str) -> None:
     else:
         assert r.status == "feasible", r.message
         assert r.plan is not None and r.metrics is not None and r.metrics.feasible
-        if method != "megatron":  # the rule ends by itself
+        if method not in ("megatron", "recipe", "grid"):  # the rules end by themselves
             assert "time limit ran out in" in r.message
             assert r.facts["ran_out_in"]
 

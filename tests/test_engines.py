@@ -203,3 +203,11 @@ def test_sglang_runs_dp_attention_only_where_its_model_code_gathers_tokens() -> 
     assert not any(c.features for c in mixtral.configs)
     qwen = engine_problem("qwen3-30b-a3b", "h100x8", "chat", "sglang").space
     assert any(d.dp_attn > 1 for d in qwen.degree_tuples)
+
+
+def test_baselines_run_on_problems_with_options_per_layer() -> None:
+    p = Problem.build("mixtral-8x7b", "h100x4", "chat", tie="layer", engine="vllm")
+    for method in ("grid", "recipe"):
+        r = get_solver(method).solve(p, budget=Budget(max_evals=None))
+        assert r.status == "feasible"
+        p.with_space("engine").space.encode(r.plan)  # the engine runs it

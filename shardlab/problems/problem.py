@@ -123,8 +123,10 @@ class Problem:
         return SearchSpace(self.model, self.cluster, tie=self.tie, capability=engine)
 
     def with_space(self, space_kind: SpaceKind) -> Problem:
-        """The same problem searched over another space (free or the engine's)."""
-        return dataclasses.replace(self, space_kind=space_kind)
+        """The same problem searched over another space (free or the engine's; an engine
+        chooses options per layer kind, so its space ties them so)."""
+        tie: Tie = "kind" if space_kind == "engine" else self.tie
+        return dataclasses.replace(self, space_kind=space_kind, tie=tie)
 
     # -- precision -----------------------------------------------------------------
 
