@@ -87,9 +87,14 @@ class Launch:
 
 @dataclass(frozen=True, kw_only=True)
 class Target:
-    """Where and how one server runs: the parts of its command every engine needs."""
+    """One node's server of one replica: what its engine command is made of."""
 
+    problem: Problem
+    plan: Plan
+    config: EngineConfig
     model_path: str
+    trust_remote_code: bool
+    config_dir: str
     port: int
     first_node: int  # the cluster node of the replica's node rank 0
     node_rank: int
@@ -149,9 +154,18 @@ def build_launch(
             ranks = [(first + k, k) for k in range(nodes)]
         for at, rank in ranks:
             target = Target(
-                model_path=model_path, port=port, first_node=first, node_rank=rank, nodes=nodes
+                problem=problem,
+                plan=plan,
+                config=config,
+                model_path=model_path,
+                trust_remote_code=trust_remote_code,
+                config_dir=config_dir,
+                port=port,
+                first_node=first,
+                node_rank=rank,
+                nodes=nodes,
             )
-            out = build(problem, plan, config, target, trust_remote_code, config_dir)
+            out = build(target)
             if out is None:  # the engine starts every node from the head's command
                 continue
             more_env, argv, made, said = out
@@ -194,14 +208,8 @@ def _partition(plan: Plan) -> str:
     return ",".join(str(n) for n in plan.stage_layers)
 
 
-def _vllm(
-    problem: Problem,
-    plan: Plan,
-    config: EngineConfig,
-    t: Target,
-    trust: bool,
-    config_dir: str,
-) -> BuildOut:
+def _vllm(t: Target) -> BuildOut:
+    problem, plan, config = t.problem, t.plan, t.config
     d, w, f = plan.degrees, problem.workload, set(config.features)
     node = problem.cluster.node_size
     notes: list[str] = []
@@ -229,7 +237,7 @@ def _vllm(
     if w.draft_tokens:
         spec = {"method": "mtp", "num_speculative_tokens": w.draft_tokens}
         argv += ["--speculative-config", json.dumps(spec)]
-    if trust:
+    if t.trust_remote_code:
         argv.append("--trust-remote-code")
     if t.nodes > 1:
         rank_gpus = d.tp * d.pp
@@ -255,14 +263,8 @@ def _vllm(
     return env, argv, {}, notes
 
 
-def _sglang(
-    problem: Problem,
-    plan: Plan,
-    config: EngineConfig,
-    t: Target,
-    trust: bool,
-    config_dir: str,
-) -> BuildOut:
+def _sglang(t: Target) -> BuildOut:
+    problem, plan, config = t.problem, t.plan, t.config
     d, w, f = plan.degrees, problem.workload, set(config.features)
     if w.draft_tokens and d.pp > 1:
         raise ShardlabError(
@@ -305,7 +307,7 @@ def _sglang(
         k = w.draft_tokens
         argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(k)]
         argv += ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(k + 1)]
-    if trust:
+    if t.trust_remote_code:
         argv.append("--trust-remote-code")
     if t.nodes > 1:
         argv += ["--nnodes", str(t.nodes), "--node-rank", str(t.node_rank)]
@@ -314,14 +316,8 @@ def _sglang(
     return env, argv, {}, notes
 
 
-def _trtllm(
-    problem: Problem,
-    plan: Plan,
-    config: EngineConfig,
-    t: Target,
-    trust: bool,
-    config_dir: str,
-) -> BuildOut:
+def _trtllm(t: Target) -> BuildOut:
+    problem, plan, config = t.problem, t.plan, t.config
     if t.node_rank:
         return None  # one MPI job starts every rank from the head node
     d, w, f = plan.degrees, problem.workload, set(config.features)
@@ -346,7 +342,7 @@ def _trtllm(
         env += [("TRTLLM_CAN_USE_DEEP_EP", "1"), ("TRTLLM_FORCE_COMM_METHOD", "DEEPEP")]
     elif d.dp_attn > 1 and d.ep > 1:  # the all-gather the plan was priced with
         env.append(("TRTLLM_FORCE_COMM_METHOD", "ALLGATHER"))
-    path = str(Path(config_dir) / TRTLLM_CONFIG)
+    path = str(Path(t.config_dir) / TRTLLM_CONFIG)
     serve = ["trtllm-serve", t.model_path, "--backend", "pytorch"]
     serve += ["--tp_size", str(d.group), "--pp_size", str(d.pp)]
     if problem.model.is_moe:
@@ -356,7 +352,7 @@ def _trtllm(
         serve += ["--max_batch_size", str(-(-plan.concurrency // d.pp))]
     if problem.max_tokens is not None:
         serve += ["--max_num_tokens", str(problem.max_tokens)]
-    if trust:
+    if t.trust_remote_code:
         serve.append("--trust_remote_code")
     serve += ["--host", "0.0.0.0", "--port", str(t.port), "--config", path]
     notes = []
