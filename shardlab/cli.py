@@ -623,18 +623,11 @@ def launch(
 ) -> None:
     """Print the engine's own launch commands for a plan, one per node of each replica,
     and write the config files it takes; a plan the engine cannot run is refused."""
-    import json
-    from pathlib import Path
-
     from shardlab.launch import build_launch
     from shardlab.problems.catalog import hf_id_of
+    from shardlab.problems.plan import read_plan_file
 
-    try:
-        data = json.loads(Path(plan_file).read_text())
-    except OSError as exc:
-        raise ShardlabError(f"{plan_file}: cannot read the plan ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ShardlabError(f"{plan_file}: not a plan JSON (shardlab solve --out)") from None
+    data = read_plan_file(plan_file)
     if not isinstance(data, dict):
         raise ShardlabError(f"{plan_file}: a plan must be a JSON object")
     model = model or data.get("model") or ""

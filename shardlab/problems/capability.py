@@ -131,12 +131,6 @@ class Capability(ABC):
     def wants(self, model: Model, d: Degrees, features: tuple[str, ...], kind: str) -> Wants:
         """Preference lists of the operators of one layer kind (or "head")."""
 
-    def feature(self, name: str) -> Feature:
-        for f in self.features:
-            if f.name == name:
-                return f
-        raise KeyError(name)
-
     def config(self, model: Model, d: Degrees, features: tuple[str, ...]) -> EngineConfig | str:
         """The configuration, or why an operator cannot be sharded so."""
         options = []

@@ -20,10 +20,6 @@ REPLICATED_LAYER = dict.fromkeys(TENSOR_PARALLEL, ("replicated",))
 DEEPSEEK = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"})
 
 
-def _moe_tp_is_one(d: Degrees) -> bool:
-    return d.etp == 1
-
-
 def _block_split(model: Model, d: Degrees, options: dict[str, str]) -> str | None:
     """Why a block-quantized checkpoint cannot be split so (None: it can).
 
@@ -119,7 +115,7 @@ class TensorRTLLM(Capability):
             return [()]
         adp = ("attention-dp",)
         # moe_tp != 1 forces all-gather + reduce-scatter (communication_factory.py:104-105)
-        if not model.is_moe or not _moe_tp_is_one(d) or d.ep == 1:
+        if not model.is_moe or d.etp != 1 or d.ep == 1:
             return [adp]
         if d.pp * d.group <= cluster.node_size:  # the NVLink strategies, then all-gather
             return [(*adp, "nvlink-alltoall"), adp]

@@ -227,21 +227,31 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, model: Model, *, where: str = "plan") -> Plan:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ShardlabError(
-                f"{where}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-            ) from None
-        return cls.from_dict(data, model, where=where)
+        return cls.from_dict(_parse(text, where), model, where=where)
 
     @classmethod
     def load(cls, path: str | Path, model: Model) -> Plan:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ShardlabError(f"{path}: cannot read the plan ({exc.strerror})") from None
-        return cls.from_json(text, model, where=str(path))
+        return cls.from_dict(read_plan_file(path), model, where=str(path))
+
+
+def _parse(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ShardlabError(
+            f"{where}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+
+
+def read_plan_file(path: str | Path) -> Any:
+    """The parsed JSON of a plan file (its ``model`` and ``cluster`` name what it is for)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ShardlabError(f"{path}: cannot read the plan ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ShardlabError(f"{path}: not a plan JSON (shardlab solve --out)") from None
+    return _parse(text, str(path))
 
 
 def _read_options(entry: Any, ops: tuple, where: str) -> tuple[str, ...]:

@@ -192,25 +192,37 @@ class Subproblem:
     tpot_low: float | None = None
 
 
+@lru_cache(maxsize=64)
+def _slots_by_op(space: SearchSpace) -> tuple[tuple[tuple[str, str], np.ndarray, int], ...]:
+    """The option variables of each (layer kind or 'head', operator), and its options."""
+    slots: dict[tuple[str, str], list[int]] = {}
+    width: dict[tuple[str, str], int] = {}
+    for v, g, op in space.option_slots():
+        slots.setdefault((g.kind, op.name), []).append(v)
+        width[(g.kind, op.name)] = len(op.options)
+    return tuple((key, np.array(vs), width[key]) for key, vs in slots.items())
+
+
 def _valid_options(space: SearchSpace, di: int) -> dict[tuple[str, str], list[int]]:
     """Option indices valid under degree tuple ``di`` somewhere in the model, per
-    (layer kind or 'head', operator)."""
+    (layer kind or 'head', operator): the space's masks, so an engine space's too."""
     mask = space.mask(di)
-    out: dict[tuple[str, str], set[int]] = {}
-    for v, g, op in space.option_slots():
-        out.setdefault((g.kind, op.name), set()).update(
-            int(i) for i in np.flatnonzero(mask[v, : len(op.options)])
-        )
-    return {key: sorted(idx) for key, idx in out.items()}
+    return {
+        key: np.flatnonzero(mask[vs, :n].any(axis=0)).tolist() for key, vs, n in _slots_by_op(space)
+    }
 
 
-def _memory_low(problem: Problem, di: int, t: IntegerTables, per_dp: np.ndarray) -> np.ndarray:
+def _memory_low(
+    problem: Problem,
+    d: Degrees,
+    valid: dict[tuple[str, str], list[int]],
+    t: IntegerTables,
+    per_dp: np.ndarray,
+) -> np.ndarray:
     """The least memory of the fullest stage over every plan, for each value of
     ``per_dp``: an equal share of the least memory. ``t`` gives what does not depend on
-    the requests."""
+    the requests; ``valid`` the options the degree tuple allows (:func:`_valid_options`)."""
     m = problem.model
-    d = problem.space.degree_tuples[di]
-    valid = _valid_options(problem.space, di)
     kv = kv_bytes(problem, d, per_dp)  # (cls, op, opt, per_dp)
     mem_low = np.zeros(len(per_dp))
     act_low = 0.0
@@ -367,10 +379,10 @@ def subproblems(
         top = bt.per_dp_max
         cs = np.arange(1, top + 1) if bt.inflight else np.array([top])
         t = integer_tables(problem, d, top)
-        mem_low = _memory_low(problem, di, t, cs)
+        valid = _valid_options(space, di)
+        mem_low = _memory_low(problem, d, valid, t, cs)
         fits = mem_low <= t.hbm_bytes
         discarded += int((~fits).sum())
-        valid = _valid_options(space, di)
         kept = cs[fits][::-1]
         for start in range(0, len(kept), BOUND_CHUNK):
             chunk = kept[start : start + BOUND_CHUNK]

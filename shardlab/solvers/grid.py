@@ -24,19 +24,15 @@ from shardlab.solvers.registry import register
 def default_engine_plans(problem: Problem) -> list[Plan]:
     """One plan per degree tuple the engine can launch, as it runs them by default."""
     space = problem.with_space("engine").space
-    seen: set[object] = set()
-    plans = []
-    for d in space.degree_tuples:
-        if d not in seen:
-            seen.add(d)
-            plans.append(space.megatron_plan(d))
-    return plans
+    first: dict[object, int] = {}  # a degree tuple's first configuration: its defaults
+    for i, d in enumerate(space.degree_tuples):
+        first.setdefault(d, i)
+    return [space.config_plan(i) for i in first.values()]
 
 
 @register("grid")
 class GridSolver(Solver):
     description = "AIConfigurator-style grid: every engine-launchable degree tuple x batch"
-    anytime = True
 
     def _search(self, ctx: SearchContext) -> Outcome:
         plans = default_engine_plans(ctx.problem)
