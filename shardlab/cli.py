@@ -784,6 +784,25 @@ def compare(
         typer.Option(help="Also run rl from this pretrained policy (as method rl+policy)."),
     ] = None,
     jobs: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 2,
+    executor: Annotated[
+        str,
+        typer.Option(
+            help="Where runs run: local (--jobs worker processes) or ray (one task per run "
+            "on the Ray cluster at --address; pip install -e '.[ray]')."
+        ),
+    ] = "local",
+    address: Annotated[
+        str | None,
+        typer.Option(help="The Ray cluster's address (e.g. 10.0.0.1:6379), with --executor ray."),
+    ] = None,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Run everything again: forget the finished runs in results/<name>/runs.jsonl "
+            "(by default a re-run runs only the runs missing there).",
+        ),
+    ] = False,
     engines: Annotated[
         str | None,
         typer.Option(
@@ -862,6 +881,21 @@ def compare(
         raise ShardlabError(
             "--vs-free compares the engine space with the free one: add --space engine"
         )
+    from shardlab.executors import EXECUTORS
+    from shardlab.journal import JOURNAL, Journal
+
+    if executor not in EXECUTORS:
+        raise ShardlabError(f"--executor {executor!r}: use one of {', '.join(EXECUTORS)}")
+    out_dir = Path(results_dir) / label
+    journal_path = out_dir / JOURNAL
+    if fresh:
+        journal_path.unlink(missing_ok=True)
+    journal = Journal(journal_path)
+
+    def on_resume(reused: int, total: int) -> None:
+        if reused:
+            err.print(f"{journal_path}: {reused} of {total} runs finished before, not run again")
+
     results = run_comparison(
         instances,
         wanted,
@@ -877,9 +911,12 @@ def compare(
         engines=engine_list,
         space_kind=problem.space_kind,
         vs_free=vs_free,
+        journal=journal,
+        executor=executor,  # type: ignore[arg-type]
+        address=address,
+        on_resume=on_resume,
     )
     rows = summarize(results)
-    out_dir = Path(results_dir) / label
     write_results(out_dir, label, command, results, rows, timing_label(problem))
     if fmt is Format.json:
         emit_json({"name": label, "summary": rows, "out_dir": str(out_dir)})
@@ -907,6 +944,45 @@ def compare(
         )
     out.print(table)
     out.print(f"wrote {out_dir}/ (results.json, results.csv, summary.md, convergence.png)")
+
+
+@app.command()
+def bench(
+    what: Annotated[str, typer.Argument(help="evaluator: plans per second of the cost model.")],
+    instances: Annotated[
+        str | None, typer.Option(help="Comma-separated suite instances (default: a fixed set).")
+    ] = None,
+    out_path: Annotated[
+        str | None, typer.Option("--out", help="Markdown table to write (e.g. results/...).")
+    ] = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Measure speed on this machine; --out writes the table with its command."""
+    import sys as _sys
+    from dataclasses import asdict as _asdict
+
+    from shardlab import bench as b
+    from shardlab.files import write_text
+
+    if what != "evaluator":
+        raise ShardlabError(f"bench {what!r}: measure 'evaluator'")
+    names = (
+        [n.strip() for n in instances.split(",") if n.strip()]
+        if instances
+        else list(b.EVALUATOR_INSTANCES)
+    )
+    rows = []
+    for name in names:
+        rows.append(b.evaluator_speed(name))
+        err.print(f"  {name}: {rows[-1].warm_plans_s:,.0f} plans/s warm")
+    command = "shardlab bench " + " ".join(_sys.argv[2:])
+    text = b.evaluator_markdown(command, rows)
+    if out_path is not None:
+        write_text(out_path, text)
+    if fmt is Format.json:
+        emit_json([_asdict(r) for r in rows])
+        return
+    out.print(text)
 
 
 @app.command()

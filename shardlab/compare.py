@@ -1,9 +1,13 @@
 """Run several methods on several instances and seeds, and write the comparison.
 
-Every (instance, method, seed) run goes to a worker process; results are gathered
-into ``results/<name>/``: ``results.json`` (every run, with its history and plan),
-``results.csv`` (one row per run), ``summary.md`` (per instance and method, means over
-seeds) and ``convergence.png`` (best-so-far quality against evaluations, log x).
+Every (instance, method, seed, budget) run goes to a worker (a local process or a Ray
+task, :mod:`shardlab.executors`) and, as it finishes, to ``results/<name>/runs.jsonl``
+(:mod:`shardlab.journal`): a comparison stopped part-way (Ctrl-C, a kill) loses only
+the runs in flight, and re-running the same command runs only the ones missing.
+Results are gathered into ``results/<name>/``: ``results.json`` (every run, with its
+history and plan), ``results.csv`` (one row per run), ``summary.md`` (per instance and
+method, means over seeds) and ``convergence.png`` (best-so-far quality against
+evaluations, log x).
 
 Quality of a plan is its objective relative to the best known on the instance (the
 CP-SAT optimum when CP-SAT proved one, else the best any run found): ``obj / best``
@@ -24,12 +28,13 @@ import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardlab.executors import Executor, run_all
 from shardlab.files import replacing
+from shardlab.journal import Journal
 from shardlab.problems.suite import Instance
 from shardlab.solvers import Budget
 from shardlab.solvers.registry import get_solver, solver_class
@@ -60,6 +65,25 @@ class Task:
     def instance_name(self) -> str:
         """The instance as results name it: with its engine when several are compared."""
         return self.instance.name + (f"/{self.engine}" if self.per_engine else "")
+
+
+def task_key(task: Task) -> str:
+    """What defines a run (a journal's key): a run with the same key is the same run."""
+    return json.dumps(
+        {
+            "instance": task.instance_name,
+            "label": task.name,
+            "method": task.method,
+            "options": [[k, str(v)] for k, v in task.options],
+            "seed": task.seed,
+            "max_evals": task.max_evals,
+            "seconds": task.seconds,
+            "timing": task.timing,
+            "engine": task.engine,
+            "space": task.space_kind,
+        },
+        sort_keys=True,
+    )
 
 
 def run_task(task: Task) -> dict[str, Any]:
@@ -147,6 +171,10 @@ def run_comparison(
     engines: Sequence[str] = (),
     space_kind: str = "free",
     vs_free: bool = False,
+    journal: Journal | None = None,
+    executor: Executor = "local",
+    address: str | None = None,
+    on_resume: Callable[[int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Every run as a dict; with ``budgets``, one record per run and budget (see the
     module docstring), each with its ``budget``. ``variants`` are extra methods run
@@ -154,6 +182,11 @@ def run_comparison(
     Each instance is run on ``engine``, or on each of ``engines`` (results then name it
     ``instance/engine``), every method searching ``space_kind``; ``vs_free`` adds CP-SAT
     over the free space (``cpsat@free``), whose optimum the others are then a fraction of.
+
+    Runs go to ``executor`` (:mod:`shardlab.executors`: ``jobs`` local processes, or
+    the Ray cluster at ``address``). With a ``journal`` every run is put on disk as it
+    finishes and runs already there are not run again; ``on_resume(reused, total)``
+    hears how many.
     """
     runs = [(m, m, {}, space_kind) for m in dict.fromkeys([*methods, "megatron"])]
     runs += [(label, m, opts, space_kind) for label, m, opts in variants]
@@ -179,18 +212,23 @@ def run_comparison(
         for b in _budgets_of(m, max_evals, budgets)
         for s in (range(seeds) if m != "megatron" else range(1))
     ]
-    results: list[dict[str, Any]] = []
-    if jobs <= 1:
-        for t in tasks:
-            results.append(run_task(t))
-            if on_done:
-                on_done(results[-1])
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for res in pool.map(run_task, tasks):
-                results.append(res)
-                if on_done:
-                    on_done(res)
+    keys = [task_key(t) for t in tasks]
+    finished: dict[int, dict[str, Any]] = {}
+    if journal is not None:
+        finished = {i: journal.runs[k] for i, k in enumerate(keys) if k in journal}
+    if on_resume is not None:
+        on_resume(len(finished), len(tasks))
+
+    def done(i: int, record: dict[str, Any]) -> None:
+        if journal is not None:
+            journal.add(keys[i], record)
+        finished[i] = record
+        if on_done:
+            on_done(record)
+
+    todo = [(i, t) for i, t in enumerate(tasks) if i not in finished]
+    run_all(run_task, todo, executor=executor, jobs=jobs, address=address, done=done)
+    results = [finished[i] for i in range(len(tasks))]
     if not budgets:
         return results
     return [rec for r in results for rec in _at_budgets(r, budgets)]

@@ -174,3 +174,41 @@ def test_evaluate_says_when_it_chose_the_concurrency() -> None:
     data = json.loads(fixed.output)
     assert data["concurrency_chosen"] is False
     assert data["requests_per_rank"] == 4 and data["plan"]["concurrency"] == 4
+
+
+# Deep pipelines (micro-batches of several requests), SLOs, a latency objective, a
+# bound KV cache: the shapes in which only some concurrencies can be best.
+DEEP = {
+    "deepseek-64": dict(model="deepseek-v3", cluster="h100x64", workload="chat"),
+    "deepseek-slo": dict(
+        model="deepseek-v3", cluster="h200x16", workload="chat", ttft_ms=800.0, tpot_ms=60.0
+    ),
+    "llama-latency": dict(
+        model="llama-3.1-70b", cluster="h100x16", workload="chat", objective="latency"
+    ),
+    "qwen-kv": dict(model="qwen3-32b", cluster="h100x8", workload="long-context", batch=96),
+}
+
+
+@pytest.mark.parametrize("case", list(DEEP))
+def test_the_chosen_concurrency_is_the_fewest_requests_of_the_best(case: str) -> None:
+    problem = Problem.build(**DEEP[case])
+    codes = problem.space.sample(120, seed=3)
+    chosen = evaluate_batch(problem, codes)
+    top = offered(problem, codes)
+    n, c_max = len(codes), int(top.max())
+    score = np.full((n, c_max), -np.inf)
+    for c in range(1, c_max + 1):
+        rows = np.flatnonzero(top >= c)
+        m = evaluate_batch(problem, codes[rows], per_rank=np.full(len(rows), c))
+        score[rows, c - 1] = np.where(m.feasible, m.objective, -np.inf)
+    best = score.max(axis=1)
+    has = np.isfinite(best)
+    assert has.any()
+    got = np.where(chosen.feasible, chosen.objective, -np.inf)
+    np.testing.assert_allclose(got[has], best[has], rtol=1e-12)
+    assert not chosen.feasible[~has].any()
+    near = score >= best[:, None] - 1e-9 * np.abs(best[:, None])
+    fewest = near.argmax(axis=1) + 1  # of near-ties the fewest requests
+    np.testing.assert_array_equal(chosen.requests_per_rank[has], fewest[has])
+    assert (chosen.requests_per_rank[~has] == 1).all()  # nothing feasible: one request

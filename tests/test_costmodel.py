@@ -258,3 +258,21 @@ def test_max_tokens_caps_the_requests_of_a_round() -> None:
     plan = problem.space.megatron_plan(Degrees(tp=4, etp=4))
     # a chat round brings 1 + 1024/256 = 5 tokens per request
     assert evaluate(problem, plan).concurrency == 200
+
+
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_plans_priced_together_or_alone_agree(data: st.DataObject) -> None:
+    # one pass prices every degree tuple at once: a plan's metrics cannot depend on
+    # which plans share its batch, nor on their order
+    key = data.draw(st.sampled_from(["ds-chat-kind", "ds-prefill-layer", "ds32-mtp-chat"]))
+    problem = (PROBLEMS | SILICON)[key + data.draw(st.sampled_from(["", "-silicon"]))]
+    codes = problem.space.sample(40, seed=data.draw(st.integers(0, 1000)))
+    whole = evaluate_batch(problem, codes)
+    order = data.draw(st.permutations(range(len(codes))))
+    part = np.array(order[: data.draw(st.integers(1, len(codes)))])
+    some = evaluate_batch(problem, codes[part])
+    for name in whole.__dataclass_fields__:
+        np.testing.assert_allclose(getattr(some, name), getattr(whole, name)[part], rtol=1e-12)
+    alone = evaluate_batch(problem, codes[part[:1]])
+    assert alone.objective[0] == pytest.approx(whole.objective[part[0]], rel=1e-12)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardlab.costmodel.constants import RUNTIME_RESERVE_GB
-from shardlab.costmodel.evaluate import _assemble, units_of_plan
+from shardlab.costmodel.evaluate import assemble_plan
 from shardlab.costmodel.regimes import Timing, timing
 from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.operators import HEAD_OPS, layer_ops
@@ -177,10 +177,7 @@ class TableCost:
 def requests_per_rank(problem: Problem, plan: Plan) -> int:
     """Requests per dp rank that :func:`shardlab.evaluate` runs ``plan`` with: its own
     concurrency, else the best."""
-    if plan.concurrency is not None:
-        return plan.concurrency
-    t = degree_tables(problem, plan.degrees)
-    return int(_assemble(problem, t, units_of_plan(problem, t, plan)).per_dp[0])
+    return int(assemble_plan(problem, plan)[1].per_dp[0])
 
 
 def price(problem: Problem, tables: IntegerTables, plan: Plan) -> TableCost:

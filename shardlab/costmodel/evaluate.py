@@ -1,7 +1,9 @@
 """Scalar and batched evaluation of plans: one implementation of the arithmetic.
 
-Both paths call :func:`_assemble`, which works on arrays of plans sharing one degree
-tuple; the scalar path adds the per-operator breakdown. Definitions:
+Both paths call :func:`_assemble`, which prices arrays of plans of any degree tuples
+in one vectorized pass over the problem's stacked tables
+(:mod:`shardlab.costmodel.stack`); the scalar path adds the per-operator breakdown.
+Definitions:
 
 - Requests: ``workload.batch`` requests are spread over the replicas and, inside a
   replica, over the attention-data-parallel ranks (the busiest rank sets the pace);
@@ -32,20 +34,28 @@ tuple; the scalar path adds the per-operator breakdown. Definitions:
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 import numpy as np
+from scipy import sparse
+
+try:  # the kernel behind csr_matrix @ dense (see _sparse_product)
+    from scipy.sparse._sparsetools import csr_matvecs as _csr_matvecs
+except ImportError:  # pragma: no cover - a scipy that moved it
+    _csr_matvecs = None
 
 from shardlab.costmodel.constants import RUNTIME_RESERVE_GB
 from shardlab.costmodel.opcosts import kernel_class
-from shardlab.costmodel.regimes import judge, timing
-from shardlab.costmodel.tables import DegreeTables, degree_tables, layer_classes_of
+from shardlab.costmodel.regimes import DegreeArrays, judge, timing
+from shardlab.costmodel.stack import Stack, stack_of
+from shardlab.costmodel.tables import degree_tables, layer_classes_of
 from shardlab.errors import ShardlabError
 from shardlab.problems.operators import HEAD_OPS, layer_edges, layer_ops
 from shardlab.problems.plan import Degrees, Plan
 from shardlab.problems.problem import Problem
-from shardlab.problems.space import SearchSpace
+from shardlab.problems.space import MAX_SHIFT, SearchSpace, balanced_boundaries
 
 VIOLATIONS = ("memory", "ttft_slo", "tpot_slo")
 
@@ -136,44 +146,142 @@ class BatchMetrics:
 
 
 @dataclass(frozen=True)
+class UnitLayout:
+    """Which unit each layer belongs to (a set of layers with the same options and
+    class), and each unit's class and kind: shared by every plan of a batch."""
+
+    layer_unit: tuple[int, ...]  # (L,)
+    unit_class: tuple[int, ...]  # (U,) index into the layer classes
+    unit_kind: tuple[int, ...]  # (U,) index into model.kinds
+
+
+@dataclass(frozen=True)
 class Units:
-    """Plans expressed per unit (a set of layers with the same options and class)."""
+    """Plans expressed per unit, each with its slot in the problem's stack."""
 
+    layout: UnitLayout
+    slot: np.ndarray  # (n,) slot of each plan's degree tuple (shardlab.costmodel.stack)
     opts: np.ndarray  # (n, U, K) option index per unit and operator
-    layer_unit: np.ndarray  # (L,) unit of each layer
-    unit_class: np.ndarray  # (U,) index into DegreeTables.classes
-    unit_kind: np.ndarray  # (U,) index into DegreeTables.kinds
     head: np.ndarray  # (n, 4) head option indices
-    starts: np.ndarray  # (n, pp) first layer of each stage
-    ends: np.ndarray  # (n, pp) one past the last layer
+    starts: np.ndarray  # (n, S) first layer of each stage; stages past pp are empty
+    ends: np.ndarray  # (n, S) one past the last layer
+
+    def take(self, rows: np.ndarray) -> Units:
+        return Units(
+            self.layout,
+            self.slot[rows],
+            self.opts[rows],
+            self.head[rows],
+            self.starts[rows],
+            self.ends[rows],
+        )
 
 
-def _stage_bounds(stage_layers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    ends = np.cumsum(stage_layers, axis=1)
-    return ends - stage_layers, ends
+@dataclass(frozen=True)
+class _Terms:
+    """Fixed per layout: the table rows each unit's time adds up, as index arithmetic
+    on its options (``base + opts[u, ka] * ma + opts[u, kb] * mb``), and layer counts."""
+
+    unit: np.ndarray  # (T,) unit of each term; terms are grouped by unit
+    base: np.ndarray
+    ka: np.ndarray
+    kb: np.ndarray
+    ma: np.ndarray
+    mb: np.ndarray
+    op_terms: np.ndarray  # the operator terms (their b-free rows: weights, KV, workspace)
+    op_unit_starts: np.ndarray  # first operator term of each unit
+    cs_unit: np.ndarray  # (L + 1, U) layers of each unit up to a layer
+    cs_pair: np.ndarray  # (L + 1, P) residual hops (unit a -> unit b) into layers up to one
+    pair_a: np.ndarray  # (P,)
+    pair_b: np.ndarray
+    first_unit: int
+    last_unit: int
+    layer_unit: np.ndarray
 
 
-def units_of_plan(problem: Problem, tables: DegreeTables, plan: Plan) -> Units:
+@lru_cache(maxsize=256)
+def _terms(problem: Problem, layout: UnitLayout) -> _Terms:
     m = problem.model
-    k = tables.n_ops
-    opts = np.zeros((1, m.num_layers, k), dtype=np.int64)
-    for layer, names in enumerate(plan.layer_options):
-        for i, (op, name) in enumerate(zip(layer_ops(m, m.layer_kinds[layer]), names, strict=True)):
-            opts[0, layer, i] = op.option_names.index(name)
-    classes = {c: i for i, c in enumerate(tables.classes)}
-    kinds = {c: i for i, c in enumerate(tables.kinds)}
-    unit_class = np.array([classes[c] for c in zip(m.layer_kinds, m.attention_layers, strict=True)])
-    head = np.array(
-        [[op.option_names.index(n) for op, n in zip(HEAD_OPS, plan.head_options, strict=True)]]
+    lay = stack_of(problem).layout
+    k_all, o = lay.n_ops, lay.n_opts
+    unit, base, ka, kb, ma, mb, is_op = [], [], [], [], [], [], []
+    op_unit_starts = []
+    for u, (ci, kind_i) in enumerate(zip(layout.unit_class, layout.unit_kind, strict=True)):
+        kind = m.kinds[kind_i]
+        op_unit_starts.append(sum(is_op))
+        for k in range(len(layer_ops(m, kind))):
+            unit.append(u)
+            base.append(lay.op0 + (ci * k_all + k) * o)
+            ka.append(k), kb.append(0), ma.append(1), mb.append(0), is_op.append(True)
+        names = [op.name for op in layer_ops(m, kind)]
+        for e, (src, dst) in enumerate(layer_edges(m, kind)):
+            unit.append(u)
+            base.append(lay.edge0 + (ci * lay.n_edges + e) * o * o)
+            ka.append(names.index(src)), kb.append(names.index(dst))
+            ma.append(o), mb.append(1), is_op.append(False)
+    layer_unit = np.array(layout.layer_unit, dtype=np.int64)
+    n_units = len(layout.unit_class)
+    pair_of = layer_unit[:-1] * n_units + layer_unit[1:]
+    pairs, pair_key = np.unique(pair_of, return_inverse=True)
+    arr = lambda x: np.array(x, dtype=np.int64)  # noqa: E731
+    return _Terms(
+        unit=arr(unit),
+        base=arr(base),
+        ka=arr(ka),
+        kb=arr(kb),
+        ma=arr(ma),
+        mb=arr(mb),
+        op_terms=np.flatnonzero(is_op),
+        op_unit_starts=arr(op_unit_starts),
+        cs_unit=_cumulative(layer_unit, n_units),
+        cs_pair=_cumulative(np.concatenate([[-1], pair_key.ravel()]), len(pairs)),
+        pair_a=pairs // n_units,
+        pair_b=pairs % n_units,
+        first_unit=int(layer_unit[0]),
+        last_unit=int(layer_unit[-1]),
+        layer_unit=layer_unit,
     )
-    starts, ends = _stage_bounds(np.array([plan.stage_layers]))
+
+
+def _cumulative(keys: np.ndarray, n_keys: int) -> np.ndarray:
+    """``(L + 1, n_keys)``: how many of positions ``0 .. l - 1`` carry each key (-1:
+    none); a stage's count of a key is then a difference of two rows."""
+    onehot = np.zeros((len(keys) + 1, n_keys))
+    valid = keys >= 0
+    onehot[1:][np.flatnonzero(valid), keys[valid]] = 1.0
+    return np.cumsum(onehot, axis=0)
+
+
+def units_of_plan(problem: Problem, plan: Plan) -> Units:
+    """One plan as units: layers with the same class and options form one."""
+    m = problem.model
+    stack = stack_of(problem)
+    k = stack.layout.n_ops
+    classes = {c: i for i, c in enumerate(layer_classes_of(m))}
+    kinds = {c: i for i, c in enumerate(m.kinds)}
+    ids: dict[tuple, int] = {}
+    rows: list[list[int]] = []
+    layer_unit, unit_class, unit_kind = [], [], []
+    for layer, names in enumerate(plan.layer_options):
+        kind = m.layer_kinds[layer]
+        ci = classes[(kind, m.attention_layers[layer])]
+        key = (ci, names)
+        if key not in ids:
+            ids[key] = len(rows)
+            ops = layer_ops(m, kind)
+            row = [op.option_names.index(n) for op, n in zip(ops, names, strict=True)]
+            rows.append(row + [0] * (k - len(row)))
+            unit_class.append(ci)
+            unit_kind.append(kinds[kind])
+        layer_unit.append(ids[key])
+    head = [op.option_names.index(n) for op, n in zip(HEAD_OPS, plan.head_options, strict=True)]
+    ends = np.cumsum(plan.stage_layers)[None, :]
     return Units(
-        opts=opts,
-        layer_unit=np.arange(m.num_layers),
-        unit_class=unit_class,
-        unit_kind=np.array([kinds[k_] for k_ in m.layer_kinds]),
-        head=head,
-        starts=starts,
+        layout=UnitLayout(tuple(layer_unit), tuple(unit_class), tuple(unit_kind)),
+        slot=stack.slots((plan.degrees,)),
+        opts=np.array([rows], dtype=np.int64),
+        head=np.array([head], dtype=np.int64),
+        starts=ends - np.array([plan.stage_layers]),
         ends=ends,
     )
 
@@ -182,15 +290,19 @@ def units_of_plan(problem: Problem, tables: DegreeTables, plan: Plan) -> Units:
 class _SpaceUnits:
     """How a space's encoding maps onto units (fixed per space)."""
 
+    layout: UnitLayout
     var_index: np.ndarray  # (U, K) column of the code holding each unit's option (-1: pad)
-    layer_unit: np.ndarray
-    unit_class: np.ndarray
-    unit_kind: np.ndarray
     head_vars: np.ndarray  # (4,)
+    slots: np.ndarray  # (degree indices,) slot of each in the problem's stack
+    bounds: np.ndarray  # (degree indices, S - 1) balanced stage boundaries (L: no stage)
+    has_cut: np.ndarray  # (degree indices, S - 1) whether the boundary exists
 
 
-@lru_cache(maxsize=64)
-def _space_units(space: SearchSpace) -> _SpaceUnits:
+def _space_units(problem: Problem) -> _SpaceUnits:
+    space = problem.space
+    cached = _SPACE_UNITS.get(space)
+    if cached is not None:
+        return cached
     m = space.model
     offsets: dict[str, int] = {}
     for v, g, _ in space.option_slots():
@@ -214,26 +326,41 @@ def _space_units(space: SearchSpace) -> _SpaceUnits:
                 unit_class.append(key[1])
                 unit_kind.append(kinds[g.kind])
             layer_unit[layer] = unit_ids[key]
-    return _SpaceUnits(
+    cuts = max(space.max_pp - 1, 0)
+    bounds = np.full((len(space.degree_tuples), cuts), m.num_layers, dtype=np.int64)
+    for i, d in enumerate(space.degree_tuples):
+        bounds[i, : d.pp - 1] = balanced_boundaries(m.num_layers, d.pp)
+    has_cut = np.arange(cuts)[None, :] < np.array([d.pp - 1 for d in space.degree_tuples])[:, None]
+    out = _SpaceUnits(
+        layout=UnitLayout(tuple(layer_unit.tolist()), tuple(unit_class), tuple(unit_kind)),
         var_index=np.array(rows),
-        layer_unit=layer_unit,
-        unit_class=np.array(unit_class),
-        unit_kind=np.array(unit_kind),
         head_vars=offsets["head"] + np.arange(len(HEAD_OPS)),
+        slots=stack_of(problem).slots(space.degree_tuples),
+        bounds=bounds,
+        has_cut=has_cut,
     )
+    _SPACE_UNITS[space] = out
+    return out
 
 
-def units_of_codes(space: SearchSpace, tables: DegreeTables, codes: np.ndarray) -> Units:
-    su = _space_units(space)
+# Spaces are compared by identity; a problem's space lives as long as the problem.
+_SPACE_UNITS: weakref.WeakKeyDictionary[SearchSpace, _SpaceUnits] = weakref.WeakKeyDictionary()
+
+
+def units_of_codes(problem: Problem, codes: np.ndarray) -> Units:
+    space = problem.space
+    su = _space_units(problem)
     padded = np.concatenate([codes, np.zeros((len(codes), 1), dtype=codes.dtype)], axis=1)
-    opts = padded[:, su.var_index]  # -1 reads the zero column
-    pp = tables.degrees.pp
-    starts, ends = _stage_bounds(space.stage_layers_batch(pp, codes[:, space.first_cut :]))
+    di = codes[:, 0]
+    cuts = codes[:, space.first_cut : space.first_cut + su.bounds.shape[1]] - MAX_SHIFT
+    inner = np.where(su.has_cut[di], su.bounds[di] + cuts, space.model.num_layers)
+    n = len(codes)
+    starts = np.concatenate([np.zeros((n, 1), np.int64), inner], axis=1)
+    ends = np.concatenate([inner, np.full((n, 1), space.model.num_layers)], axis=1)
     return Units(
-        opts=opts,
-        layer_unit=su.layer_unit,
-        unit_class=su.unit_class,
-        unit_kind=su.unit_kind,
+        layout=su.layout,
+        slot=su.slots[di],
+        opts=padded[:, su.var_index],  # -1 reads the zero column
         head=codes[:, su.head_vars],
         starts=starts,
         ends=ends,
@@ -243,224 +370,376 @@ def units_of_codes(space: SearchSpace, tables: DegreeTables, codes: np.ndarray) 
 # -- the arithmetic --------------------------------------------------------------------
 
 
-def _counts(keys: np.ndarray, n_keys: int, u: Units) -> np.ndarray:
-    """``(n, pp, n_keys)``: how many positions of each key fall in each stage.
-
-    ``keys[l]`` is the key of layer position ``l`` (a unit, or a unit pair for the
-    residual edge into layer ``l``; -1 for none). Stage sums of any per-key quantity
-    are then one product, whatever the number of layers.
-    """
-    onehot = np.zeros((len(keys) + 1, n_keys))
-    valid = keys >= 0
-    onehot[1:][np.flatnonzero(valid), keys[valid]] = 1.0
-    cs = np.cumsum(onehot, axis=0)
-    return cs[u.ends] - cs[u.starts]
-
-
 @dataclass(frozen=True)
 class _Assembled:
     metrics: BatchMetrics
-    b_index: np.ndarray  # (n,) index into the tables' b of the chosen concurrency
+    b_index: np.ndarray  # (n,) column of the slot's tables (its b) at the chosen concurrency
     per_dp: np.ndarray  # (n,) requests per dp rank: the chosen concurrency
-    stage_times: list[np.ndarray]  # per step: (n, pp) at the chosen concurrency
     fullest_stage: np.ndarray
-    curves: dict[str, np.ndarray]  # every candidate concurrency: (n, J) each
+    curves: dict[str, np.ndarray]  # every candidate concurrency, flat ("plan": whose)
 
 
 def _capacity(
-    base: np.ndarray, kv_full: np.ndarray, kv_split: np.ndarray, tp: int, hbm: float, top: int
+    base: np.ndarray,
+    kv_full: np.ndarray,
+    kv_split: np.ndarray,
+    tp: np.ndarray,
+    hbm: float,
+    top: np.ndarray,
 ) -> np.ndarray:
     """``(n,)``: the most requests per dp rank (at most ``top``; 0 for none) whose memory
     fits on every stage. Memory grows with the requests, so a bisection finds it."""
-    n = len(base)
-    lo = np.zeros(n, dtype=np.int64)
-    hi = np.full(n, top, dtype=np.int64)
+    lo = np.zeros(len(base), dtype=np.int64)
+    hi = top.astype(np.int64)
+    tp = tp[:, None]
     while (active := lo < hi).any():
         mid = (lo + hi + 1) // 2
-        mem = base + kv_full * mid[:, None] + kv_split * (-(-mid // tp))[:, None]
+        mem = base + kv_full * mid[:, None] + kv_split * (-(-mid[:, None] // tp))
         ok = (mem <= hbm).all(axis=1)
         lo = np.where(active & ok, mid, lo)
         hi = np.where(active & ~ok, mid - 1, hi)
     return lo
 
 
-def _assemble(
-    problem: Problem, t: DegreeTables, u: Units, per_dp: np.ndarray | None = None
-) -> _Assembled:
-    """Metrics of the plans ``u`` (one degree tuple) at ``per_dp`` requests per dp rank,
+# Entries (stage rows x table entries, or x b columns) one sparse product handles at a
+# time: keeps its arrays to tens of MB.
+GATHER_CHUNK = 1 << 22
+
+# Batches this small are priced at powers of four columns, larger ones at powers of two.
+FEW_PLANS = 512
+
+# Memory of a stage a plan does not have: below anything, so it never binds.
+NO_STAGE = -1e30
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``starts[i], starts[i] + 1, .., starts[i] + counts[i] - 1`` for every i, in order."""
+    first = np.cumsum(counts) - counts
+    return np.repeat(starts - first, counts) + np.arange(int(counts.sum()))
+
+
+@dataclass(frozen=True)
+class _Stages:
+    """Every real stage of a batch of plans, plan by plan (a "stage row" each)."""
+
+    plan: np.ndarray  # (R,) plan of each stage row
+    stage: np.ndarray  # (R,) its stage index
+    first_row: np.ndarray  # (n,) first stage row of each plan
+    unit_count: np.ndarray  # (R, U) layers of each unit in the stage
+    pair_count: np.ndarray  # (R, P) residual hops of each unit pair into the stage's layers
+    is_first: np.ndarray
+    is_last: np.ndarray
+
+
+def _stages(u: Units, terms: _Terms, pp: np.ndarray) -> _Stages:
+    n = len(pp)
+    first_row = np.cumsum(pp) - pp
+    plan = np.repeat(np.arange(n), pp)
+    stage = np.arange(len(plan)) - np.repeat(first_row, pp)
+    ends, starts = u.ends[plan, stage], u.starts[plan, stage]
+    return _Stages(
+        plan=plan,
+        stage=stage,
+        first_row=first_row,
+        unit_count=terms.cs_unit[ends] - terms.cs_unit[starts],
+        pair_count=terms.cs_pair[ends] - terms.cs_pair[starts],
+        is_first=stage == 0,
+        is_last=stage == pp[plan] - 1,
+    )
+
+
+def _entries(
+    problem: Problem, u: Units, terms: _Terms, sr: _Stages, rid: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(R, E)`` table rows and weights whose weighted sum is each stage row's time:
+    its units' terms (weighted by their layers in the stage), the residual hops between
+    its layers, the model's ends on the first and last stage, the send to the next."""
+    lay = stack_of(problem).layout
+    o = lay.n_opts
+    res = u.opts[:, :, 0]  # (n, U): the residual stream's option ("residual" is op 0)
+    h = u.head
+    ends_x = np.stack(
+        [
+            lay.head0 + h[:, 0],  # embedding, then its hop into the first layer
+            lay.emb0 + h[:, 0] * o + res[:, terms.first_unit],
+            lay.head0 + o + h[:, 1],  # final norm, LM head, sampler and their hops
+            lay.head0 + 2 * o + h[:, 2],
+            lay.head0 + 3 * o + h[:, 3],
+            lay.lastf0 + res[:, terms.last_unit] * o + h[:, 1],
+            lay.fnlm0 + h[:, 1] * o + h[:, 2],
+            lay.lmsa0 + h[:, 2] * o + h[:, 3],
+        ],
+        axis=1,
+    )
+    pair_rid = lay.inter0 + res[:, terms.pair_a] * o + res[:, terms.pair_b]
+    # the last stage sends nothing (weight 0): its row index only has to be in range
+    last_layer = u.ends[sr.plan, sr.stage] - 1
+    hop = np.minimum(sr.stage, max(lay.max_pp - 2, 0))
+    p2p_rid = lay.p2p0 + hop * o + res[sr.plan, terms.layer_unit[last_layer]]
+    first = sr.is_first[:, None].astype(float)
+    last = sr.is_last[:, None].astype(float)
+    rows = np.concatenate(
+        [rid[sr.plan], pair_rid[sr.plan], ends_x[sr.plan], p2p_rid[:, None]], axis=1
+    )
+    weights = np.concatenate(
+        [
+            sr.unit_count[:, terms.unit],
+            sr.pair_count,
+            np.repeat(first, 2, axis=1),
+            np.repeat(last, 6, axis=1),
+            1.0 - last,
+        ],
+        axis=1,
+    )
+    return rows, weights
+
+
+def _stage_times(
+    stack: Stack,
+    slot: np.ndarray,
+    sr: _Stages,
+    pp: np.ndarray,
+    rows: np.ndarray,
+    weights: np.ndarray,
+    need: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Sum and maximum over its stages of each plan's stage times, every step side by
+    side (:meth:`Stack.columns` of the plan's width, at least ``need`` columns), flat:
+    plan ``i``'s columns start at ``offset[i]``. Returns (sum, max, offset, width).
+
+    Plans are priced at a power-of-two (few plans: power-of-four) number of columns
+    just above the ones they read, each width as one sparse product of their stage
+    rows' table entries with the slots' rows."""
+    n = len(slot)
+    bits = 2 if n <= FEW_PLANS else 1  # few plans: fewer products (each has a fixed cost)
+    width = 1 << (bits * np.ceil(np.log2(need) / bits)).astype(np.int64)
+    span = np.zeros(n, dtype=np.int64)
+    for step in stack.steps:
+        span += 1 if step.single else width
+    offset = np.cumsum(span) - span
+    total = np.empty(int(span.sum()))
+    peak = np.empty_like(total)
+    block_of = np.empty(n, dtype=np.int64)
+    for wb in np.unique(width).tolist():
+        plans = np.flatnonzero(width == wb)
+        arena, block_of[plans] = stack.arena(wb, slot[plans])
+        cols = arena.shape[1]
+        srows = _ranges(sr.first_row[plans], pp[plans])
+        st = np.empty((len(srows), cols))
+        step = max(1, GATHER_CHUNK // max(rows.shape[1], cols))
+        for i in range(0, len(srows), step):
+            chunk = srows[i : i + step]
+            w = weights[chunk]
+            keep = w != 0
+            idx = (rows[chunk] + block_of[sr.plan[chunk]][:, None])[keep]
+            indptr = np.concatenate([[0], np.cumsum(keep.sum(axis=1))])
+            st[i : i + len(chunk)] = _sparse_product(indptr, idx, w[keep], arena)
+        starts = np.cumsum(pp[plans]) - pp[plans]
+        at = _ranges(offset[plans], np.full(len(plans), cols))
+        total[at] = np.add.reduceat(st, starts, axis=0).ravel()
+        peak[at] = np.maximum.reduceat(st, starts, axis=0).ravel()
+    return total, peak, offset, width
+
+
+def _sparse_product(
+    indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, dense: np.ndarray
+) -> np.ndarray:
+    """``csr_matrix((data, indices, indptr)) @ dense``, through the kernel scipy's
+    product calls: a batch of a search is small, and the matrix object's checks cost
+    more than the product."""
+    rows = len(indptr) - 1
+    out = np.zeros((rows, dense.shape[1]))
+    if _csr_matvecs is None:
+        mat = sparse.csr_matrix((data, indices, indptr), shape=(rows, len(dense)))
+        return mat @ dense
+    index = indices.astype(np.int32) if len(dense) < 2**31 else indices
+    _csr_matvecs(rows, len(dense), dense.shape[1], indptr.astype(index.dtype), index,
+                 data, dense.ravel(), out.ravel())  # fmt: skip
+    return out
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """The concurrencies each plan is priced at, flat and plan by plan."""
+
+    plan: np.ndarray  # (C,) plan of each candidate
+    per_dp: np.ndarray  # (C,) requests per dp rank
+    col: np.ndarray  # (C,) b column of the tables it reads
+    first: np.ndarray  # (n,) first candidate of each plan
+    need: np.ndarray  # (n,) b columns each plan reads
+
+
+def _candidates(
+    problem: Problem,
+    per_dp: np.ndarray | None,
+    capacity: np.ndarray,
+    pp: np.ndarray,
+    per_dp_max: np.ndarray,
+    in_flight_per_rank: np.ndarray,
+) -> _Candidates:
+    """The static schedule runs its batch; a fixed ``per_dp`` runs itself; in flight
+    every concurrency the KV cache holds is a candidate (none: one request), and of the
+    concurrencies sharing a micro-batch size only the one that can be best."""
+    n = len(pp)
+    if problem.workload.schedule != "inflight":  # the tables have the batch's b only
+        c = per_dp_max if per_dp is None else np.asarray(per_dp, dtype=np.int64)
+        return _Candidates(np.arange(n), c, 0 * c, np.arange(n), 0 * c + 1)
+    if per_dp is not None:
+        c = np.asarray(per_dp, dtype=np.int64)
+        col = -(-c // np.minimum(pp, c)) - 1
+        return _Candidates(np.arange(n), c, col, np.arange(n), col + 1)
+    top = np.maximum(capacity, 1)  # more than the KV cache holds never fits
+    small = np.minimum(pp, top)  # c <= pp: one request per micro-batch (b = 1)
+    n_b = -(-top // small)
+    count = small + n_b - 1
+    first = np.cumsum(count) - count
+    plan = np.repeat(np.arange(n), count)
+    k = np.arange(int(count.sum())) - first[plan]
+    in_small = k < small[plan]
+    # b >= 2 runs pp micro-batches of b: the c sharing a b share every time, so the
+    # fewest requests that bring the most in flight stand for them all (latency: the
+    # fewest)
+    b = k - small[plan] + 2
+    lo = (b - 1) * pp[plan] + 1
+    hi = np.maximum(np.minimum(b * pp[plan], top[plan]), lo)
+    if problem.workload.objective == "latency":
+        rep = lo
+    else:
+        rep = np.clip(in_flight_per_rank[plan], lo, hi)
+    c = np.where(in_small, k + 1, rep)
+    col = np.where(in_small, 0, b - 1)
+    return _Candidates(plan, c, col, first, n_b)
+
+
+def _assemble(problem: Problem, u: Units, per_dp: np.ndarray | None = None) -> _Assembled:
+    """Metrics of the plans ``u`` (any degree tuples) at ``per_dp`` requests per dp rank,
     or, when None, at the concurrency each plan does best with (see the module
     docstring; the static schedule runs its batch)."""
-    d = t.degrees
-    n = len(u.opts)
-    n_units = len(u.unit_class)
-    cls = u.unit_class[None, :, None]
-    kk = np.arange(t.n_ops)[None, None, :]
+    w = problem.workload
+    stack = stack_of(problem)
+    stack.ensure(u.slot)
+    lay = stack.layout
+    terms = _terms(problem, u.layout)
+    n = len(u.slot)
     rows = np.arange(n)
-    unit_count = _counts(u.layer_unit, n_units, u)  # (n, pp, U)
-    # Residual edge into layer l (l >= 1) keyed by the pair (unit of l-1, unit of l).
-    pair_of = u.layer_unit[:-1] * n_units + u.layer_unit[1:]
-    pairs, pair_key = np.unique(pair_of, return_inverse=True)
-    pair_count = _counts(np.concatenate([[-1], pair_key]), len(pairs), u)  # (n, pp, P)
-    res_u = u.opts[:, :, t.res_index]  # (n, U) residual option per unit
-    res_a, res_b = res_u[:, pairs // n_units], res_u[:, pairs % n_units]  # (n, P)
+    slot = u.slot
 
-    def per_stage(per_unit: np.ndarray) -> np.ndarray:
-        return np.einsum("rsu,ru->rs", unit_count, per_unit)
+    def scalar(name: str) -> np.ndarray:
+        return stack.scalar(name, slot)
 
-    # -- memory --------------------------------------------------------------------
-    kv = t.op_kv[cls, kk, u.opts]
-    split = t.op_kv_split[cls, kk, u.opts]
-    w_stage = per_stage(t.op_weight[cls, kk, u.opts].sum(-1))
-    kvf_stage = per_stage(np.where(split, 0.0, kv).sum(-1))
-    kvs_stage = per_stage(np.where(split, kv, 0.0).sum(-1))
-    hi = np.arange(len(HEAD_OPS))[None, :]
-    head_w = t.head_weight[hi, u.head]
-    w_stage[:, 0] += head_w[:, 0]
-    w_stage[:, -1] += head_w[:, 1:].sum(1)
-    last_b = len(t.b) - 1
-    act = np.zeros(n)
-    for si, step in enumerate(t.steps):
-        at = 0 if step.single else last_b
-        unit_act = t.op_act[si][cls, kk, u.opts, at].max(axis=(1, 2))
-        head_act = t.head_act[si][hi, u.head, at].max(1)
-        act = np.maximum(act, np.maximum(unit_act, head_act))
+    pp = scalar("pp").astype(np.int64)
+    tp = scalar("tp").astype(np.int64)
+    per_dp_max = scalar("per_dp_max").astype(np.int64)
+    n_stages = u.starts.shape[1]
+    sr = _stages(u, terms, pp)
+    rid = (
+        terms.base
+        + u.opts[:, terms.unit, terms.ka] * terms.ma
+        + u.opts[:, terms.unit, terms.kb] * terms.mb
+    )  # (n, T) the table row of every term of every unit
+
+    # -- memory ------------------------------------------------------------------------
+    op_rid = rid[:, terms.op_terms]
+    srow = slot[:, None]
+    hrid = lay.head0 + np.arange(len(HEAD_OPS)) * lay.n_opts + u.head  # (n, 4)
+
+    def stage_sum(per_op: np.ndarray) -> np.ndarray:
+        per_unit = np.add.reduceat(per_op, terms.op_unit_starts, axis=1)
+        out = np.zeros((n, n_stages))
+        out[sr.plan, sr.stage] = (sr.unit_count * per_unit[sr.plan]).sum(axis=1)
+        return out
+
+    split = stack.kv_split.data[srow, op_rid]
+    kv = stack.kv.data[srow, op_rid]
+    head_w = stack.weight.data[srow, hrid]
+    w_stage = stage_sum(stack.weight.data[srow, op_rid])
+    w_stage[rows, 0] += head_w[:, 0]
+    w_stage[rows, pp - 1] += head_w[:, 1:].sum(axis=1)
+    kvf_stage = stage_sum(np.where(split, 0.0, kv))
+    kvs_stage = stage_sum(np.where(split, kv, 0.0))
+    act = np.maximum(
+        stack.act.data[srow, op_rid].max(axis=1), stack.act.data[srow, hrid].max(axis=1)
+    )
     hbm = problem.cluster.accelerator.hbm_gb * 1e9
     # as the engine budgets it (shardlab.costmodel.engines)
-    e = t.engine
-    base = w_stage * e.weight_scale + (RUNTIME_RESERVE_GB * 1e9 + act[:, None]) * e.reserve_scale
-    kvf_charged, kvs_charged = kvf_stage * e.kv_scale, kvs_stage * e.kv_scale
-    bt = t.batching
-    capacity = _capacity(base, kvf_charged, kvs_charged, d.tp, hbm, bt.per_dp_max)
+    ws, rs, ks = (scalar(s)[:, None] for s in ("weight_scale", "reserve_scale", "kv_scale"))
+    real = np.arange(n_stages)[None, :] < pp[:, None]
+    reserve = (RUNTIME_RESERVE_GB * 1e9 + act[:, None]) * rs
+    base = np.where(real, w_stage * ws + reserve, NO_STAGE)
+    kvf_charged, kvs_charged = kvf_stage * ks, kvs_stage * ks
+    capacity = _capacity(base, kvf_charged, kvs_charged, tp, hbm, per_dp_max)
 
-    # -- candidate concurrencies: (rows or 1, J), and the b column each one reads --------
-    if per_dp is not None:
-        cand = np.asarray(per_dp, dtype=np.int64).reshape(n, 1)
-        b_sel = t.b_index(bt.b_of(cand, d.pp))  # (n, 1)
-        col = np.zeros(1, dtype=np.int64)
-    elif bt.inflight:
-        top = max(int(capacity.max()), 1)  # no plan holds more
-        cand = np.arange(1, top + 1)[None, :]
-        b_run = bt.b_of(cand[0], d.pp)
-        b_sel = t.b_index(np.arange(1, int(b_run[-1]) + 1))[None, :]
-        col = t.b_index(b_run)
-    else:
-        cand = np.array([[bt.per_dp_max]])
-        b_sel = t.b_index(bt.b_of(cand, d.pp))
-        col = np.zeros(1, dtype=np.int64)
+    # -- candidate concurrencies, and the b column each one reads ----------------------
+    replicas = scalar("replicas").astype(np.int64)
+    dp_attn = scalar("dp_attn").astype(np.int64)
+    saturated = -(-w.batch // (replicas * dp_attn))  # per rank, when all are in flight
+    cs = _candidates(problem, per_dp, capacity, pp, per_dp_max, saturated)
+    cp = cs.plan
 
-    # -- time per step and stage, at each b column ----------------------------------------
-    edge_src = np.zeros((n_units, t.n_edges), dtype=np.int64)
-    edge_dst = np.zeros_like(edge_src)
-    for ui, kind_i in enumerate(u.unit_kind):
-        for k_, (s_, d_) in enumerate(t.edges[t.kinds[kind_i]]):
-            edge_src[ui, k_], edge_dst[ui, k_] = s_, d_
-    uu = np.arange(n_units)[None, :, None]
-    src = u.opts[rows[:, None, None], uu, edge_src[None]]
-    dst = u.opts[rows[:, None, None], uu, edge_dst[None]]
-    ee = np.arange(t.n_edges)[None, None, :]
-    last_layer = u.ends[:, :-1] - 1  # (n, pp - 1)
-    res_last = res_u[rows[:, None], u.layer_unit[last_layer]]
-    h = u.head
-    res_first = res_u[:, u.layer_unit[0]]
-    res_end = res_u[:, u.layer_unit[-1]]
-
-    def stage_times(si: int, b: np.ndarray) -> np.ndarray:
-        """``(n, pp, B)``: step ``si``'s stage times at b indices ``b`` (rows or 1, B)."""
-        b3 = b[:, None, None, :]
-        unit_t = t.op_time[si][cls[..., None], kk[..., None], u.opts[..., None], b3].sum(2)
-        unit_t = unit_t + t.edge_time[si][
-            cls[..., None], ee[..., None], src[..., None], dst[..., None], b3
-        ].sum(2)  # (n, U, B)
-        st = np.einsum("rsu,rub->rsb", unit_count, unit_t)
-        st += np.einsum(
-            "rsp,rpb->rsb",
-            pair_count,
-            t.inter_time[si][res_a[..., None], res_b[..., None], b[:, None, :]],
-        )
-        c1 = lambda x: x[:, None]  # noqa: E731 (a row's option against the b columns)
-        st[:, 0] += (
-            t.head_time[si][0, c1(h[:, 0]), b] + t.emb_first[si][c1(h[:, 0]), c1(res_first), b]
-        )
-        st[:, -1] += (
-            t.head_time[si][1, c1(h[:, 1]), b]
-            + t.head_time[si][2, c1(h[:, 2]), b]
-            + t.head_time[si][3, c1(h[:, 3]), b]
-            + t.last_fnorm[si][c1(res_end), c1(h[:, 1]), b]
-            + t.fnorm_lm[si][c1(h[:, 1]), c1(h[:, 2]), b]
-            + t.lm_sampler[si][c1(h[:, 2]), c1(h[:, 3]), b]
-        )
-        if d.pp > 1:
-            st[:, :-1] += t.p2p[si][
-                np.arange(d.pp - 1)[None, :, None], res_last[:, :, None], b[:, None, :]
-            ]
-        return st
-
-    single = np.zeros((1, 1), dtype=np.int64)
-    per_step = [stage_times(si, single if s.single else b_sel) for si, s in enumerate(t.steps)]
-    cols = [np.zeros_like(col) if s.single else col for s in t.steps]
-    sums = [st.sum(1)[:, k] for st, k in zip(per_step, cols, strict=True)]
-    maxes = [st.max(1)[:, k] for st, k in zip(per_step, cols, strict=True)]
-
-    # -- regimes at every candidate, and the best one per plan ------------------------------
-    tm = timing(problem, d, t.steps, bt.per_replica, cand, sums, maxes)
-    fits = cand <= capacity[:, None]
-    j = judge(problem, tm, np.broadcast_to(fits, sums[0].shape))
-    if sums[0].shape[1] == 1:
-        pick = np.zeros(n, dtype=np.int64)
+    # -- stage times per step at those columns, then the regimes -------------------------
+    entry_rows, entry_w = _entries(problem, u, terms, sr, rid)
+    need = cs.need
+    total, peak, offset, width = _stage_times(stack, slot, sr, pp, entry_rows, entry_w, need)
+    steps = stack.steps
+    sums, maxes = [], []
+    start = offset[cp]
+    for step in steps:
+        at = start if step.single else start + cs.col
+        sums.append(total[at])
+        maxes.append(peak[at])
+        start = start + (1 if step.single else width[cp])
+    per_replica = scalar("per_replica").astype(np.int64)[cp]
+    degrees = DegreeArrays(pp=pp[cp], replicas=replicas[cp], dp_attn=dp_attn[cp])
+    tm = timing(problem, degrees, steps, per_replica, cs.per_dp, sums, maxes)
+    fits = cs.per_dp <= capacity[cp]
+    j = judge(problem, tm, fits)
+    if len(cp) == n:
+        pick = np.arange(n)
     else:  # the best feasible concurrency; none: one request, the nearest to feasible
         score = np.where(j.feasible, j.objective, -np.inf)
-        top = score.max(axis=1, keepdims=True)
+        best = np.maximum.reduceat(score, cs.first)[cp]
         # of (near-)ties the fewest requests, whatever the float order of the sums
-        near = score >= top - TIE * np.abs(top)
-        pick = np.where(j.feasible.any(axis=1), near.argmax(axis=1), 0)
+        near = score >= best - TIE * np.abs(best)
+        index = np.arange(len(cp))
+        first_near = np.minimum.reduceat(np.where(near, index, len(cp)), cs.first)
+        pick = np.where(np.logical_or.reduceat(j.feasible, cs.first), first_near, cs.first)
 
-    def chosen(x: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(x, sums[0].shape)[rows, pick]
-
-    c = chosen(cand)
-    memory_ok = chosen(fits)
-    splits = -(-c // d.tp)
+    c = cs.per_dp[pick]
+    splits = -(-c // tp)
     mem_stage = base + kvf_charged * c[:, None] + kvs_charged * splits[:, None]
     fullest = mem_stage.argmax(axis=1)
-    memory = mem_stage[rows, fullest]
     kv_gb = (kvf_stage[rows, fullest] * c + kvs_stage[rows, fullest] * splits) / 1e9
-    b_chosen = col[pick]
-    stage_at = [
-        st[:, :, 0] if s.single else st[rows, :, b_chosen]
-        for st, s in zip(per_step, t.steps, strict=True)
-    ]
     gpus = problem.cluster.num_gpus
-    throughput = chosen(tm.throughput)
+    throughput = tm.throughput[pick]
     metrics = BatchMetrics(
-        feasible=chosen(j.feasible),
-        objective=chosen(j.objective),
-        ttft_ms=chosen(tm.ttft_s) * 1e3,
-        tpot_ms=chosen(tm.tpot_s) * 1e3,
-        latency_ms=chosen(tm.latency_s) * 1e3,
+        feasible=j.feasible[pick],
+        objective=j.objective[pick],
+        ttft_ms=tm.ttft_s[pick] * 1e3,
+        tpot_ms=tm.tpot_s[pick] * 1e3,
+        latency_ms=tm.latency_s[pick] * 1e3,
         throughput_tok_s=throughput,
         throughput_tok_s_per_gpu=throughput / gpus,
-        memory_gb_per_gpu=memory / 1e9,
+        memory_gb_per_gpu=mem_stage[rows, fullest] / 1e9,
         num_gpus=np.full(n, gpus),
-        concurrency=chosen(tm.concurrency).astype(np.int64),
+        concurrency=tm.concurrency[pick].astype(np.int64),
         requests_per_rank=c.astype(np.int64),
         capacity_per_rank=capacity,
         weights_gb=w_stage[rows, fullest] / 1e9,
         kv_cache_gb=kv_gb,
         activations_gb=act / 1e9,
-        memory_violation=~memory_ok,
-        ttft_violation=chosen(j.ttft_violation),
-        tpot_violation=chosen(j.tpot_violation),
+        memory_violation=~fits[pick],
+        ttft_violation=j.ttft_violation[pick],
+        tpot_violation=j.tpot_violation[pick],
     )
-    b_index = np.asarray(b_sel)[0 if b_sel.shape[0] == 1 else rows, b_chosen]
-    shape = sums[0].shape
     curves = {
-        "per_rank": np.broadcast_to(cand, shape),
+        "plan": cp,
+        "per_rank": cs.per_dp,
         "feasible": j.feasible,
         "throughput_tok_s_per_gpu": tm.throughput / gpus,
         "ttft_ms": tm.ttft_s * 1e3,
         "tpot_ms": tm.tpot_s * 1e3,
     }
-    return _Assembled(metrics, b_index, c, stage_at, fullest, curves)
+    return _Assembled(metrics, cs.col[pick], c, fullest, curves)
 
 
 # -- public entry points ---------------------------------------------------------------
@@ -469,15 +748,12 @@ def _assemble(
 def prepare(problem: Problem, degrees: Degrees) -> None:
     """Build the cost tables of one degree tuple (kept for later calls): the slow part
     of pricing the first plan with these degrees, for callers that watch a clock."""
-    degree_tables(problem, degrees)
+    stack = stack_of(problem)
+    stack.ensure(stack.slots((degrees,)))
 
 
 # Objectives this close (relative) are a tie between concurrencies: the fewest wins.
 TIE = 1e-9
-
-# Table entries one pass of the free-concurrency search gathers (rows x units x
-# operators x b columns): keeps its arrays to tens of MB.
-GATHER_CHUNK = 1 << 22
 
 
 def evaluate_batch(
@@ -515,8 +791,9 @@ def evaluate_points(
     problem: Problem, codes: np.ndarray, *, check: bool = True
 ) -> tuple[BatchMetrics, ConcurrencyPoints]:
     """:func:`evaluate_batch`, and every feasible point of the plans from the same pass:
-    in flight one per concurrency each plan can run (the trade-off a Pareto front is
-    over); static, each plan's one point."""
+    in flight one per concurrency each plan can run that no other concurrency of the
+    same plan dominates (the trade-off a Pareto front is over); static, each plan's one
+    point."""
     m, points = _evaluate(problem, codes, check=check, per_rank=None, points=True)
     assert points is not None
     return m, points
@@ -537,29 +814,24 @@ def _evaluate(
         if not valid.all():
             bad = int(np.flatnonzero(~valid)[0])
             raise ValueError(f"row {bad} is not a valid encoding; use SearchSpace.repair()")
-    order = np.argsort(codes[:, 0], kind="stable")
-    starts = np.flatnonzero(np.diff(codes[order, 0], prepend=-1))
+    units = units_of_codes(problem, codes)
+    # plans per pass: keeps the per-plan arrays (terms, stage rows) to tens of MB
+    per_pass = max(64, GATHER_CHUNK // (len(_terms(problem, units.layout).unit) * space.max_pp))
     parts: list[BatchMetrics] = []
     found: list[tuple[np.ndarray, ...]] = []
     point_fields = [f for f in ConcurrencyPoints.__dataclass_fields__ if f != "row"]
-    for group in np.split(order, starts[1:]):
-        tables = degree_tables(problem, space.degree_tuples[int(codes[group[0], 0])])
-        width = len(_space_units(space).unit_class) * tables.n_ops * len(tables.b)
-        step = len(group) if per_rank is not None else max(1, GATHER_CHUNK // width)
-        for i in range(0, len(group), step):
-            rows = group[i : i + step]
-            units = units_of_codes(space, tables, codes[rows])
-            fixed = None if per_rank is None else _requests(problem, tables, per_rank[rows])
-            a = _assemble(problem, tables, units, fixed)
-            parts.append(a.metrics)
-            if points:
-                r, k = np.nonzero(a.curves["feasible"])
-                found.append((rows[r], *(a.curves[f][r, k] for f in point_fields)))
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(len(order))
+    for i in range(0, max(len(codes), 1), per_pass):
+        rows = np.arange(i, min(i + per_pass, len(codes)))
+        u = units.take(rows)
+        fixed = None if per_rank is None else _requests(problem, u, per_rank[rows])
+        a = _assemble(problem, u, fixed)
+        parts.append(a.metrics)
+        if points:
+            ok = a.curves["feasible"]
+            found.append((rows[a.curves["plan"][ok]], *(a.curves[f][ok] for f in point_fields)))
     metrics = BatchMetrics(
         **{
-            name: np.concatenate([getattr(part, name) for part in parts])[inverse]
+            name: np.concatenate([getattr(part, name) for part in parts])
             for name in BatchMetrics.__dataclass_fields__
         }
     )
@@ -568,26 +840,42 @@ def _evaluate(
     return metrics, ConcurrencyPoints(*(np.concatenate(c) for c in zip(*found, strict=True)))
 
 
-def _requests(problem: Problem, t: DegreeTables, per_rank: np.ndarray) -> np.ndarray:
-    """Requests per dp rank given to a plan, checked against what the workload offers."""
+def _requests(problem: Problem, u: Units, per_rank: np.ndarray) -> np.ndarray:
+    """Requests per dp rank given to plans, checked against what the workload offers."""
     per_rank = np.asarray(per_rank, dtype=np.int64)
-    bt = t.batching
-    if not bt.inflight:
-        if (per_rank != bt.per_dp_max).any():
+    stack = stack_of(problem)
+    stack.ensure(u.slot)
+    offer = stack.scalar("per_dp_max", u.slot).astype(np.int64)
+    if problem.workload.schedule != "inflight":
+        if (per_rank != offer).any():
+            i = int(np.flatnonzero(per_rank != offer)[0])
             raise ShardlabError(
-                f"plan concurrency {int(per_rank[0])} per rank: the static schedule runs "
-                f"its batch ({bt.per_dp_max} per attention-DP rank); drop the plan's "
+                f"plan concurrency {int(per_rank[i])} per rank: the static schedule runs "
+                f"its batch ({offer[i]} per attention-DP rank); drop the plan's "
                 "'concurrency' or use --schedule inflight"
             )
         return per_rank
-    if (per_rank < 1).any() or (per_rank > bt.per_dp_max).any():
+    bad = (per_rank < 1) | (per_rank > offer)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        d = stack.degrees[int(u.slot[i])]
         raise ShardlabError(
-            f"plan concurrency {int(per_rank.max())} per rank is more than this workload "
-            f"offers an attention-DP rank under {t.degrees.short()} ({bt.per_dp_max}: "
+            f"plan concurrency {int(per_rank[i])} per rank is more than this workload "
+            f"offers an attention-DP rank under {d.short()} ({offer[i]}: "
             "--batch over replicas and dp_attn, the engine's max batch and max tokens); "
             "raise --batch or lower the plan's 'concurrency'"
         )
     return per_rank
+
+
+def assemble_plan(problem: Problem, plan: Plan) -> tuple[Units, _Assembled]:
+    """One plan through the batched arithmetic: at its ``concurrency`` when it has one,
+    else at the concurrency it does best with."""
+    units = units_of_plan(problem, plan)
+    fixed = None
+    if plan.concurrency is not None:
+        fixed = _requests(problem, units, np.array([plan.concurrency]))
+    return units, _assemble(problem, units, fixed)
 
 
 def with_concurrency(problem: Problem, plan: Plan, metrics: Metrics) -> Plan:
@@ -604,20 +892,15 @@ def at_capacity(problem: Problem, plan: Plan) -> Plan:
     "max-throughput" serving are taken there, not at the best concurrency."""
     if problem.workload.schedule != "inflight":
         return plan
-    t = degree_tables(problem, plan.degrees)
-    held = _assemble(problem, t, units_of_plan(problem, t, plan)).metrics.capacity_per_rank[0]
+    free = dataclasses.replace(plan, concurrency=None)
+    held = _assemble(problem, units_of_plan(problem, free)).metrics.capacity_per_rank[0]
     return dataclasses.replace(plan, concurrency=max(int(held), 1))
 
 
 def evaluate(problem: Problem, plan: Plan) -> Metrics:
     """Evaluate one plan, with the per-operator breakdown: at its ``concurrency`` when
     it has one, else at the concurrency it does best with."""
-    tables = degree_tables(problem, plan.degrees)
-    units = units_of_plan(problem, tables, plan)
-    fixed = None
-    if plan.concurrency is not None:
-        fixed = _requests(problem, tables, np.array([plan.concurrency]))
-    a = _assemble(problem, tables, units, fixed)
+    units, a = assemble_plan(problem, plan)
     bm = a.metrics
     violations = tuple(
         name
@@ -646,101 +929,119 @@ def evaluate(problem: Problem, plan: Plan) -> Metrics:
         weights_gb=float(bm.weights_gb[0]),
         kv_cache_gb=float(bm.kv_cache_gb[0]),
         activations_gb=float(bm.activations_gb[0]),
-        breakdown=_breakdown(problem, tables, plan, units, a),
+        breakdown=_breakdown(problem, plan, units, a),
     )
 
 
-def _breakdown(
-    problem: Problem, t: DegreeTables, plan: Plan, u: Units, a: _Assembled
-) -> tuple[OpBreakdown, ...]:
+class _Rows:
+    """The breakdown's rows of one step, accumulated by name."""
+
+    def __init__(self) -> None:
+        self.acc: dict[str, dict] = {}
+
+    def add(
+        self,
+        name: str,
+        option: str,
+        *,
+        layers: int = 1,
+        on_fullest: int = 0,
+        time: float,
+        compute: float = 0.0,
+        memory: float = 0.0,
+        comm: float = 0.0,
+        weight: float = 0.0,
+        kv: float = 0.0,
+        act: float = 0.0,
+        source: str = "roofline",
+        kernel: str | None = None,
+    ) -> None:
+        """``layers`` layers (``on_fullest`` of them on the fullest stage) with these
+        per-layer costs; ``time`` is theirs in total."""
+        e = self.acc.setdefault(
+            name,
+            {
+                "option": option,
+                "layers": 0,
+                "compute": 0.0,
+                "memory": 0.0,
+                "comm": 0.0,
+                "time": 0.0,
+                "weight": 0.0,
+                "kv": 0.0,
+                "act": 0.0,
+                "timing": source,
+                "kernel_class": kernel,
+            },
+        )
+        if e["option"] != option:
+            e["option"] = "mixed"
+        if e["timing"] != source:
+            e["timing"] = "mixed"
+        e["layers"] += layers
+        e["time"] += time
+        e["compute"] += compute * layers
+        e["memory"] += memory * layers
+        e["comm"] += comm
+        e["weight"] += weight * on_fullest
+        e["kv"] += kv * on_fullest
+        e["act"] = max(e["act"], act)
+
+
+def _breakdown(problem: Problem, plan: Plan, u: Units, a: _Assembled) -> tuple[OpBreakdown, ...]:
     m = problem.model
-    bi = int(a.b_index[0])
+    t = degree_tables(problem, plan.degrees)
+    terms = _terms(problem, u.layout)
+    bi_run = int(a.b_index[0])
     per_dp = int(a.per_dp[0])
     fullest = int(a.fullest_stage[0])
-    stage_of = plan.stage_of_layer()
     split_reqs = -(-per_dp // t.degrees.tp)
+    layers = terms.cs_unit[-1].astype(int)  # (U,)
+    on_fullest = (terms.cs_unit[u.ends[0, fullest]] - terms.cs_unit[u.starts[0, fullest]]).astype(
+        int
+    )
+    hops = terms.cs_pair[-1]  # residual hops of each unit pair, over the model
+    classes = layer_classes_of(m)
+    mixers = len(m.attentions) > 1
+    res = u.opts[0, :, t.res_index]
     out: list[OpBreakdown] = []
-    b_run = bi
     for si, step in enumerate(t.steps):
-        bi = 0 if step.single else b_run
-        acc: dict[str, dict] = {}
-
-        def add(
-            name: str,
-            option: str,
-            *,
-            layer_on_fullest: bool,
-            time: float,
-            compute=0.0,
-            memory=0.0,
-            comm=0.0,
-            weight=0.0,
-            kv=0.0,
-            act=0.0,
-            source="roofline",
-            kernel=None,
-            _acc=acc,
-        ) -> None:
-            e = _acc.setdefault(
-                name,
-                {
-                    "option": option,
-                    "layers": 0,
-                    "compute": 0.0,
-                    "memory": 0.0,
-                    "comm": 0.0,
-                    "time": 0.0,
-                    "weight": 0.0,
-                    "kv": 0.0,
-                    "act": 0.0,
-                    "timing": source,
-                    "kernel_class": kernel,
-                },
-            )
-            if e["option"] != option:
-                e["option"] = "mixed"
-            if e["timing"] != source:
-                e["timing"] = "mixed"
-            e["layers"] += 1
-            e["time"] += time
-            e["compute"] += compute
-            e["memory"] += memory
-            e["comm"] += comm
-            if layer_on_fullest:
-                e["weight"] += weight
-                e["kv"] += kv
-            e["act"] = max(e["act"], act)
-
-        for layer in range(m.num_layers):
-            kind = m.layer_kinds[layer]
-            ci = int(u.unit_class[layer])
+        bi = 0 if step.single else bi_run
+        acc = _Rows()
+        for ui, (ci, kind_i) in enumerate(
+            zip(u.layout.unit_class, u.layout.unit_kind, strict=True)
+        ):
+            kind = m.kinds[kind_i]
+            attn = classes[ci][1]
             ops = layer_ops(m, kind)
-            opts = u.opts[0, layer]
-            on_fullest = stage_of[layer] == fullest
+            opts = u.opts[0, ui]
             names = [op.name for op in ops]
-            comm_in = dict.fromkeys(names, 0.0)
+            comm_in = dict.fromkeys(names, 0.0)  # per layer
             for e, (src, dst) in enumerate(layer_edges(m, kind)):
                 s_i, d_i = names.index(src), names.index(dst)
                 comm_in[dst] += t.edge_time[si, ci, e, opts[s_i], opts[d_i], bi]
-            if layer > 0:
-                prev = int(u.opts[0, layer - 1, t.res_index])
-                comm_in["residual"] += t.inter_time[si, prev, opts[t.res_index], bi]
+            into = terms.pair_b == ui  # residual hops into this unit's layers, in total
+            hop_in = float(
+                (t.inter_time[si, res[terms.pair_a[into]], res[ui], bi] * hops[into]).sum()
+            )
             for ki, op in enumerate(ops):
                 c = t.op_costs[si][ci][ki][int(opts[ki])]
                 assert c is not None
                 kv = c.kv_bytes_per_req * (split_reqs if c.kv_split_tp else per_dp)
                 name = f"{kind}.{op.name}"
-                if op.family in ("kv_cache", "attention") and len(m.attentions) > 1:
+                if mixers and op.family in ("kv_cache", "attention"):
                     # Mixers of different kinds hold, cache and read differently.
-                    name += f" ({m.attention_layers[layer].short()})"
-                add(
+                    name += f" ({attn.short()})"
+                hop = hop_in if ki == t.res_index else 0.0
+                acc.add(
                     name,
                     op.options[int(opts[ki])].name,
-                    layer_on_fullest=on_fullest,
-                    time=float(c.time_s[bi]) + comm_in[op.name],
+                    layers=int(layers[ui]),
+                    on_fullest=int(on_fullest[ui]),
+                    time=(float(c.time_s[bi]) + comm_in[op.name]) * layers[ui] + hop,
                     compute=float(c.compute_s[bi]),
                     memory=float(c.memory_s[bi]) + c.kernel_s,
-                    comm=float(c.comm_s[bi]) + comm_in[op.name],
+                    comm=(float(c.comm_s[bi]) + comm_in[op.name]) * layers[ui] + hop,
                     weight=c.weight_bytes,
                     kv=kv,
                     act=float(c.act_bytes[-1]),
@@ -748,24 +1049,22 @@ def _breakdown(
                     kernel=kernel_class(op),
                 )
         h = u.head[0]
-        res = u.opts[0, :, t.res_index]
         head_comm = {
-            "embedding": 0.0,
-            "final_norm": t.last_fnorm[si, res[-1], h[1], bi],
+            "embedding": t.emb_first[si, h[0], res[terms.first_unit], bi],
+            "final_norm": t.last_fnorm[si, res[terms.last_unit], h[1], bi],
             "lm_head": t.fnorm_lm[si, h[1], h[2], bi],
             "sampler": t.lm_sampler[si, h[2], h[3], bi],
         }
-        comm_first = t.emb_first[si, h[0], res[0], bi]
         for ki, op in enumerate(HEAD_OPS):
             c = t.head_costs[si][ki][int(h[ki])]
             stage = 0 if ki == 0 else t.degrees.pp - 1
-            comm = head_comm[op.name] + (comm_first if ki == 0 else 0.0)
+            comm = float(head_comm[op.name])
             draft = float(np.broadcast_to(c.draft_s, c.compute_s.shape)[bi])
-            add(
+            acc.add(
                 # speculative decoding's draft passes run with the sampler (as compute)
                 f"head.{op.name}" + (" + MTP drafts" if draft else ""),
                 op.options[int(h[ki])].name,
-                layer_on_fullest=stage == fullest,
+                on_fullest=int(stage == fullest),
                 time=float(c.time_s[bi]) + comm,
                 compute=float(c.compute_s[bi]) + draft,
                 memory=float(c.memory_s[bi]) + c.kernel_s,
@@ -776,10 +1075,10 @@ def _breakdown(
                 kernel=kernel_class(op),
             )
         for s in range(t.degrees.pp - 1):
-            last = int(res[int(u.ends[0, s]) - 1])
+            last = int(res[terms.layer_unit[int(u.ends[0, s]) - 1]])
             hop = float(t.p2p[si, s, last, bi])
-            add("pipeline.p2p", "send", layer_on_fullest=False, time=hop, comm=hop)
-        for name, e in acc.items():
+            acc.add("pipeline.p2p", "send", time=hop, comm=hop)
+        for name, e in acc.acc.items():
             out.append(
                 OpBreakdown(
                     step=step.kind,

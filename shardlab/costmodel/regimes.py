@@ -20,12 +20,22 @@ Then, by phase and schedule (see :mod:`shardlab.problems.workload`):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from shardlab.costmodel.steps import Step
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
+
+
+class DegreeArrays(NamedTuple):
+    """The degrees the regimes read, one entry per plan: plans of many degree tuples
+    are timed in one pass."""
+
+    pp: np.ndarray
+    replicas: np.ndarray
+    dp_attn: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -46,7 +56,10 @@ class Judgement:
 
 
 def in_flight_requests(
-    problem: Problem, degrees: Degrees, per_replica: int, per_dp: np.ndarray | int
+    problem: Problem,
+    degrees: Degrees | DegreeArrays,
+    per_replica: int | np.ndarray,
+    per_dp: np.ndarray | int,
 ) -> np.ndarray:
     """Requests the whole cluster serves at once: the offered batch, or what the
     replicas hold when each dp rank holds ``per_dp`` (the in-flight KV cap)."""
@@ -57,9 +70,9 @@ def in_flight_requests(
 
 def timing(
     problem: Problem,
-    degrees: Degrees,
+    degrees: Degrees | DegreeArrays,
     steps: tuple[Step, ...],
-    per_replica: int,
+    per_replica: int | np.ndarray,
     per_dp: np.ndarray,
     sums: list[np.ndarray],
     maxes: list[np.ndarray],

@@ -85,9 +85,20 @@ def layer_class(model: Model, layer: int) -> LayerClass:
     return model.layer_kinds[layer], model.attention_layers[layer]
 
 
+@lru_cache(maxsize=64)
 def layer_classes_of(model: Model) -> tuple[LayerClass, ...]:
     """(layer kind, token mixer) pairs: layers of one class share their tables."""
     return tuple(dict.fromkeys(zip(model.layer_kinds, model.attention_layers, strict=True)))
+
+
+def table_dims(model: Model) -> tuple[int, int, int, int]:
+    """(classes, operators, options, edges): the padded sizes of every degree tuple's
+    tables (operators and edges per layer, options per operator, at most)."""
+    kinds = model.kinds
+    n_ops = max(len(layer_ops(model, k)) for k in kinds)
+    n_opts = max(len(op.options) for k in kinds for op in (*layer_ops(model, k), *HEAD_OPS))
+    n_edges = max(len(layer_edges(model, k)) for k in kinds)
+    return len(layer_classes_of(model)), n_ops, n_opts, n_edges
 
 
 class DegreeTables:
@@ -111,8 +122,7 @@ class DegreeTables:
         self.classes = layer_classes_of(m)
         self.kinds: tuple[LayerKind, ...] = m.kinds
         self.ops: dict[LayerKind, tuple[OpSpec, ...]] = {k: layer_ops(m, k) for k in self.kinds}
-        self.n_ops = max(len(v) for v in self.ops.values())
-        self.n_opts = max(len(op.options) for ops in (*self.ops.values(), HEAD_OPS) for op in ops)
+        _, self.n_ops, self.n_opts, n_edges = table_dims(m)
         nb, nc, k, o = len(self.b), len(self.classes), self.n_ops, self.n_opts
         ns = len(self.steps)
 
@@ -143,7 +153,6 @@ class DegreeTables:
 
         # -- edges inside a layer (per class: the mixer decides the tensor widths) ------
         self.edges: dict[LayerKind, tuple[tuple[int, int], ...]] = {}
-        n_edges = max(len(layer_edges(m, kind)) for kind in self.kinds)
         self.n_edges = n_edges
         self.edge_time = np.zeros((ns, nc, n_edges, o, o, nb))
         for ci, (kind, attn) in enumerate(self.classes):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardlab.costmodel.constants import ACT_BYTES
-from shardlab.costmodel.evaluate import _assemble, units_of_plan
+from shardlab.costmodel.evaluate import assemble_plan
 from shardlab.costmodel.opcosts import alltoall_messages, output_width
 from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.operators import HEAD_OPS, layer_edges, layer_ops
@@ -33,8 +33,7 @@ class CollectiveCall:
 def collectives_of(problem: Problem, plan: Plan, *, step: int = 0) -> list[CollectiveCall]:
     """Collectives of step ``step`` (index into the workload's step kinds)."""
     t = degree_tables(problem, plan.degrees)
-    units = units_of_plan(problem, t, plan)
-    a = _assemble(problem, t, units)
+    _, a = assemble_plan(problem, plan)
     st = t.steps[step]
     b = 1.0 if st.single else float(t.b[int(a.b_index[0])])
     m, d, ctx = problem.model, plan.degrees, t.ctx

@@ -43,10 +43,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
 from shardlab.errors import ShardlabError
+from shardlab.problems.cached_hash import CachedHash
 from shardlab.problems.dtypes import WeightDtype
 
 LayerKind = Literal["dense", "moe"]
@@ -311,7 +313,7 @@ class ParamCount:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Model:
+class Model(CachedHash):
     """Shapes of a decoder-only transformer, as far as sharding and cost depend on them."""
 
     name: str
@@ -381,7 +383,7 @@ class Model:
     def is_moe(self) -> bool:
         return self.moe is not None and "moe" in self.layer_kinds
 
-    @property
+    @cached_property
     def kinds(self) -> tuple[LayerKind, ...]:
         """Layer kinds present, in first-appearance order."""
         return tuple(dict.fromkeys(self.layer_kinds))
@@ -394,7 +396,7 @@ class Model:
         """Each layer's attention span."""
         return tuple(a.span for a in self.attention_layers)
 
-    @property
+    @cached_property
     def attentions(self) -> tuple[LayerAttention, ...]:
         """Token mixers present, in first-appearance order."""
         return tuple(dict.fromkeys(self.attention_layers))

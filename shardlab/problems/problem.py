@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from shardlab.errors import ShardlabError
+from shardlab.problems.cached_hash import CachedHash
 from shardlab.problems.calibration import Calibration
 from shardlab.problems.capability import ENGINES, Engine, capability
 from shardlab.problems.catalog import load_model
@@ -30,7 +31,7 @@ DEFAULT_ENGINE: Engine = "trtllm"
 
 
 @dataclass(frozen=True, kw_only=True)
-class Problem:
+class Problem(CachedHash):
     model: Model
     cluster: Cluster
     workload: Workload

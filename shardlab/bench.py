@@ -1,0 +1,117 @@
+"""Speed measurements whose tables go to ``results/`` (``shardlab bench``).
+
+Timings are wall-clock on the machine that runs them, single-threaded numpy, the best
+of a few repeats (the least disturbed by other load); they are measurements, never
+test assertions.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardlab.costmodel import evaluate, evaluate_batch
+from shardlab.costmodel.tables import degree_tables
+from shardlab.problems.problem import Problem
+from shardlab.problems.suite import get_instance
+
+# DeepSeek-V3 on 64 H100 (options tied, and per layer), a 1.6T MoE on 256 H100, a
+# static prefill: free concurrency (in flight) and a fixed batch.
+EVALUATOR_INSTANCES = (
+    "deepseek-v3-h100x64-chat",
+    "deepseek-v3-h100x64-chat-layer",
+    "moe1.6t-h100x256-chat",
+    "llama405b-h100x32-prefill",
+)
+
+
+@dataclass(frozen=True)
+class EvaluatorSpeed:
+    instance: str
+    degree_tuples: int
+    warm_plans_s: float  # 20,000 random plans in one call, tables built
+    first_plans_s: float  # the same call with every table still to build
+    batch64_plans_s: float  # batches of 64, as anneal, genetic and RL send them
+    single_ms: float  # one plan through evaluate_batch (a solver's single plan)
+    scalar_ms: float  # evaluate(): one plan with its per-operator breakdown
+
+
+def _best(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _cold() -> None:
+    """Forget every table (the next call builds them, as a fresh process would)."""
+    from shardlab.costmodel import evaluate as ev
+    from shardlab.costmodel import stack
+
+    degree_tables.cache_clear()
+    stack.stack_of.cache_clear()
+    ev._terms.cache_clear()
+    ev._SPACE_UNITS.clear()
+
+
+def evaluator_speed(name: str, *, plans: int = 20_000, repeats: int = 3) -> EvaluatorSpeed:
+    problem: Problem = get_instance(name).problem()
+    codes = problem.space.sample(plans, seed=0)
+    _cold()
+    t0 = time.perf_counter()
+    evaluate_batch(problem, codes)
+    first = time.perf_counter() - t0
+    warm = _best(lambda: evaluate_batch(problem, codes), repeats)
+    batches = codes[: 64 * 100].reshape(-1, 64, codes.shape[1])
+    b64 = _best(lambda: [evaluate_batch(problem, b) for b in batches], repeats)
+    singles = codes[:100]
+    one = _best(lambda: [evaluate_batch(problem, c[None]) for c in singles], repeats)
+    decoded = [problem.space.decode(c) for c in singles]
+    scalar = _best(lambda: [evaluate(problem, p) for p in decoded], repeats)
+    return EvaluatorSpeed(
+        instance=name,
+        degree_tuples=len(problem.space.degree_tuples),
+        warm_plans_s=len(codes) / warm,
+        first_plans_s=len(codes) / first,
+        batch64_plans_s=batches.shape[0] * 64 / b64,
+        single_ms=one / len(singles) * 1e3,
+        scalar_ms=scalar / len(decoded) * 1e3,
+    )
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    return f"{cpu}, {os.cpu_count()} cores, numpy {np.__version__}"
+
+
+def evaluator_markdown(command: str, rows: list[EvaluatorSpeed]) -> str:
+    lines = [
+        "# Evaluator speed",
+        "",
+        f"Produced by `{command}`; numbers are written by the code, never by hand. "
+        f"Machine: {machine()}. Best of 3 repeats, one thread.",
+        "",
+        "Plans are random samples of each instance's space (every degree tuple mixed in "
+        "one call). *warm*: 20,000 plans in one call with the tables built; *first*: the "
+        "same call building every table; *batch 64*: 100 batches of 64 (what anneal, "
+        "genetic and RL send); *one plan*: a single row through `evaluate_batch`; "
+        "*evaluate()*: one plan with its per-operator breakdown.",
+        "",
+        "| instance | degree tuples | warm plans/s | first plans/s | batch 64 plans/s "
+        "| one plan ms | evaluate() ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.instance} | {r.degree_tuples} | {r.warm_plans_s:,.0f} | "
+            f"{r.first_plans_s:,.0f} | {r.batch64_plans_s:,.0f} | {r.single_ms:.2f} | "
+            f"{r.scalar_ms:.2f} |"
+        )
+    return "\n".join(lines) + "\n"

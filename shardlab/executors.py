@@ -1,0 +1,107 @@
+"""Where a comparison's runs run: in-process, local worker processes, or a Ray cluster.
+
+Every executor takes the runs as ``(index, task)`` pairs and calls ``done(index,
+record)`` in the parent as each finishes (in completion order), so that the caller can
+put it on disk at once. When the parent stops (Ctrl-C, an error, SIGKILL) no worker
+outlives it: local workers ignore Ctrl-C (the parent decides), are terminated when the
+parent leaves, and ask the kernel to kill them if the parent dies without a word
+(Linux ``PR_SET_PDEATHSIG``); Ray tasks still running are cancelled.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Any, Literal
+
+from shardlab.errors import ShardlabError
+
+Executor = Literal["local", "ray"]
+EXECUTORS: tuple[Executor, ...] = ("local", "ray")
+Done = Callable[[int, dict[str, Any]], None]
+Work = Callable[[Any], dict[str, Any]]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _worker_init(parent: int) -> None:
+    """In each local worker: leave Ctrl-C to the parent, and die with it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the request took hold
+        os._exit(1)
+
+
+def run_local(work: Work, tasks: Sequence[tuple[int, Any]], jobs: int, done: Done) -> None:
+    """``jobs`` worker processes (one: in this process)."""
+    if jobs <= 1:
+        for i, task in tasks:
+            done(i, work(task))
+        return
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init, initargs=(os.getpid(),))
+    try:
+        pending = {pool.submit(work, task): i for i, task in tasks}
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for f in finished:
+                done(pending.pop(f), f.result())
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for child in multiprocessing.active_children():
+            child.terminate()
+        for child in multiprocessing.active_children():
+            child.join()
+
+
+def run_ray(work: Work, tasks: Sequence[tuple[int, Any]], address: str | None, done: Done) -> None:
+    """One Ray task per run on the cluster at ``address`` (None: Ray's own search,
+    ``RAY_ADDRESS`` or a new local cluster). Each task asks for one CPU."""
+    try:
+        import ray
+    except ImportError:
+        raise ShardlabError(
+            '--executor ray needs Ray: pip install -e ".[ray]" (or pip install "ray[default]")'
+        ) from None
+    try:
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ShardlabError(
+            f"--address {address}: cannot join a Ray cluster there ({exc}); start one with "
+            "'ray start --head' and pass its address (e.g. 127.0.0.1:6379)"
+        ) from None
+    remote = ray.remote(num_cpus=1)(work)
+    pending = {remote.remote(task): i for i, task in tasks}
+    try:
+        while pending:
+            finished, _ = ray.wait(list(pending), num_returns=1)
+            for ref in finished:
+                done(pending.pop(ref), ray.get(ref))
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+
+
+def run_all(
+    work: Work,
+    tasks: Sequence[tuple[int, Any]],
+    *,
+    executor: Executor,
+    jobs: int,
+    address: str | None,
+    done: Done,
+) -> None:
+    if executor == "local":
+        if address is not None:
+            raise ShardlabError("--address is the Ray cluster's: add --executor ray")
+        run_local(work, tasks, jobs, done)
+    elif executor == "ray":
+        run_ray(work, tasks, address, done)
+    else:
+        raise ShardlabError(f"--executor {executor!r}: use one of {', '.join(EXECUTORS)}")

@@ -1,0 +1,69 @@
+"""Finished runs of a comparison, on disk as they finish, so that a re-run resumes.
+
+One JSON line per finished run, appended with one ``write`` and ``fsync``-ed: a run
+is on disk once reported, and a process killed while writing leaves at most a torn
+last line, which the next reader drops (and rewrites the file without). Each line
+holds the run's key (everything that defines the run: instance, method and its
+options, seed, budgets, kernel timing, engine, space) and its record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from shardlab.errors import ShardlabError
+from shardlab.files import write_text
+
+JOURNAL = "runs.jsonl"
+
+
+class Journal:
+    """The finished runs of one comparison folder."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.runs: dict[str, dict[str, Any]] = {}
+        if path.exists():
+            self._read()
+
+    def _read(self) -> None:
+        lines = self.path.read_text().splitlines()
+        kept = []
+        for i, line in enumerate(lines):
+            try:
+                entry = json.loads(line)
+                key, record = entry["key"], entry["run"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                if i == len(lines) - 1:  # torn by a kill while it was written
+                    break
+                raise ShardlabError(
+                    f"{self.path}: line {i + 1} is not a finished run; delete the file to "
+                    "start the comparison over"
+                ) from None
+            self.runs[key] = record
+            kept.append(line)
+        if len(kept) < len(lines):
+            write_text(self.path, "".join(f"{line}\n" for line in kept))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.runs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.runs)
+
+    def add(self, key: str, record: dict[str, Any]) -> None:
+        line = json.dumps({"key": key, "run": record}, default=str) + "\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            data = line.encode()
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.runs[key] = json.loads(line)["run"]
