@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardlab.costmodel import evaluate, evaluate_batch
-from shardlab.costmodel.tables import degree_tables
+from shardlab.costmodel.evaluate import forget_tables
 from shardlab.problems.problem import Problem
 from shardlab.problems.suite import get_instance
 
@@ -50,21 +50,10 @@ def _best(fn: Callable[[], object], repeats: int) -> float:
     return min(times)
 
 
-def _cold() -> None:
-    """Forget every table (the next call builds them, as a fresh process would)."""
-    from shardlab.costmodel import evaluate as ev
-    from shardlab.costmodel import stack
-
-    degree_tables.cache_clear()
-    stack.stack_of.cache_clear()
-    ev._terms.cache_clear()
-    ev._SPACE_UNITS.clear()
-
-
 def evaluator_speed(name: str, *, plans: int = 20_000, repeats: int = 3) -> EvaluatorSpeed:
     problem: Problem = get_instance(name).problem()
     codes = problem.space.sample(plans, seed=0)
-    _cold()
+    forget_tables()
     t0 = time.perf_counter()
     evaluate_batch(problem, codes)
     first = time.perf_counter() - t0

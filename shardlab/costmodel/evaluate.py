@@ -188,6 +188,8 @@ class _Terms:
     kb: np.ndarray
     ma: np.ndarray
     mb: np.ndarray
+    unit_first: np.ndarray  # (U,) first term of each unit
+    unit_len: np.ndarray  # (U,) its terms
     op_terms: np.ndarray  # the operator terms (their b-free rows: weights, KV, workspace)
     op_unit_starts: np.ndarray  # first operator term of each unit
     cs_unit: np.ndarray  # (L + 1, U) layers of each unit up to a layer
@@ -231,6 +233,8 @@ def _terms(problem: Problem, layout: UnitLayout) -> _Terms:
         kb=arr(kb),
         ma=arr(ma),
         mb=arr(mb),
+        unit_first=np.searchsorted(unit, np.arange(n_units)),
+        unit_len=np.bincount(unit, minlength=n_units),
         op_terms=np.flatnonzero(is_op),
         op_unit_starts=arr(op_unit_starts),
         cs_unit=_cumulative(layer_unit, n_units),
@@ -448,12 +452,31 @@ def _stages(u: Units, terms: _Terms, pp: np.ndarray) -> _Stages:
     )
 
 
-def _entries(
-    problem: Problem, u: Units, terms: _Terms, sr: _Stages, rid: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(R, E)`` table rows and weights whose weighted sum is each stage row's time:
-    its units' terms (weighted by their layers in the stage), the residual hops between
-    its layers, the model's ends on the first and last stage, the send to the next."""
+@dataclass(frozen=True)
+class _Entries:
+    """Each stage row's time as a weighted sum of table rows, in compressed rows: row
+    ``r``'s entries are ``indptr[r]:indptr[r + 1]`` of ``rid`` (a slot's row, before the
+    slot's offset) and ``weight``; ``plan`` is the plan of each entry."""
+
+    indptr: np.ndarray
+    rid: np.ndarray
+    weight: np.ndarray
+    plan: np.ndarray
+
+    def take(self, rows: np.ndarray) -> _Entries:
+        """The entries of stage rows ``rows``, in that order."""
+        lengths = np.diff(self.indptr)[rows]
+        at = _ranges(self.indptr[rows], lengths)
+        indptr = np.concatenate([[0], np.cumsum(lengths)])
+        return _Entries(indptr, self.rid[at], self.weight[at], self.plan[at])
+
+
+def _entries(problem: Problem, u: Units, terms: _Terms, sr: _Stages, rid: np.ndarray) -> _Entries:
+    """The table rows whose weighted sum is each stage row's time: the terms of the
+    units with layers in the stage (weighted by those layers), the residual hops
+    between its layers, the model's ends on the first and last stage, the send to the
+    next. A unit's terms appear only on the stages holding its layers (options per
+    layer: one stage each)."""
     lay = stack_of(problem).layout
     o = lay.n_opts
     res = u.opts[:, :, 0]  # (n, U): the residual stream's option ("residual" is op 0)
@@ -478,20 +501,30 @@ def _entries(
     p2p_rid = lay.p2p0 + hop * o + res[sr.plan, terms.layer_unit[last_layer]]
     first = sr.is_first[:, None].astype(float)
     last = sr.is_last[:, None].astype(float)
-    rows = np.concatenate(
-        [rid[sr.plan], pair_rid[sr.plan], ends_x[sr.plan], p2p_rid[:, None]], axis=1
-    )
-    weights = np.concatenate(
-        [
-            sr.unit_count[:, terms.unit],
-            sr.pair_count,
-            np.repeat(first, 2, axis=1),
-            np.repeat(last, 6, axis=1),
-            1.0 - last,
-        ],
+    fixed_rid = np.concatenate([pair_rid[sr.plan], ends_x[sr.plan], p2p_rid[:, None]], axis=1)
+    fixed_w = np.concatenate(
+        [sr.pair_count, np.repeat(first, 2, axis=1), np.repeat(last, 6, axis=1), 1.0 - last],
         axis=1,
     )
-    return rows, weights
+    # the units' terms, stage row by stage row: every (row, unit) with layers there
+    row_of, unit_of = np.nonzero(sr.unit_count)
+    n_terms = terms.unit_len[unit_of]
+    entry_row = np.repeat(row_of, n_terms)
+    unit_rid = rid[sr.plan[entry_row], _ranges(terms.unit_first[unit_of], n_terms)]
+    unit_w = np.repeat(sr.unit_count[row_of, unit_of], n_terms)
+    n_rows, width = fixed_rid.shape
+    per_row = np.bincount(entry_row, minlength=n_rows)
+    indptr = np.concatenate([[0], np.cumsum(per_row + width)])
+    total = int(indptr[-1])
+    out_rid = np.empty(total, dtype=np.int64)
+    out_w = np.empty(total)
+    # a row holds its unit entries, then its fixed ones
+    unit_start = np.cumsum(per_row) - per_row
+    at = indptr[entry_row] + np.arange(len(entry_row)) - unit_start[entry_row]
+    out_rid[at], out_w[at] = unit_rid, unit_w
+    at = (indptr[:-1] + per_row)[:, None] + np.arange(width)
+    out_rid[at], out_w[at] = fixed_rid, fixed_w
+    return _Entries(indptr, out_rid, out_w, np.repeat(sr.plan, per_row + width))
 
 
 def _stage_times(
@@ -499,8 +532,7 @@ def _stage_times(
     slot: np.ndarray,
     sr: _Stages,
     pp: np.ndarray,
-    rows: np.ndarray,
-    weights: np.ndarray,
+    entries: _Entries,
     need: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Sum and maximum over its stages of each plan's stage times, every step side by
@@ -526,14 +558,11 @@ def _stage_times(
         cols = arena.shape[1]
         srows = _ranges(sr.first_row[plans], pp[plans])
         st = np.empty((len(srows), cols))
-        step = max(1, GATHER_CHUNK // max(rows.shape[1], cols))
+        step = max(1, GATHER_CHUNK // cols)
         for i in range(0, len(srows), step):
-            chunk = srows[i : i + step]
-            w = weights[chunk]
-            keep = w != 0
-            idx = (rows[chunk] + block_of[sr.plan[chunk]][:, None])[keep]
-            indptr = np.concatenate([[0], np.cumsum(keep.sum(axis=1))])
-            st[i : i + len(chunk)] = _sparse_product(indptr, idx, w[keep], arena)
+            e = entries.take(srows[i : i + step])
+            idx = e.rid + block_of[e.plan]
+            st[i : i + len(e.indptr) - 1] = _sparse_product(e.indptr, idx, e.weight, arena)
         starts = np.cumsum(pp[plans]) - pp[plans]
         at = _ranges(offset[plans], np.full(len(plans), cols))
         total[at] = np.add.reduceat(st, starts, axis=0).ravel()
@@ -677,9 +706,9 @@ def _assemble(problem: Problem, u: Units, per_dp: np.ndarray | None = None) -> _
     cp = cs.plan
 
     # -- stage times per step at those columns, then the regimes -------------------------
-    entry_rows, entry_w = _entries(problem, u, terms, sr, rid)
+    entries = _entries(problem, u, terms, sr, rid)
     need = cs.need
-    total, peak, offset, width = _stage_times(stack, slot, sr, pp, entry_rows, entry_w, need)
+    total, peak, offset, width = _stage_times(stack, slot, sr, pp, entries, need)
     steps = stack.steps
     sums, maxes = [], []
     start = offset[cp]
@@ -743,6 +772,15 @@ def _assemble(problem: Problem, u: Units, per_dp: np.ndarray | None = None) -> _
 
 
 # -- public entry points ---------------------------------------------------------------
+
+
+def forget_tables() -> None:
+    """Drop every table built so far (the next evaluation builds them, as a fresh
+    process would): for measuring that cost."""
+    degree_tables.cache_clear()
+    stack_of.cache_clear()
+    _terms.cache_clear()
+    _SPACE_UNITS.clear()
 
 
 def prepare(problem: Problem, degrees: Degrees) -> None:

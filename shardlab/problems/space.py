@@ -62,6 +62,9 @@ MEGATRON_OPTIONS: dict[str, str] = {
 # How far (in layers) a pipeline boundary may move from the balanced partition.
 MAX_SHIFT = 4
 
+# Mask entries one chunk of sampling draws scores for (tens of MB).
+SAMPLE_CHUNK = 1 << 22
+
 
 @dataclass(frozen=True, kw_only=True)
 class Variable:
@@ -398,11 +401,15 @@ class SearchSpace:
         """``(n, n_vars)`` valid encodings: degree tuple uniform, then each value uniform."""
         rng = np.random.default_rng(seed)
         degrees = rng.integers(0, len(self.degree_tuples), size=n)
-        m = self._masks[degrees]
-        scores = rng.random(m.shape) * m
-        codes = scores.argmax(axis=2)
+        codes = np.empty((n, self.n_vars), dtype=np.int64)
+        # in chunks of rows (the same random stream as one draw): a space with options
+        # per layer has hundreds of variables
+        per = max(1, SAMPLE_CHUNK // self._masks[0].size)
+        for i in range(0, n, per):
+            m = self._masks[degrees[i : i + per]]
+            codes[i : i + per] = (rng.random(m.shape) * m).argmax(axis=2)
         codes[:, 0] = degrees
-        return codes.astype(np.int64)
+        return codes
 
     def stage_layers(self, pp: int, cuts: np.ndarray) -> tuple[int, ...]:
         """Layers per stage for ``pp`` stages and the cut values of one encoding."""
