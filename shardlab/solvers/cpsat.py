@@ -90,6 +90,7 @@ from shardlab.problems.space import (
     max_shift,
 )
 from shardlab.solvers.base import Budget, Outcome, SearchContext, Solver
+from shardlab.solvers.chain import chain_plan
 from shardlab.solvers.evaluator import BudgetExhausted
 from shardlab.solvers.front import dominated_by
 from shardlab.solvers.megatron import megatron_candidates, megatron_rule
@@ -269,9 +270,10 @@ def _time_bounds(
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Lower bounds on (the time to minimize, TTFT, TPOT) of any plan, for each value of
     ``per_dp``: each layer kind (and the model's ends) at its best joint choice of
-    options, ignoring memory and the pipeline's balance. A layer kind's best joint
-    choice is a least sum over its operators' graph (:func:`min_sum`), per step and
-    for the regime's weighted sum of steps."""
+    options, ignoring memory and the pipeline's balance, plus the least send between
+    stages at each boundary. A layer kind's best joint choice is a least sum over its
+    operators' graph (:func:`min_sum`), per step and for the regime's weighted sum of
+    steps."""
     m = problem.model
     kinds = [s.kind for s in t.steps]
     n_steps = len(kinds)
@@ -316,6 +318,9 @@ def _time_bounds(
     changes = sum(1 for a, b in itertools.pairwise(layer_units) if a != b)
     inter = changes * inter_min
     per_step, joint = per_step + inter, joint + weights @ inter
+    if pp > 1:  # each stage but the last sends the residual stream on, once
+        res = valid[(m.layer_kinds[0], _op_names(problem.space, m.layer_kinds[0])[0])]
+        per_step = per_step + ns["p2p_ns"][:, : pp - 1][:, :, res].min(axis=2).sum(axis=1)
     heads = _combos(tuple(tuple(valid[("head", op.name)]) for op in HEAD_OPS))
     cost = np.zeros((n_steps, len(heads), n_c))
     for ki in range(len(HEAD_OPS)):
@@ -884,6 +889,7 @@ class _Solves:
         self.workers = workers
         self.feasible = _Feasibility(ctx.problem)
         self.count = 0
+        self.chained = 0  # subproblems the layers' shortest path solved
 
     def solve(
         self,
@@ -921,6 +927,36 @@ class _Solves:
             if self.ctx.space.encode(result.plan).tobytes() not in ev.cache:
                 ev.evaluate_plan(result.plan)  # the solution callback prices each
         return result
+
+    def by_chain(self, sub: Subproblem, where: str) -> bool:
+        """Solve ``sub`` by the layers' shortest path (:mod:`shardlab.solvers.chain`)
+        when its plans have options per layer and one stage: True when the fastest plan
+        fits and meets the SLOs, so that it is the subproblem's proven optimum."""
+        problem, space, ev = self.ctx.problem, self.ctx.space, self.ctx.evaluator
+        d = space.degree_tuples[sub.degree_index]
+        if problem.tie != "layer" or d.pp != 1:
+            return False
+        ev.enter(f"{where}: the layers' shortest path")
+        t = integer_tables(problem, d, sub.per_dp)
+        weights = np.array(_step_weights(problem, [s.kind for s in t.steps]))
+        inflight = problem.workload.schedule == "inflight"
+        found = chain_plan(
+            problem,
+            t,
+            weights,
+            _valid_options(space, sub.degree_index),
+            sub.per_dp if inflight else None,
+        )
+        if found is None:
+            return False
+        plan = found[0]
+        cost = price(problem, t, plan)
+        if not judge(problem, cost.timing, np.array([cost.fits])).feasible[0]:
+            return False  # memory or an SLO binds: CP-SAT's model weighs them
+        self.chained += 1
+        self.feasible.found(sub.degree_index, plan)
+        ev.evaluate_plan(plan)
+        return True
 
     def settle(self, sub: Subproblem, where: str) -> None:
         """After ``sub`` proved infeasible: bisect with floor models for the fewest
@@ -991,6 +1027,11 @@ class CpSatSolver(Solver):
                     counts["infeasible"] += 1  # its degrees' floor model failed at fewer
                     done = i + 1
                     continue
+                if solves.by_chain(sub, where):
+                    counts["solved"] += 1
+                    done = i + 1
+                    best = max(best, ev.best_objective)
+                    continue
                 result = solves.solve(sub, where)
                 if result.status == "infeasible":
                     solves.settle(sub, where)
@@ -1041,6 +1082,7 @@ class CpSatSolver(Solver):
                 "bound": bound if bound is not None and math.isfinite(bound) else None,
                 "gap": gap,
                 "solves": solves.count,
+                "by_shortest_path": solves.chained,
                 "workers": self.workers,
                 "seconds": time.perf_counter() - start,
             },

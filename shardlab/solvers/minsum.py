@@ -29,10 +29,14 @@ def _expand(variables: tuple[int, ...], table: np.ndarray, axes: list[int]) -> n
     return table.reshape([held.get(a, 1) for a in axes] + [table.shape[-1]])
 
 
-def min_sum(domains: Sequence[int], factors: Sequence[Factor]) -> np.ndarray:
-    """The least total cost for each instance (the trailing axis of every table)."""
+def _eliminate(
+    domains: Sequence[int], factors: Sequence[Factor]
+) -> tuple[np.ndarray, list[tuple[int, list[int], np.ndarray]]]:
+    """The least total per instance, and each eliminated variable's best value as a
+    table over the variables it was eliminated against, in elimination order."""
     factors = list(factors)
     remaining = set(range(len(domains)))
+    steps: list[tuple[int, list[int], np.ndarray]] = []
 
     def scope(v: int) -> list[int]:
         return sorted({u for vs, _ in factors if v in vs for u in vs} - {v})
@@ -42,7 +46,23 @@ def min_sum(domains: Sequence[int], factors: Sequence[Factor]) -> np.ndarray:
         axes = [*scope(v), v]
         joined = [f for f in factors if v in f[0]]
         factors = [f for f in factors if v not in f[0]]
-        total = sum(_expand(vs, table, axes) for vs, table in joined)
-        factors.append((tuple(axes[:-1]), np.asarray(total).min(axis=len(axes) - 1)))
+        total = np.asarray(sum(_expand(vs, table, axes) for vs, table in joined))
+        steps.append((v, axes[:-1], total.argmin(axis=len(axes) - 1)))
+        factors.append((tuple(axes[:-1]), total.min(axis=len(axes) - 1)))
         remaining.discard(v)
-    return sum(table for _, table in factors)
+    return sum(table for _, table in factors), steps
+
+
+def min_sum(domains: Sequence[int], factors: Sequence[Factor]) -> np.ndarray:
+    """The least total cost for each instance (the trailing axis of every table)."""
+    return _eliminate(domains, factors)[0]
+
+
+def argmin_sum(domains: Sequence[int], factors: Sequence[Factor]) -> tuple[int, list[int]]:
+    """The least total cost of one instance (tables without the trailing axis) and a
+    choice of every variable reaching it (back-substitution in reverse order)."""
+    total, steps = _eliminate(domains, [(vs, np.asarray(t)[..., None]) for vs, t in factors])
+    choice: dict[int, int] = {}
+    for v, scope, best in reversed(steps):
+        choice[v] = int(best[(*(choice[u] for u in scope), 0)])
+    return int(np.asarray(total).reshape(-1)[0]), [choice[v] for v in range(len(domains))]
