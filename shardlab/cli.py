@@ -948,13 +948,22 @@ def compare(
 
 @app.command()
 def bench(
-    what: Annotated[str, typer.Argument(help="evaluator: plans per second of the cost model.")],
+    what: Annotated[
+        str,
+        typer.Argument(
+            help="evaluator: plans per second of the cost model; cpsat: time to the "
+            "proven optimum from 64 to 2,048 GPUs."
+        ),
+    ],
     instances: Annotated[
         str | None, typer.Option(help="Comma-separated suite instances (default: a fixed set).")
     ] = None,
     out_path: Annotated[
         str | None, typer.Option("--out", help="Markdown table to write (e.g. results/...).")
     ] = None,
+    time_limit: Annotated[
+        float, typer.Option("--time-limit", min=1.0, help="cpsat: seconds per run.")
+    ] = 600.0,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Measure speed on this machine; --out writes the table with its command."""
@@ -964,19 +973,28 @@ def bench(
     from shardlab import bench as b
     from shardlab.files import write_text
 
-    if what != "evaluator":
-        raise ShardlabError(f"bench {what!r}: measure 'evaluator'")
-    names = (
-        [n.strip() for n in instances.split(",") if n.strip()]
-        if instances
-        else list(b.EVALUATOR_INSTANCES)
-    )
-    rows = []
-    for name in names:
-        rows.append(b.evaluator_speed(name))
-        err.print(f"  {name}: {rows[-1].warm_plans_s:,.0f} plans/s warm")
     command = "shardlab bench " + " ".join(_sys.argv[2:])
-    text = b.evaluator_markdown(command, rows)
+    rows: list = []
+    if what == "evaluator":
+        names = (
+            [n.strip() for n in instances.split(",") if n.strip()]
+            if instances
+            else list(b.EVALUATOR_INSTANCES)
+        )
+        for name in names:
+            rows.append(b.evaluator_speed(name))
+            err.print(f"  {name}: {rows[-1].warm_plans_s:,.0f} plans/s warm")
+        text = b.evaluator_markdown(command, rows)
+    elif what == "cpsat":
+        if instances:
+            raise ShardlabError("bench cpsat runs a fixed set of problems; drop --instances")
+        for model, cluster, tie, batch in b.EXACT_RUNS:
+            rows.append(b.exact_speed(model, cluster, tie, batch, time_limit))
+            r = rows[-1]
+            err.print(f"  {model} {cluster} tie {tie}: {r.status} in {r.seconds:.1f} s")
+        text = b.exact_markdown(command, rows, time_limit)
+    else:
+        raise ShardlabError(f"bench {what!r}: measure 'evaluator' or 'cpsat'")
     if out_path is not None:
         write_text(out_path, text)
     if fmt is Format.json:

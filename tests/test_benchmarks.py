@@ -9,8 +9,9 @@ from functools import cache
 import pytest
 from test_budgets import ENUMERABLE, HARD
 
+from shardlab import Problem
 from shardlab.compare import quality
-from shardlab.costmodel import evaluate_batch
+from shardlab.costmodel import evaluate, evaluate_batch
 from shardlab.problems.suite import get_instance, get_suite
 from shardlab.solvers import Budget, available_solvers, solve
 
@@ -34,6 +35,44 @@ def test_bench_evaluate_batch(benchmark) -> None:
     stats = benchmark.stats
     if stats is not None:
         benchmark.extra_info["plans_per_second"] = len(codes) / stats["min"]
+
+
+def test_bench_evaluate_batches_of_64(benchmark) -> None:
+    """What anneal, genetic and RL send: 64 plans per call, tables built."""
+    problem = get_instance("deepseek-v3-h100x64-chat").problem()
+    batches = problem.space.sample(64 * 20, seed=1).reshape(20, 64, -1)
+    for b in batches:
+        evaluate_batch(problem, b)
+    result = benchmark(lambda: [evaluate_batch(problem, b) for b in batches])
+    assert len(result) == len(batches)
+    stats = benchmark.stats
+    if stats is not None:
+        benchmark.extra_info["plans_per_second"] = batches.size // batches.shape[2] / stats["min"]
+
+
+def test_bench_evaluate_one_plan(benchmark) -> None:
+    """``evaluate``: one plan with its per-operator breakdown."""
+    problem = get_instance("deepseek-v3-h100x64-chat").problem()
+    plan = problem.space.decode(problem.space.sample(1, seed=2)[0])
+    evaluate(problem, plan)
+    metrics = benchmark(evaluate, problem, plan)
+    assert metrics.breakdown
+
+
+@pytest.mark.parametrize("gpus", [256, 512, 1024, 2048])
+def test_bench_cpsat_at_scale(benchmark, gpus: int) -> None:
+    """moe-1.6t, options tied, to the proven optimum (minutes: benchmarks only)."""
+    if benchmark.disabled:
+        pytest.skip("times CP-SAT up to 2,048 GPUs: run with --benchmark-enable")
+    problem = Problem.build("moe-1.6t", f"h100x{gpus}", "chat", batch=4096)
+    result = benchmark.pedantic(
+        solve,
+        args=(problem, "cpsat"),
+        kwargs={"budget": Budget(max_evals=None, seconds=600)},
+        rounds=1,
+    )
+    benchmark.extra_info["status"] = result.status
+    assert result.status == "optimal"
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from shardlab.errors import ShardlabError
 from shardlab.problems.problem import Problem
 
-Size = Literal["small", "medium", "large", "slo"]
+Size = Literal["small", "medium", "large", "paper", "slo"]
 Split = Literal["train", "heldout"]
 
 
@@ -184,6 +184,20 @@ INSTANCES: tuple[Instance, ...] = (
         size="large",
         split="train",
     ),
+    # paper: the Learning to Shard comparison, options per layer on hundreds of GPUs
+    *(
+        Instance(
+            name=f"moe1.6t-h100x{gpus}-chat-layer",
+            model="moe-1.6t",
+            cluster=f"h100x{gpus}",
+            workload="chat",
+            size="paper",
+            split="heldout",
+            tie="layer",
+            overrides=(("batch", 4096),),
+        )
+        for gpus in (256, 512, 1024)
+    ),
     # slo: the concurrency is chosen under binding SLOs
     *(
         Instance(
@@ -203,7 +217,7 @@ INSTANCES: tuple[Instance, ...] = (
     ),
 )
 
-SUITES = ("small", "medium", "large", "slo", "train", "heldout", "all")
+SUITES = ("small", "medium", "large", "paper", "slo", "train", "heldout", "all")
 
 
 def get_instance(name: str) -> Instance:
@@ -223,7 +237,7 @@ def get_suite(name: str) -> tuple[Instance, ...]:
         return tuple(dict.fromkeys(i for part in parts for i in part))
     if name == "all":
         return INSTANCES
-    if name in ("small", "medium", "large", "slo"):
+    if name in ("small", "medium", "large", "paper", "slo"):
         return tuple(i for i in INSTANCES if i.size == name)
     if name in ("train", "heldout"):
         return tuple(i for i in INSTANCES if i.split == name)
