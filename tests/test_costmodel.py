@@ -276,3 +276,16 @@ def test_plans_priced_together_or_alone_agree(data: st.DataObject) -> None:
         np.testing.assert_allclose(getattr(some, name), getattr(whole, name)[part], rtol=1e-12)
     alone = evaluate_batch(problem, codes[part[:1]])
     assert alone.objective[0] == pytest.approx(whole.objective[part[0]], rel=1e-12)
+
+
+def test_pricing_survives_its_tables_being_dropped() -> None:
+    # the stack of a problem's tables is a bounded cache: a long run that prices more
+    # problems than it keeps rebuilds it, and what was cached about the space still holds
+    from shardlab.costmodel.stack import stack_of
+
+    problem = PROBLEMS["ds-chat-kind"]
+    codes = problem.space.sample(30, seed=4)
+    before = evaluate_batch(problem, codes)
+    stack_of.cache_clear()
+    again = evaluate_batch(problem, codes[::-1])
+    np.testing.assert_allclose(again.objective[::-1], before.objective, rtol=1e-12)

@@ -160,7 +160,8 @@ class Units:
     """Plans expressed per unit, each with its slot in the problem's stack."""
 
     layout: UnitLayout
-    slot: np.ndarray  # (n,) slot of each plan's degree tuple (shardlab.costmodel.stack)
+    stack: Stack  # the problem's tables the slots index
+    slot: np.ndarray  # (n,) slot of each plan's degree tuple in ``stack``
     opts: np.ndarray  # (n, U, K) option index per unit and operator
     head: np.ndarray  # (n, 4) head option indices
     starts: np.ndarray  # (n, S) first layer of each stage; stages past pp are empty
@@ -169,6 +170,7 @@ class Units:
     def take(self, rows: np.ndarray) -> Units:
         return Units(
             self.layout,
+            self.stack,
             self.slot[rows],
             self.opts[rows],
             self.head[rows],
@@ -282,6 +284,7 @@ def units_of_plan(problem: Problem, plan: Plan) -> Units:
     ends = np.cumsum(plan.stage_layers)[None, :]
     return Units(
         layout=UnitLayout(tuple(layer_unit), tuple(unit_class), tuple(unit_kind)),
+        stack=stack,
         slot=stack.slots((plan.degrees,)),
         opts=np.array([rows], dtype=np.int64),
         head=np.array([head], dtype=np.int64),
@@ -297,7 +300,6 @@ class _SpaceUnits:
     layout: UnitLayout
     var_index: np.ndarray  # (U, K) column of the code holding each unit's option (-1: pad)
     head_vars: np.ndarray  # (4,)
-    slots: np.ndarray  # (degree indices,) slot of each in the problem's stack
     bounds: np.ndarray  # (degree indices, S - 1) balanced stage boundaries (L: no stage)
     has_cut: np.ndarray  # (degree indices, S - 1) whether the boundary exists
 
@@ -339,7 +341,6 @@ def _space_units(problem: Problem) -> _SpaceUnits:
         layout=UnitLayout(tuple(layer_unit.tolist()), tuple(unit_class), tuple(unit_kind)),
         var_index=np.array(rows),
         head_vars=offsets["head"] + np.arange(len(HEAD_OPS)),
-        slots=stack_of(problem).slots(space.degree_tuples),
         bounds=bounds,
         has_cut=has_cut,
     )
@@ -361,9 +362,11 @@ def units_of_codes(problem: Problem, codes: np.ndarray) -> Units:
     n = len(codes)
     starts = np.concatenate([np.zeros((n, 1), np.int64), inner], axis=1)
     ends = np.concatenate([inner, np.full((n, 1), space.model.num_layers)], axis=1)
+    stack = stack_of(problem)
     return Units(
         layout=su.layout,
-        slot=su.slots[di],
+        stack=stack,
+        slot=stack.space_slots(space)[di],
         opts=padded[:, su.var_index],  # -1 reads the zero column
         head=codes[:, su.head_vars],
         starts=starts,
@@ -645,7 +648,7 @@ def _assemble(problem: Problem, u: Units, per_dp: np.ndarray | None = None) -> _
     or, when None, at the concurrency each plan does best with (see the module
     docstring; the static schedule runs its batch)."""
     w = problem.workload
-    stack = stack_of(problem)
+    stack = u.stack
     stack.ensure(u.slot)
     lay = stack.layout
     terms = _terms(problem, u.layout)
@@ -881,7 +884,7 @@ def _evaluate(
 def _requests(problem: Problem, u: Units, per_rank: np.ndarray) -> np.ndarray:
     """Requests per dp rank given to plans, checked against what the workload offers."""
     per_rank = np.asarray(per_rank, dtype=np.int64)
-    stack = stack_of(problem)
+    stack = u.stack
     stack.ensure(u.slot)
     offer = stack.scalar("per_dp_max", u.slot).astype(np.int64)
     if problem.workload.schedule != "inflight":

@@ -33,7 +33,7 @@ from shardlab.errors import ShardlabError
 from shardlab.problems.operators import HEAD_OPS
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
-from shardlab.problems.space import enumerate_degrees
+from shardlab.problems.space import SearchSpace, enumerate_degrees
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,7 @@ class Stack:
         self.layout = RowLayout.of(problem, max_pp)
         self.steps = steps_of(problem.workload)  # every slot's tables have these steps
         self.slot_ids: dict[Degrees, int] = {}
+        self._space_slots: dict[int, tuple[SearchSpace, np.ndarray]] = {}
         self.degrees: list[Degrees] = []
         self.built: list[bool] = []
         self.tables: list[DegreeTables | None] = []
@@ -152,6 +153,13 @@ class Stack:
                 self.tables.append(None)
             out[i] = s
         return out
+
+    def space_slots(self, space: SearchSpace) -> np.ndarray:
+        """Slot of each of ``space``'s degree indices (kept per space)."""
+        kept = self._space_slots.get(id(space))
+        if kept is None or kept[0] is not space:
+            kept = self._space_slots[id(space)] = (space, self.slots(space.degree_tuples))
+        return kept[1]
 
     def ensure(self, slots: np.ndarray) -> None:
         """Build the tables of these slots (those not built yet)."""
