@@ -215,7 +215,12 @@ def run_comparison(
     keys = [task_key(t) for t in tasks]
     finished: dict[int, dict[str, Any]] = {}
     if journal is not None:
-        finished = {i: journal.runs[k] for i, k in enumerate(keys) if k in journal}
+        # a run that failed (an exception) is run again
+        finished = {
+            i: journal.runs[k]
+            for i, k in enumerate(keys)
+            if k in journal and journal.runs[k].get("status") != "error"
+        }
     if on_resume is not None:
         on_resume(len(finished), len(tasks))
 

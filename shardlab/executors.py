@@ -45,7 +45,15 @@ def run_local(work: Work, tasks: Sequence[tuple[int, Any]], jobs: int, done: Don
         for i, task in tasks:
             done(i, work(task))
         return
-    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init, initargs=(os.getpid(),))
+    # forked from this process (Python 3.14 defaults to a fork server on Linux, which
+    # would be the workers' parent instead: the death signal must follow this one)
+    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
+    pool = ProcessPoolExecutor(
+        max_workers=jobs,
+        mp_context=context,
+        initializer=_worker_init,
+        initargs=(os.getpid(),),
+    )
     try:
         pending = {pool.submit(work, task): i for i, task in tasks}
         while pending:
@@ -63,6 +71,8 @@ def run_local(work: Work, tasks: Sequence[tuple[int, Any]], jobs: int, done: Don
 def run_ray(work: Work, tasks: Sequence[tuple[int, Any]], address: str | None, done: Done) -> None:
     """One Ray task per run on the cluster at ``address`` (None: Ray's own search,
     ``RAY_ADDRESS`` or a new local cluster). Each task asks for one CPU."""
+    if not tasks:  # every run is already on disk
+        return
     try:
         import ray
     except ImportError:

@@ -31,7 +31,8 @@ class Journal:
             self._read()
 
     def _read(self) -> None:
-        lines = self.path.read_text().splitlines()
+        text = self.path.read_text()
+        lines = text.splitlines()
         kept = []
         for i, line in enumerate(lines):
             try:
@@ -46,7 +47,8 @@ class Journal:
                 ) from None
             self.runs[key] = record
             kept.append(line)
-        if len(kept) < len(lines):
+        if len(kept) < len(lines) or (text and not text.endswith("\n")):
+            # (a kill can also leave a whole record without its newline)
             write_text(self.path, "".join(f"{line}\n" for line in kept))
 
     def __contains__(self, key: str) -> bool:

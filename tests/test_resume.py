@@ -142,9 +142,29 @@ def test_a_torn_last_line_is_dropped_and_a_bad_one_refused(tmp_path: Path) -> No
     again = Journal(path)
     assert set(again) == {"a", "b"} and again.runs["b"] == {"x": 2}
     assert len(_lines(path)) == 2
+    path.write_text(path.read_text().rstrip("\n"))  # a whole record, killed before "\n"
+    Journal(path).add("c", {"x": 3})
+    assert Journal(path).runs == {"a": {"x": 1}, "b": {"x": 2}, "c": {"x": 3}}
     path.write_text('not json\n{"key": "a", "run": {}}\n')
     with pytest.raises(ShardlabError, match="line 1 is not a finished run"):
         Journal(path)
+
+
+def test_a_run_that_failed_is_run_again(tmp_path: Path) -> None:
+    inst = get_suite("llama70b-h100x4-chat")
+    path = tmp_path / JOURNAL
+    run_comparison(inst, ["random"], 1, max_evals=50, seconds=None, jobs=1, journal=Journal(path))
+    lines = _lines(path)
+    entry = json.loads(lines[0])
+    entry["run"]["status"] = "error"
+    path.write_text("\n".join([json.dumps(entry), *lines[1:]]) + "\n")
+    seen: list[dict] = []
+    again = run_comparison(
+        inst, ["random"], 1, max_evals=50, seconds=None, jobs=1, journal=Journal(path),
+        on_done=seen.append,
+    )  # fmt: skip
+    assert [(r["method"], r["seed"]) for r in seen] == [("random", 0)]
+    assert again[0]["status"] != "error" and Journal(path).runs[entry["key"]] == again[0]
 
 
 def test_runs_in_the_journal_are_not_run_again(tmp_path: Path) -> None:

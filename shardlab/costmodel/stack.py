@@ -22,6 +22,7 @@ index arithmetic whatever its degrees:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -69,7 +70,8 @@ class RowLayout:
         fnlm0 = lastf0 + o * o
         lmsa0 = fnlm0 + o * o
         p2p0 = lmsa0 + o * o
-        rows = p2p0 + max(max_pp - 1, 0) * o
+        # at least one block of sends: the last stage's (weight 0) entry points there
+        rows = p2p0 + max(max_pp - 1, 1) * o
         return RowLayout(
             n_classes, n_ops, n_opts, n_edges, max_pp,
             op0, edge0, inter0, head0, emb0, lastf0, fnlm0, lmsa0, p2p0, rows,
@@ -118,7 +120,9 @@ class Stack:
         self.layout = RowLayout.of(problem, max_pp)
         self.steps = steps_of(problem.workload)  # every slot's tables have these steps
         self.slot_ids: dict[Degrees, int] = {}
-        self._space_slots: dict[int, tuple[SearchSpace, np.ndarray]] = {}
+        self._space_slots: weakref.WeakKeyDictionary[SearchSpace, np.ndarray] = (
+            weakref.WeakKeyDictionary()
+        )
         self.degrees: list[Degrees] = []
         self.built: list[bool] = []
         self.tables: list[DegreeTables | None] = []
@@ -156,10 +160,10 @@ class Stack:
 
     def space_slots(self, space: SearchSpace) -> np.ndarray:
         """Slot of each of ``space``'s degree indices (kept per space)."""
-        kept = self._space_slots.get(id(space))
-        if kept is None or kept[0] is not space:
-            kept = self._space_slots[id(space)] = (space, self.slots(space.degree_tuples))
-        return kept[1]
+        kept = self._space_slots.get(space)
+        if kept is None:
+            kept = self._space_slots[space] = self.slots(space.degree_tuples)
+        return kept
 
     def ensure(self, slots: np.ndarray) -> None:
         """Build the tables of these slots (those not built yet)."""

@@ -18,7 +18,9 @@ class CachedHash:
     @cached_property
     def _hash(self) -> int:
         assert dataclasses.is_dataclass(self)
-        return hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+        # the fields the dataclass's own hash would take (those its equality compares)
+        fields = [f for f in dataclasses.fields(self) if (f.compare if f.hash is None else f.hash)]
+        return hash(tuple(getattr(self, f.name) for f in fields))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

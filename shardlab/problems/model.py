@@ -316,6 +316,9 @@ class ParamCount:
 class Model(CachedHash):
     """Shapes of a decoder-only transformer, as far as sharding and cost depend on them."""
 
+    # @dataclass(frozen=True) would write its own __hash__ over the inherited one
+    __hash__ = CachedHash.__hash__
+
     name: str
     source: str  # catalog name or the path it was read from
     num_layers: int

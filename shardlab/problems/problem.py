@@ -32,6 +32,9 @@ DEFAULT_ENGINE: Engine = "trtllm"
 
 @dataclass(frozen=True, kw_only=True)
 class Problem(CachedHash):
+    # @dataclass(frozen=True) would write its own __hash__ over the inherited one
+    __hash__ = CachedHash.__hash__
+
     model: Model
     cluster: Cluster
     workload: Workload
