@@ -131,13 +131,7 @@ def integer_tables(
     bt = t.batching
     if not 1 <= per_dp <= bt.per_dp_max or (not bt.inflight and per_dp != bt.per_dp_max):
         raise ValueError(f"per_dp={per_dp} is outside 1..{bt.per_dp_max} for this workload")
-    last_b = len(t.b) - 1
-    act = np.zeros(t.op_act.shape[1:-1])
-    head_act = np.zeros(t.head_act.shape[1:-1])
-    for si, step in enumerate(t.steps):
-        b_act = 0 if step.single else last_b
-        act = np.maximum(act, t.op_act[si, ..., b_act])
-        head_act = np.maximum(head_act, t.head_act[si, ..., b_act])
+    act, head_act = t.workspace()
     times = {
         k: v[..., 0] for k, v in time_ns(problem, degrees, np.array([per_dp]), floor=floor).items()
     }

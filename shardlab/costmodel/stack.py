@@ -86,7 +86,6 @@ SCALARS = (
     "replicas",
     "per_replica",
     "per_dp_max",
-    "n_b",  # columns of the slot's time tables
     "weight_scale",
     "reserve_scale",
     "kv_scale",
@@ -124,7 +123,6 @@ class Stack:
             weakref.WeakKeyDictionary()
         )
         self.degrees: list[Degrees] = []
-        self.built: list[bool] = []
         self.tables: list[DegreeTables | None] = []
         self._scalars = {name: np.zeros(0) for name in SCALARS}
         # b-independent rows: weight, KV bytes per request, KV split over tp, workspace
@@ -153,7 +151,6 @@ class Stack:
                     )
                 s = self.slot_ids[d] = len(self.degrees)
                 self.degrees.append(d)
-                self.built.append(False)
                 self.tables.append(None)
             out[i] = s
         return out
@@ -168,7 +165,7 @@ class Stack:
     def ensure(self, slots: np.ndarray) -> None:
         """Build the tables of these slots (those not built yet)."""
         for s in np.unique(slots).tolist():
-            if not self.built[s]:
+            if self.tables[s] is None:
                 self._build(s)
 
     def scalar(self, name: str, slots: np.ndarray) -> np.ndarray:
@@ -181,7 +178,6 @@ class Stack:
 
     def _build(self, s: int) -> None:
         t = degree_tables(self.problem, self.degrees[s])
-        self.tables[s] = t
         d, bt, e = t.degrees, t.batching, t.engine
         values = {
             "pp": d.pp,
@@ -190,7 +186,6 @@ class Stack:
             "replicas": d.replicas,
             "per_replica": bt.per_replica,
             "per_dp_max": bt.per_dp_max,
-            "n_b": len(t.b),
             "weight_scale": e.weight_scale,
             "reserve_scale": e.reserve_scale,
             "kv_scale": e.kv_scale,
@@ -208,17 +203,8 @@ class Stack:
             s,
             self._rows_b_free(t.op_kv_split, np.zeros_like(t.head_weight, dtype=bool)),
         )
-        # The workspace the engine reserves: each operator's largest over the steps, at
-        # one request for single steps and at the most requests otherwise.
-        last_b = len(t.b) - 1
-        op_act = np.zeros(t.op_act.shape[1:-1])
-        head_act = np.zeros(t.head_act.shape[1:-1])
-        for si, step in enumerate(t.steps):
-            at = 0 if step.single else last_b
-            op_act = np.maximum(op_act, t.op_act[si][..., at])
-            head_act = np.maximum(head_act, t.head_act[si][..., at])
-        self._put(self.act, s, self._rows_b_free(op_act, head_act))
-        self.built[s] = True
+        self._put(self.act, s, self._rows_b_free(*t.workspace()))
+        self.tables[s] = t  # last: the slot is built
 
     @staticmethod
     def _put(grown: _Grown, s: int, row: np.ndarray) -> None:

@@ -304,6 +304,19 @@ class DegreeTables:
             seconds = seconds + option_cost(ctx, op, _megatron_option(op, d), one, None).time_s
         return problem.workload.draft_tokens * seconds, weight
 
+    def workspace(self) -> tuple[np.ndarray, np.ndarray]:
+        """The activation workspace the engine reserves per (class, op, option) and per
+        (head op, option): the largest over the steps, at one request for single steps
+        and at the most requests otherwise."""
+        last_b = len(self.b) - 1
+        op_act = np.zeros(self.op_act.shape[1:-1])
+        head_act = np.zeros(self.head_act.shape[1:-1])
+        for si, step in enumerate(self.steps):
+            at = 0 if step.single else last_b
+            op_act = np.maximum(op_act, self.op_act[si, ..., at])
+            head_act = np.maximum(head_act, self.head_act[si, ..., at])
+        return op_act, head_act
+
     def floor(self, name: str) -> np.ndarray:
         """Table ``name`` at each ``b`` replaced by its least value over ``b`` and every
         larger ``b`` of the tables: a lower bound on the entry at any concurrency from
