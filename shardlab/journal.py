@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from shardlab.errors import ShardlabError
-from shardlab.files import write_text
+from shardlab.files import make_dir, write_text
 
 JOURNAL = "runs.jsonl"
 
@@ -59,7 +59,7 @@ class Journal:
 
     def add(self, key: str, record: dict[str, Any]) -> None:
         line = json.dumps({"key": key, "run": record}, default=str) + "\n"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(self.path.parent)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         try:
             data = line.encode()

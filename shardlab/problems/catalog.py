@@ -140,7 +140,7 @@ CATALOG: tuple[CatalogEntry, ...] = (
 def _lookup(name: str) -> CatalogEntry | None:
     key = name.lower()
     for entry in CATALOG:
-        if key in (entry.name, entry.hf_id.lower()):
+        if key == entry.name or (entry.hf_id and key == entry.hf_id.lower()):
             return entry
     return None
 
@@ -153,6 +153,10 @@ def _load_entry(entry: CatalogEntry) -> Model:
 
 def load_model(name_or_path: str | Path) -> Model:
     """A catalog name (``deepseek-v3``), a HuggingFace id, or a config.json path."""
+    if not str(name_or_path).strip():
+        raise ShardlabError(
+            "model '': name a catalog model (see `shardlab models`) or a config.json path"
+        )
     entry = _lookup(str(name_or_path))
     if entry is not None:
         return _load_entry(entry)

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from shardlab.errors import ShardlabError
+from shardlab.problems.limits import MAX_GPUS, MAX_GPUS_PER_NODE, check_count, check_finite
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,22 +40,20 @@ class Accelerator:
     gpus_per_node: int
 
     def __post_init__(self) -> None:
+        positive = ("bf16_tflops", "hbm_gb", "hbm_gbps", "nvlink_gbps", "net_gbps")
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("key", "name"):
+            if f.name in ("key", "name", "gpus_per_node"):
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ShardlabError(
-                    f"accelerator {self.key!r}: {f.name} must be a non-negative number, "
-                    f"got {value!r}"
-                )
-        for name in ("bf16_tflops", "hbm_gb", "hbm_gbps", "nvlink_gbps", "net_gbps"):
-            if getattr(self, name) <= 0:
-                raise ShardlabError(f"accelerator {self.key!r}: {name} must be positive")
-        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
-            raise ShardlabError(
-                f"accelerator {self.key!r}: gpus_per_node must be a positive integer"
+            check_finite(
+                getattr(self, f.name),
+                what=f"accelerator {self.key!r}: {f.name}",
+                positive=f.name in positive,
             )
+        check_count(
+            self.gpus_per_node,
+            MAX_GPUS_PER_NODE,
+            what=f"accelerator {self.key!r}: gpus_per_node",
+        )
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense tensor-core peak for a GEMM whose weights are stored as ``dtype``.
@@ -77,12 +76,8 @@ class Cluster:
     gpus_per_node: int
 
     def __post_init__(self) -> None:
-        if self.num_gpus < 1:
-            raise ShardlabError(f"cluster: num_gpus must be at least 1, got {self.num_gpus}")
-        if self.gpus_per_node < 1:
-            raise ShardlabError(
-                f"cluster: gpus_per_node must be at least 1, got {self.gpus_per_node}"
-            )
+        check_count(self.num_gpus, MAX_GPUS, what="cluster: num_gpus")
+        check_count(self.gpus_per_node, MAX_GPUS_PER_NODE, what="cluster: gpus_per_node")
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
             raise ShardlabError(
                 f"cluster: {self.num_gpus} GPUs do not fill whole nodes of "
@@ -144,7 +139,10 @@ def _accelerator(value: Any, *, where: str) -> Accelerator:
                 + (f"has unknown keys {', '.join(unknown)}" if unknown else "")
             )
         spec = {"gpus_per_node": 8, **value}
-        return Accelerator(key=str(value["name"]).lower().replace(" ", "-"), **spec)
+        try:
+            return Accelerator(key=str(value["name"]).lower().replace(" ", "-"), **spec)
+        except ShardlabError as exc:
+            raise ShardlabError(f"{where}: {exc}") from None
     raise ShardlabError(f"{where}: 'accelerator' must be a GPU name or a mapping of its specs")
 
 
@@ -161,6 +159,10 @@ def parse_cluster(spec: str) -> Cluster:
             f"cluster {spec!r}: write it as GPUxCOUNT (e.g. h100x64) or give a YAML file"
         )
     acc = _accelerator(match["gpu"], where=f"cluster {spec!r}")
+    if len(match["n"]) > len(str(MAX_GPUS)):  # not parsed: int() refuses 4,300 digits
+        raise ShardlabError(
+            f"cluster {spec!r}: more GPUs than shardlab takes ({MAX_GPUS:,}); give fewer"
+        )
     n = int(match["n"])
     if n < 1:
         raise ShardlabError(f"cluster {spec!r}: the GPU count must be at least 1")
@@ -176,6 +178,8 @@ def load_cluster_yaml(path: str | Path) -> Cluster:
         raw = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
         raise ShardlabError(f"{where}: cannot read the cluster file ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ShardlabError(f"{where}: not a text file; a cluster is a YAML file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""

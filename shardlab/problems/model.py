@@ -50,6 +50,7 @@ from typing import Any, Literal
 from shardlab.errors import ShardlabError
 from shardlab.problems.cached_hash import CachedHash
 from shardlab.problems.dtypes import WeightDtype
+from shardlab.problems.limits import MAX_CONFIG_INT, MAX_LAYERS, check_count
 
 LayerKind = Literal["dense", "moe"]
 AttentionKind = Literal["full", "sliding", "chunked"]
@@ -606,7 +607,8 @@ class _ConfigReader:
             raise ShardlabError(
                 f"{self.where}: key {key!r} must be an integer >= {minimum}, got {value!r}"
             )
-        return value
+        limit = MAX_LAYERS if key == "num_hidden_layers" else MAX_CONFIG_INT
+        return check_count(value, limit, what=f"{self.where}: key {key!r}", minimum=minimum)
 
     def first_int(self, keys: tuple[str, ...], *, minimum: int = 1) -> int:
         for key in keys:
@@ -1092,11 +1094,17 @@ def load_config_file(path: str | Path) -> Model:
             f"{path}: cannot read the model config ({exc.strerror}); give a catalog name "
             "(see `shardlab models`) or the path of a HuggingFace config.json"
         ) from None
+    except UnicodeDecodeError:
+        raise ShardlabError(
+            f"{p}: not a text file; give the path of a HuggingFace config.json"
+        ) from None
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ShardlabError(
             f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
         ) from None
+    except (ValueError, RecursionError) as exc:  # an integer of 4,300 digits, deep nesting
+        raise ShardlabError(f"{p}: not a config.json ({str(exc)[:80]})") from None
     stem = p.parent.name if p.name == "config.json" else p.stem
     return model_from_config(config, name=stem, source=str(p))

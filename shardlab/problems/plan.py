@@ -155,7 +155,16 @@ class Plan:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], model: Model, *, where: str = "plan") -> Plan:
+    def from_dict(
+        cls,
+        data: Mapping[str, Any],
+        model: Model,
+        *,
+        where: str = "plan",
+        cluster: str | None = None,
+    ) -> Plan:
+        """The plan ``data`` holds for ``model`` (and, if given, the cluster named
+        ``cluster``: a plan's degrees are made for one cluster)."""
         if not isinstance(data, Mapping):
             raise ShardlabError(f"{where}: a plan must be a JSON object")
         schema = data.get("schema")
@@ -168,6 +177,12 @@ class Plan:
             raise ShardlabError(
                 f"{where}: the plan is for model {data.get('model')!r}, not {model.name!r}"
             )
+        planned_for = data.get("cluster")
+        if cluster is not None and planned_for not in (None, "", cluster):
+            raise ShardlabError(
+                f"{where}: the plan is for cluster {planned_for!r}, not {cluster!r}; solve "
+                f"again for {cluster} or pass --cluster {planned_for}"
+            )
         raw_degrees = data.get("degrees")
         if not isinstance(raw_degrees, Mapping):
             raise ShardlabError(f"{where}: missing key 'degrees'")
@@ -176,18 +191,33 @@ class Plan:
             raise ShardlabError(f"{where}: unknown degree(s) {', '.join(unknown)}")
         degrees = Degrees(**raw_degrees)
         stages = data.get("stage_layers")
-        if not isinstance(stages, list) or not all(isinstance(n, int) for n in stages):
-            raise ShardlabError(f"{where}: key 'stage_layers' must be a list of integers")
+        if not isinstance(stages, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in stages
+        ):
+            raise ShardlabError(f"{where}: key 'stage_layers' must be a list of integers >= 1")
         if sum(stages) != model.num_layers:
             raise ShardlabError(
                 f"{where}: stage_layers {stages} sum to {sum(stages)}, the model has "
                 f"{model.num_layers} layers"
             )
+        if len(stages) != degrees.pp:
+            raise ShardlabError(
+                f"{where}: key 'stage_layers' lists {len(stages)} stages, degree pp is {degrees.pp}"
+            )
         options = data.get("options")
         if not isinstance(options, Mapping) or "head" not in options:
             raise ShardlabError(f"{where}: missing key 'options.head'")
-        head = _read_options(options["head"], HEAD_OPS, f"{where}: options.head")
         layers = data.get("layers")
+        known = {"head"} if layers is not None else {"head", *model.kinds}
+        unknown = sorted(str(k) for k in set(options) - known)
+        if unknown:
+            raise ShardlabError(
+                f"{where}: options for {', '.join(unknown)}, which model {model.name} does "
+                f"not have (its layer kinds: {', '.join(model.kinds)}"
+                + ("; with 'layers', options hold only 'head'" if layers is not None else "")
+                + ")"
+            )
+        head = _read_options(options["head"], HEAD_OPS, f"{where}: options.head")
         if layers is not None:
             if not isinstance(layers, list) or len(layers) != model.num_layers:
                 raise ShardlabError(
@@ -230,8 +260,8 @@ class Plan:
         return cls.from_dict(_parse(text, where), model, where=where)
 
     @classmethod
-    def load(cls, path: str | Path, model: Model) -> Plan:
-        return cls.from_dict(read_plan_file(path), model, where=str(path))
+    def load(cls, path: str | Path, model: Model, *, cluster: str | None = None) -> Plan:
+        return cls.from_dict(read_plan_file(path), model, where=str(path), cluster=cluster)
 
 
 def _parse(text: str, where: str) -> Any:
@@ -241,6 +271,8 @@ def _parse(text: str, where: str) -> Any:
         raise ShardlabError(
             f"{where}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
         ) from None
+    except (ValueError, RecursionError) as exc:  # an integer of 4,300 digits, deep nesting
+        raise ShardlabError(f"{where}: not a plan JSON ({str(exc)[:80]})") from None
 
 
 def read_plan_file(path: str | Path) -> Any:

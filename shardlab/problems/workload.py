@@ -35,6 +35,7 @@ from typing import Any, Literal, get_args
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.dtypes import KVDtype, WeightDtype, check_kv_dtype, check_weight_dtype
+from shardlab.problems.limits import MAX_BATCH, MAX_CONTEXT, check_count, check_finite
 
 Phase = Literal["prefill", "decode", "request"]
 Schedule = Literal["static", "inflight"]
@@ -73,16 +74,13 @@ class Workload:
                     f"{where}: {key} {getattr(self, key)!r} is not one of "
                     + ", ".join(get_args(allowed))
                 )
-        for key in ("batch", "input_len", "output_len"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ShardlabError(f"{where}: {key} must be a positive integer, got {value!r}")
+        check_count(self.batch, MAX_BATCH, what=f"{where}: batch")
+        for key in ("input_len", "output_len"):
+            check_count(getattr(self, key), MAX_CONTEXT, what=f"{where}: {key}")
         for key in ("ttft_ms", "tpot_ms"):
             value = getattr(self, key)
-            if value is not None and (not isinstance(value, int | float) or value <= 0):
-                raise ShardlabError(
-                    f"{where}: {key} must be a positive number of ms, got {value!r}"
-                )
+            if value is not None:
+                check_finite(value, what=f"{where}: {key} (ms)", positive=True)
         self._check_speculation(where)
         if self.weight_dtype is not None:
             check_weight_dtype(self.weight_dtype, where=where)
@@ -95,7 +93,7 @@ class Workload:
             raise ShardlabError(f"{where}: draft_tokens must be an integer >= 0, got {k!r}")
         if a is not None and (
             isinstance(a, bool) or not isinstance(a, int | float) or not 0 <= a <= 1
-        ):
+        ):  # NaN is not in [0, 1] either
             raise ShardlabError(f"{where}: acceptance must be a number in [0, 1], got {a!r}")
         if k and a is None:
             raise ShardlabError(

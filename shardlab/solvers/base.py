@@ -10,6 +10,7 @@ and re-checks the best plan with the scalar cost model.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from abc import ABC, abstractmethod
@@ -51,8 +52,10 @@ class Budget:
     def __post_init__(self) -> None:
         if self.max_evals is not None and self.max_evals < 1:
             raise ShardlabError(f"budget: max_evals must be at least 1, got {self.max_evals}")
-        if self.seconds is not None and self.seconds <= 0:
-            raise ShardlabError(f"budget: seconds must be positive, got {self.seconds}")
+        if self.seconds is not None and not (0 < self.seconds < math.inf):  # NaN too
+            raise ShardlabError(
+                f"budget: seconds (--time-limit) must be a positive number, got {self.seconds}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

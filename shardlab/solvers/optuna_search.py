@@ -48,11 +48,13 @@ Without ``storage`` the study lives in memory. With any Optuna storage URL (or s
 object) the study ``study`` (default: derived from the problem, see
 :func:`default_study_name`) is created with ``load_if_exists``, so a run killed even by
 SIGKILL and started again continues the same study: a trial is stored when it is told,
-finished trials are never lost, and the one trial running at the kill stays RUNNING
-(never evaluated; the samplers skip it, or count it as a bad trial under constant
-liar). The study records a fingerprint of the problem and its search space and refuses
-to continue for a different problem. Workers that open a fresh database together may
-race to create Optuna's tables; opening the study is retried a few times for that.
+finished trials are never lost, and the one trial running at the kill is told FAIL
+once its heartbeat is stale (:mod:`shardlab.solvers.optuna_storage`: by the next run
+that opens the study, or by a live worker; until then the samplers skip it, or count it
+as a bad trial under constant liar). The study records a fingerprint of the problem
+and its search space and refuses to continue for a different problem. Workers that open
+a fresh database together may race to create Optuna's tables; opening the study is
+retried a few times for that.
 
 A run that opens a study holding finished trials first **replays** their plans into the
 evaluator, so the cache, the best plan and the history start where the study stopped,
@@ -142,6 +144,13 @@ from shardlab.solvers.front import minimized
 from shardlab.solvers.moves import mutate, one_move
 from shardlab.solvers.optuna_encodings import ENCODINGS, ClassLayout, Layout, layout_for
 from shardlab.solvers.optuna_history import WINDOW, WindowedTPESampler
+from shardlab.solvers.optuna_storage import (
+    STALE_CHECK_TRIALS,
+    check_storage_url,
+    fail_stale_trials,
+    heartbeat,
+    open_storage,
+)
 from shardlab.solvers.registry import register
 
 SAMPLERS: tuple[str, ...] = ("tpe", "gp", "cmaes", "random", "nsga2")
@@ -275,6 +284,8 @@ def _quiet() -> Iterator[None]:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             # CMA-ES ignores the constraints (documented in the module docstring).
             warnings.filterwarnings("ignore", "Constraints have been set, but CmaEsSampler")
+            # ask-and-tell drives the heartbeat itself (shardlab.solvers.optuna_storage)
+            warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
             yield
     finally:
         optuna.logging.set_verbosity(level)
@@ -309,6 +320,8 @@ class OptunaSolver(Solver):
         if encoding not in ENCODINGS:
             raise ShardlabError(f"optuna encoding {encoding!r}: use one of {', '.join(ENCODINGS)}")
         self.sampler = sampler  # None: tpe, or nsga2 for a Pareto front
+        if isinstance(storage, str):
+            check_storage_url(storage)  # refused now, not when the study opens
         self.storage = storage
         self.study_name = study
         self.encoding = encoding
@@ -376,7 +389,7 @@ class OptunaSolver(Solver):
         for attempt in range(SCHEMA_RETRIES):
             try:
                 study = optuna.create_study(
-                    storage=self.storage,
+                    storage=open_storage(self.storage),
                     sampler=optuna.samplers.RandomSampler(seed=0),  # replaced below
                     study_name=name,
                     directions=directions(problem),
@@ -455,6 +468,7 @@ class OptunaSolver(Solver):
                 **({"history": self.history} if sampler == "tpe" else {}),
                 "sampler_s": 0.0,  # Optuna's own time: ask, suggest and tell
             }
+            facts["stale_trials_failed"] = fail_stale_trials(study)
             existing = study.get_trials(deepcopy=False)
             facts["running_at_start"] = sum(t.state == TrialState.RUNNING for t in existing)
             base = int(ctx.rng.integers(0, 2**32 - 1))
@@ -507,9 +521,23 @@ class OptunaSolver(Solver):
             )
 
     def _trial(self, ctx: SearchContext, study: optuna.Study, layout: Layout, facts: dict) -> None:
-        ev = ctx.evaluator
+        if facts["trials"] and facts["trials"] % STALE_CHECK_TRIALS == 0:
+            facts["stale_trials_failed"] += fail_stale_trials(study)
         start = time.perf_counter()
         trial = study.ask()
+        with heartbeat(study, trial._trial_id):
+            self._run_trial(ctx, study, layout, facts, trial, start)
+
+    def _run_trial(
+        self,
+        ctx: SearchContext,
+        study: optuna.Study,
+        layout: Layout,
+        facts: dict,
+        trial: Trial,
+        start: float,
+    ) -> None:
+        ev = ctx.evaluator
         try:
             row = layout.suggest(trial)  # the sampler fits when the first value is asked
         except BaseException:

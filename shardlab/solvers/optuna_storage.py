@@ -1,0 +1,144 @@
+"""Where an Optuna study lives: a storage URL checked before the run, opened with a
+heartbeat, so that a killed worker's running trial does not stay RUNNING forever.
+
+A URL is a SQLAlchemy database URL (``sqlite:///study.db``,
+``postgresql://user@host/db``). It is checked when the solver is made (its form, its
+dialect, an SQLite file's directory) and connected when the study opens; every failure
+is one :class:`ShardlabError` naming the URL without its password.
+
+Heartbeat: while a trial runs, a thread marks it alive in the storage every
+``HEARTBEAT_S`` seconds (Optuna's own mechanism, which ``study.optimize`` drives and an
+ask-and-tell loop has to drive itself). A running trial unmarked for ``GRACE_S`` seconds
+belongs to a worker that was killed (SIGKILL, a lost machine); whoever opens the study,
+and every live worker every ``STALE_CHECK_TRIALS`` trials, tells it FAIL. A live
+worker's trial is never failed: it is marked far more often than the grace period.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import optuna
+import sqlalchemy.exc
+from optuna.storages import BaseStorage, RDBStorage
+from sqlalchemy.engine import URL, make_url
+
+from shardlab.errors import ShardlabError
+
+HEARTBEAT_S = 5  # a running trial is marked alive this often
+GRACE_S = 60  # a running trial unmarked this long was a killed worker's
+STALE_CHECK_TRIALS = 50  # a live worker fails stale trials this often (and at the start)
+CONNECT_TIMEOUT_S = 10  # a database server that does not answer in this time is refused
+
+
+def _safe(url: str) -> str:
+    """The URL as it may be printed: without its password."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except sqlalchemy.exc.ArgumentError:
+        return repr(url)
+
+
+def check_storage_url(url: str) -> URL:
+    """The parsed URL of a storage a study can open, or a refusal that says why."""
+    where = f"--storage {_safe(url)}"
+    example = "e.g. sqlite:///study.db or postgresql://user@host/db"
+    if not url.strip():
+        raise ShardlabError(f"{where}: give a database URL, {example}")
+    try:
+        parsed = make_url(url)
+    except sqlalchemy.exc.ArgumentError:
+        raise ShardlabError(f"{where}: not a database URL; {example}") from None
+    if parsed.drivername.startswith("redis"):
+        raise ShardlabError(f"{where}: Redis is a journal storage; give a database URL, {example}")
+    try:
+        dialect = parsed.get_dialect()
+    except sqlalchemy.exc.NoSuchModuleError:
+        raise ShardlabError(f"{where}: unknown database {parsed.drivername!r}; {example}") from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        other = " (or postgresql+psycopg2://, shardlab's test driver)"
+        raise ShardlabError(
+            f"{where}: its driver {exc.name or ''} is not installed; pip install it"
+            + (other if parsed.get_backend_name() == "postgresql" else "")
+        ) from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        folder = Path(parsed.database).parent
+        if not folder.is_dir():
+            raise ShardlabError(
+                f"{where}: the database's folder {folder} does not exist; create it or "
+                "give another path"
+            )
+    return parsed
+
+
+def open_storage(storage: str | BaseStorage | None) -> BaseStorage | None:
+    """The storage a study opens: a URL is connected with the heartbeat on (an object
+    or None, the in-memory study, is used as given)."""
+    if not isinstance(storage, str):
+        return storage
+    parsed = check_storage_url(storage)
+    engine_kwargs = {}
+    if parsed.get_backend_name() == "postgresql":
+        engine_kwargs = {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
+    try:
+        return RDBStorage(
+            storage,
+            engine_kwargs=engine_kwargs,
+            heartbeat_interval=HEARTBEAT_S,
+            grace_period=GRACE_S,
+        )
+    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as exc:
+        reason = " ".join(str(exc.orig or exc).split())[:200]
+        raise ShardlabError(
+            f"--storage {_safe(storage)}: cannot open the database ({reason}); check that it "
+            "is reachable and writable"
+        ) from None
+    except ImportError as exc:
+        raise ShardlabError(
+            f"--storage {_safe(storage)}: its driver is not installed ({exc.name or exc}); "
+            "pip install it"
+        ) from None
+
+
+def _beats(storage: BaseStorage) -> bool:
+    return isinstance(storage, optuna.storages._heartbeat.BaseHeartbeat) and (
+        storage.get_heartbeat_interval() is not None
+    )
+
+
+@contextmanager
+def heartbeat(study: optuna.Study, trial_id: int) -> Iterator[None]:
+    """Mark ``trial_id`` alive now and every ``HEARTBEAT_S`` seconds until the block ends."""
+    storage = study._storage
+    if not _beats(storage):
+        yield
+        return
+    storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+
+    thread = threading.Thread(target=beat, name="optuna-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def fail_stale_trials(study: optuna.Study) -> int:
+    """Tell FAIL every running trial whose worker stopped marking it; how many."""
+    if not _beats(study._storage):
+        return 0
+    before = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
+    optuna.storages.fail_stale_trials(study)
+    after = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
+    return after - before
