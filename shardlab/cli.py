@@ -6,6 +6,9 @@ object for machines. A mistake in the input prints one line and exits with statu
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict
@@ -18,19 +21,22 @@ from rich.table import Table
 from shardlab.cli_options import plan_command, problem_command
 from shardlab.costmodel import evaluate as cost_evaluate
 from shardlab.costmodel.evaluate import with_concurrency
-from shardlab.errors import ShardlabError
-from shardlab.files import write_text
+from shardlab.errors import ShardlabError, interrupted
+from shardlab.files import check_output_dir, check_output_file, folder_name, write_text
 from shardlab.problems.catalog import CATALOG, load_model
 from shardlab.problems.cluster import builtin_accelerators
+from shardlab.problems.disagg import DisaggPlan, check_disagg, check_serving
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem, Timing
 from shardlab.problems.workload import PRESETS
 from shardlab.render import (
     emit_json,
     err,
+    fact_text,
     out,
     plan_json,
     print_breakdown,
+    print_disagg,
     print_front,
     print_metrics,
     print_plan,
@@ -54,6 +60,26 @@ app = typer.Typer(
     help="Find how to spread an LLM over a GPU cluster for inference.",
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from shardlab import __version__
+
+        out.print(f"shardlab {__version__}", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Find how to spread an LLM over a GPU cluster for inference."""
 
 
 class Format(StrEnum):
@@ -235,8 +261,11 @@ def space(problem: Problem, fmt: FormatOpt = Format.table) -> None:
         out.print(f"  plans, options chosen per layer:    10^{sizes['layer']:.1f}")
 
 
-def _report(problem: Problem, plan: Plan, fmt: Format, *, top: int | None) -> None:
+def _report(problem: Problem, plan: Plan | DisaggPlan, fmt: Format, *, top: int | None) -> None:
     """A plan's metrics (and, with ``top``, its breakdown) as tables or JSON."""
+    if isinstance(plan, DisaggPlan):
+        _report_disagg(problem, plan, fmt, top=top)
+        return
     metrics = cost_evaluate(problem, plan)
     chosen = problem.workload.schedule == "inflight" and plan.concurrency is None
     plan = with_concurrency(problem, plan, metrics)
@@ -261,6 +290,25 @@ def _report(problem: Problem, plan: Plan, fmt: Format, *, top: int | None) -> No
         )
     if top is not None:
         print_breakdown(metrics, top=top)
+
+
+def _report_disagg(problem: Problem, plan: DisaggPlan, fmt: Format, *, top: int | None) -> None:
+    from shardlab.costmodel.disagg import evaluate_disagg, with_concurrencies
+
+    metrics = evaluate_disagg(problem, plan)
+    plan = with_concurrencies(problem, plan, metrics)
+    if fmt is Format.json:
+        emit_json(
+            {
+                "problem": problem_json(problem),
+                "serving": "disagg",
+                "plan": plan.to_dict(problem.model, cluster=problem.cluster.name),
+                **metrics.to_dict(breakdown=top is not None),
+            }
+        )
+        return
+    out.print(problem_line(problem))
+    print_disagg(problem, plan, metrics, top=top)
 
 
 @app.command()
@@ -312,7 +360,7 @@ def solve(
         float | None,
         typer.Option("--time-limit", min=0.001, help="Wall seconds for the command, all in."),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Same seed, same plan.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Same seed, same plan.")] = 0,
     workers: Annotated[
         int | None, typer.Option(min=1, help="Search workers (cpsat; default: all cores).")
     ] = None,
@@ -363,6 +411,13 @@ def solve(
     plot: Annotated[
         str, typer.Option(help="--objective pareto: write the front's figure here (PNG).")
     ] = "pareto.png",
+    serving: Annotated[
+        str,
+        typer.Option(
+            help="agg: one pool of replicas; disagg: a prefill and a decode pool (cpsat "
+            "proves each, the pools' sizes enumerated); best: both, the better chosen."
+        ),
+    ] = "agg",
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Search the best plan with one method; prints it and its ratio to megatron.
@@ -390,11 +445,18 @@ def solve(
     solver = get_solver(method, **options)
     if vs_free and problem.space_kind != "engine":
         raise ShardlabError(VS_FREE_NEEDS_ENGINE)
+    if out_file is not None:
+        check_output_file(out_file, flag="--out")
+    if problem.workload.objective == "pareto":
+        check_output_file(plot, flag="--plot")
     if max_evals is None and time_limit is None:
         budget = Budget() if not solver.exact else Budget(max_evals=None, seconds=600.0)
     else:
         # The limit is the command's: its clock started with the command.
         budget = Budget(max_evals=max_evals, seconds=time_limit, started=_STARTED)
+    if check_serving(serving) != "agg":
+        _solve_serving(problem, serving, method, options, budget, seed, out_file, fmt)
+        return
     if problem.workload.objective == "pareto":
         _solve_front(problem, method, options, budget, seed, plot, out_file, fmt)
         return
@@ -437,7 +499,7 @@ def solve(
         )
         for key, value in result.facts.items():
             if not isinstance(value, list | dict):
-                out.print(f"  {key}: {value}")
+                out.print(f"  {key}: {fact_text(key, value)}", markup=False)
         if result.plan is not None and result.metrics is not None:
             print_plan(problem, result.plan)
             print_metrics(result.metrics)
@@ -458,6 +520,123 @@ def solve(
             out.print(f"wrote {out_file}")
     if result.status == "error":
         raise SystemExit(1)
+
+
+def _solve_serving(
+    problem: Problem,
+    serving: str,
+    method: str,
+    options: dict[str, object],
+    budget: Budget,
+    seed: int,
+    out_file: str | None,
+    fmt: Format,
+) -> None:
+    """``--serving disagg`` or ``best``: the disaggregated optimum (and the aggregated
+    one, for ``best``), each with its plan and metrics."""
+    from shardlab.solvers import Budget
+    from shardlab.solvers.disagg import solve_disagg
+
+    check_disagg(problem)
+    if method != "cpsat":
+        raise ShardlabError(
+            f"--serving {serving} is searched by cpsat (each pool proven, the pools' sizes "
+            f"enumerated); {method} does not search it: use --method cpsat or --serving agg"
+        )
+    agg = None
+    disagg_budget = budget
+    if serving == "best":
+        from shardlab.solvers.registry import get_solver
+
+        # the aggregated search first, on half the time when there is a limit
+        agg_budget = (
+            budget
+            if budget.seconds is None
+            else Budget(max_evals=None, seconds=budget.seconds / 2, started=budget.started)
+        )
+        with solve_progress("cpsat (agg)", None, agg_budget.seconds, budget.started) as cb:
+            agg = get_solver("cpsat", **options).solve(
+                problem, budget=agg_budget, seed=seed, callback=cb
+            )
+    workers = options.get("workers")
+    with solve_progress("cpsat (disagg)", None, budget.seconds, budget.started) as callback:
+        result = solve_disagg(
+            problem,
+            budget=disagg_budget,
+            seed=seed,
+            callback=callback,
+            workers=workers if isinstance(workers, int) else None,
+        )
+    chosen = "disagg"
+    if agg is not None and (result.metrics is None or agg.objective > result.objective):
+        chosen = "agg"
+    if out_file is not None:
+        if chosen == "disagg" and result.plan is not None:
+            text = json.dumps(
+                result.plan.to_dict(problem.model, cluster=problem.cluster.name), indent=2
+            )
+            write_text(out_file, text)
+        elif chosen == "agg" and agg is not None and agg.plan is not None:
+            write_text(out_file, agg.plan.to_json(problem.model, cluster=problem.cluster.name))
+    ratio = None
+    if agg is not None and agg.metrics is not None and result.metrics is not None:
+        ratio = result.metrics.objective / agg.metrics.objective
+    if fmt is Format.json:
+        data = {"problem": problem_json(problem), "disagg": result.to_dict(problem)}
+        if agg is not None:
+            data["agg"] = agg.to_dict(problem)
+            data["chosen"] = chosen
+            data["disagg_over_agg"] = ratio
+        emit_json(data if agg is not None else {"problem": problem_json(problem), **data["disagg"]})
+    else:
+        out.print(problem_line(problem))
+        if agg is not None:
+            out.print(
+                f"[bold]aggregated[/] cpsat: [bold]{agg.status}[/] in {agg.wall_s:.1f} s"
+                + (f" ({agg.message})" if agg.message else "")
+            )
+            if agg.plan is not None and agg.metrics is not None:
+                print_plan(problem, agg.plan)
+                print_metrics(agg.metrics)
+        out.print(
+            f"[bold]disaggregated[/] cpsat: [bold]{result.status}[/] after "
+            f"{result.facts.get('pool_solves', 0)} pool solves in {result.wall_s:.1f} s"
+            + (f" ({result.message})" if result.message else "")
+        )
+        for key, value in result.facts.items():
+            if not isinstance(value, list | dict):
+                out.print(f"  {key}: {fact_text(key, value)}", markup=False)
+        if result.plan is not None and result.metrics is not None:
+            print_disagg(problem, result.plan, result.metrics)
+            _print_pairs(problem, result.pairs)
+        if agg is not None:
+            verdict = (
+                f"disaggregated / aggregated: [bold]{ratio:.3f}[/]; {chosen} chosen"
+                if ratio is not None
+                else f"{chosen} chosen (the other has no feasible plan)"
+            )
+            out.print(verdict)
+        if out_file is not None:
+            out.print(f"wrote {out_file} (the {chosen} plan)")
+    statuses = [result.status] + ([agg.status] if agg is not None else [])
+    if "error" in statuses:
+        raise SystemExit(1)
+
+
+def _print_pairs(
+    problem: Problem, pairs: tuple[tuple[int, int, int, int, float, float], ...]
+) -> None:
+    """Why this pair of pools: the pairs evaluated, best first, in tokens/s."""
+    o = problem.workload.output_len
+    table = Table(title="pairs of pools evaluated (the rest pruned by their bounds), tok/s")
+    for col in ("prefill", "decode", "GPUs", "bound", "value"):
+        table.add_column(col, justify="left" if col in ("prefill", "decode") else "right")
+    for gp, x, gd, y, bound, value in sorted(pairs, key=lambda r: -r[5])[:8]:
+        table.add_row(
+            f"{x} x {gp} GPUs", f"{y} x {gd} GPUs", str(x * gp + y * gd),
+            f"{bound * o:,.0f}", f"{value * o:,.0f}",
+        )  # fmt: skip
+    out.print(table)
 
 
 def _free_optimum(problem: Problem, seed: int) -> SolveResult:
@@ -548,7 +727,7 @@ def train_policy(
         int, typer.Option("--evals", min=1, help="Evaluations per instance and round.")
     ] = 500,
     rounds: Annotated[int, typer.Option(min=1, help="Passes over the instances.")] = 1,
-    seed: Annotated[int, typer.Option(help="Same seed, same policy.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Same seed, same policy.")] = 0,
     resume: Annotated[
         str | None, typer.Option(help="Continue from a checkpoint this command wrote.")
     ] = None,
@@ -561,6 +740,7 @@ def train_policy(
     from shardlab.solvers.rl.train import train_policy as train
 
     instances = get_suite(suite)
+    check_output_file(out_file, flag="--out")
     log: list[TrainProgress] = []
 
     def progress(p: TrainProgress) -> None:
@@ -627,6 +807,7 @@ def launch(
     from shardlab.problems.catalog import hf_id_of
     from shardlab.problems.plan import read_plan_file
 
+    check_output_dir(config_dir, flag="--config-dir")
     data = read_plan_file(plan_file)
     if not isinstance(data, dict):
         raise ShardlabError(f"{plan_file}: a plan must be a JSON object")
@@ -757,12 +938,12 @@ def solvers(fmt: FormatOpt = Format.table) -> None:
 def compare(
     problem: Problem,
     methods: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="Comma-separated methods, each with options as METHOD:KEY=VALUE "
-            "(e.g. optuna:sampler=gp:encoding=class)."
+            "(e.g. optuna:sampler=gp:encoding=class). [default: random,anneal,genetic]"
         ),
-    ] = "random,anneal,genetic",
+    ] = None,
     suite: Annotated[
         str | None,
         typer.Option(
@@ -817,19 +998,38 @@ def compare(
             help="With --space engine: also CP-SAT over the free space, the yardstick.",
         ),
     ] = False,
+    serving: Annotated[
+        str,
+        typer.Option(
+            help="agg: the methods plan one pool; disagg: CP-SAT's disaggregated optimum "
+            "(cpsat/disagg) instead, megatron kept as the reference; best: both."
+        ),
+    ] = "agg",
     name: Annotated[str | None, typer.Option(help="Results folder name.")] = None,
     results_dir: Annotated[str, typer.Option("--results-dir")] = "results",
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Run methods on a suite (or the given problem) over seeds; write results/<name>/."""
-    import sys as _sys
     from pathlib import Path
 
     from shardlab.compare import run_comparison, summarize, write_results
     from shardlab.problems.suite import Instance, get_suite
     from shardlab.solvers.registry import get_solver, parse_method
 
+    if check_serving(serving) == "disagg":
+        if methods not in (None, "cpsat"):
+            raise ShardlabError(
+                "--serving disagg runs CP-SAT's disaggregated optimum; drop --methods (or "
+                "give --methods cpsat), or use --serving best to compare methods with it"
+            )
+        methods = ""
+    elif methods is None:
+        methods = "random,anneal,genetic"
     specs = [m.strip() for m in methods.split(",") if m.strip()]
+    if not specs and policy is None and serving != "disagg":
+        raise ShardlabError(
+            f"--methods {methods!r}: name one or more methods (see `shardlab solvers`)"
+        )
     parsed = {spec: parse_method(spec) for spec in specs}
     wanted = [spec for spec, (_, opts) in parsed.items() if not opts]
     variants = [(spec, name, opts) for spec, (name, opts) in parsed.items() if opts]
@@ -851,7 +1051,7 @@ def compare(
             ),
         )
         label = name or "custom"
-    command = "shardlab compare " + " ".join(_sys.argv[2:])
+    command = "shardlab compare " + " ".join(sys.argv[2:])
     done = []
 
     def on_done(r: dict) -> None:
@@ -886,7 +1086,7 @@ def compare(
 
     if executor not in EXECUTORS:
         raise ShardlabError(f"--executor {executor!r}: use one of {', '.join(EXECUTORS)}")
-    out_dir = Path(results_dir) / label
+    out_dir = check_output_dir(Path(results_dir) / folder_name(label), flag="--results-dir")
     journal_path = out_dir / JOURNAL
     if fresh:
         journal_path.unlink(missing_ok=True)
@@ -915,6 +1115,7 @@ def compare(
         executor=executor,  # type: ignore[arg-type]
         address=address,
         on_resume=on_resume,
+        serving=serving,
     )
     rows = summarize(results)
     write_results(out_dir, label, command, results, rows, timing_label(problem))
@@ -967,13 +1168,13 @@ def bench(
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Measure speed on this machine; --out writes the table with its command."""
-    import sys as _sys
     from dataclasses import asdict as _asdict
 
     from shardlab import bench as b
-    from shardlab.files import write_text
 
-    command = "shardlab bench " + " ".join(_sys.argv[2:])
+    command = "shardlab bench " + " ".join(sys.argv[2:])
+    if out_path is not None:
+        check_output_file(out_path, flag="--out", parents=True)
     rows: list = []
     if what == "evaluator":
         names = (
@@ -1026,6 +1227,8 @@ def validate(
     ones (written to results/validation.md) or yours (--measurements)."""
     from pathlib import Path
 
+    if out_path is not None:
+        check_output_file(out_path, flag="--out", parents=True)
     if aiconfigurator is not None:
         _agreement(aiconfigurator, out_path or "aiconfigurator.md", fmt)
         return
@@ -1121,6 +1324,7 @@ def calibrate(
     from shardlab.calibrate import calibrate as fit_calibration
     from shardlab.validation import load_measurements
 
+    check_output_file(out_path, flag="--out")
     rows = load_measurements(measurements)
     report = fit_calibration(rows, timing, engine, measurements or "the published measurements")
     write_text(out_path, report.calibration.to_yaml())
@@ -1158,15 +1362,40 @@ def calibrate(
     )
 
 
-def main() -> None:
+def _usage_error(exc: typer.TyperException) -> str:
+    """A command-line error (bad flag, bad value, missing option) as one line."""
+    fmt = getattr(exc, "format_message", None)
+    text = " ".join((fmt() if fmt is not None else str(exc)).split())
+    ctx = getattr(exc, "ctx", None)
+    path = ctx.command_path if ctx is not None else "shardlab"
+    return f"{text} (see '{path} --help')"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script: a mistake in the input prints one line and exits with 2."""
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        app()
-    except ShardlabError as exc:
-        err.print(f"error: {exc}", soft_wrap=True)
-        raise SystemExit(2) from None
-    except KeyboardInterrupt:
+        code = app(args=args or ["--help"], prog_name="shardlab", standalone_mode=False)
+    except typer.Abort:
         err.print("interrupted")
         raise SystemExit(130) from None
+    except typer.TyperException as exc:
+        err.print(f"error: {_usage_error(exc)}", markup=False, soft_wrap=True)
+        raise SystemExit(2) from None
+    except ShardlabError as exc:
+        err.print(f"error: {' '.join(str(exc).splitlines())}", markup=False, soft_wrap=True)
+        raise SystemExit(2) from None
+    except (KeyboardInterrupt, ImportError) as exc:
+        if not interrupted(exc):
+            raise
+        err.print("interrupted")
+        raise SystemExit(130) from None
+    except BrokenPipeError:  # the reader left (`shardlab models | head`)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until the exit
+        raise SystemExit(1) from None
+    if code == 130:  # typer's own stop on a Ctrl-C while it parsed or called the command
+        err.print("interrupted")
+    raise SystemExit(code or 0)  # as click's standalone mode ends, success included
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from typing import Annotated, Any, get_type_hints
 import typer
 
 from shardlab.errors import ShardlabError
-from shardlab.problems.plan import Degrees, Plan
+from shardlab.problems.disagg import DISAGG_SCHEMA, DisaggPlan
+from shardlab.problems.plan import Degrees, Plan, read_plan_file
 from shardlab.problems.problem import (
     DEFAULT_CLUSTER,
     DEFAULT_ENGINE,
@@ -224,6 +225,11 @@ def plan_command(func: Callable[..., None]) -> Callable[..., None]:
         plan = plan_from_options(kwargs["problem"], plan_file, degrees)
         concurrency = kwargs.pop("concurrency")
         if concurrency is not None:
+            if isinstance(plan, DisaggPlan):
+                raise ShardlabError(
+                    "--concurrency sets one plan's; a disaggregated plan carries each pool's "
+                    "'concurrency' in its JSON"
+                )
             plan = dataclasses.replace(plan, concurrency=concurrency)
         func(plan=plan, **kwargs)
 
@@ -231,12 +237,18 @@ def plan_command(func: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
-def plan_from_options(problem: Problem, plan: str | None, degrees: dict[str, int | None]) -> Plan:
-    """A plan from a JSON file, or Megatron-style sharding under the given degrees."""
+def plan_from_options(
+    problem: Problem, plan: str | None, degrees: dict[str, int | None]
+) -> Plan | DisaggPlan:
+    """A plan from a JSON file (an aggregated or a disaggregated one), or Megatron-style
+    sharding under the given degrees."""
     if plan is not None:
         if any(v is not None for v in degrees.values()):
             raise ShardlabError("give either --plan or degree flags (--tp, --pp, ...), not both")
-        loaded = Plan.load(plan, problem.model)
+        data = read_plan_file(plan)
+        if isinstance(data, dict) and data.get("schema") == DISAGG_SCHEMA:
+            return DisaggPlan.from_dict(data, problem.model, where=plan, cluster=problem.cluster)
+        loaded = Plan.from_dict(data, problem.model, where=plan, cluster=problem.cluster.name)
         problem.space.degree_index(loaded.degrees)  # the degrees must suit this cluster
         return loaded
     return problem.space.megatron_plan(resolve_degrees(problem, **degrees))

@@ -33,14 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from shardlab.executors import Executor, run_all
-from shardlab.files import replacing
+from shardlab.files import make_dir, replacing
 from shardlab.journal import Journal
+from shardlab.problems.problem import Problem
 from shardlab.problems.suite import Instance
 from shardlab.solvers import Budget
 from shardlab.solvers.registry import get_solver, solver_class
 
 # The label of CP-SAT over the free space in a comparison of engine spaces.
 FREE_OPTIMUM = "cpsat@free"
+# The label of the disaggregated optimum (shardlab.solvers.disagg).
+DISAGG_OPTIMUM = "cpsat/disagg"
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Task:
     engine: str | None = None  # the serving engine (None: the problem default)
     space_kind: str = "free"  # the space searched: every sharding, or the engine's
     per_engine: bool = False  # several engines compared: name the instance with it
+    serving: str = "agg"  # one pool of replicas, or prefill and decode pools
 
     @property
     def name(self) -> str:
@@ -69,8 +73,11 @@ class Task:
 
 def task_key(task: Task) -> str:
     """What defines a run (a journal's key): a run with the same key is the same run."""
+    # (keys of aggregated runs are those before disaggregated serving existed)
+    serving = {"serving": task.serving} if task.serving != "agg" else {}
     return json.dumps(
         {
+            **serving,
             "instance": task.instance_name,
             "label": task.name,
             "method": task.method,
@@ -89,6 +96,8 @@ def task_key(task: Task) -> str:
 def run_task(task: Task) -> dict[str, Any]:
     """One solve, as a JSON-ready dict (runs in a worker process)."""
     problem = task.instance.problem(task.timing, task.engine, task.space_kind)
+    if task.serving == "disagg":
+        return _run_disagg(task, problem)
     try:
         r = get_solver(task.method, **dict(task.options)).solve(
             problem,
@@ -135,6 +144,55 @@ def run_task(task: Task) -> dict[str, Any]:
     }
 
 
+def _run_disagg(task: Task, problem: Problem) -> dict[str, Any]:
+    """One disaggregated solve, as :func:`run_task` records a run (its evaluations are
+    the pools' CP-SAT solves)."""
+    from shardlab.solvers.disagg import solve_disagg
+
+    record: dict[str, Any] = {
+        "task_max_evals": task.max_evals,
+        "instance": task.instance_name,
+        "engine": task.engine,
+        "space": task.space_kind,
+        "method": task.name,
+        "solver": task.method,
+        "seed": task.seed,
+        "history": [],
+    }
+    try:
+        r = solve_disagg(
+            problem,
+            task.method,
+            budget=Budget(max_evals=None, seconds=task.seconds or 600.0),
+            seed=task.seed,
+        )
+    except Exception as exc:  # a failing run is recorded; the comparison goes on
+        return {
+            **record,
+            "status": "error",
+            "message": f"{type(exc).__name__}: {exc}",
+            "objective": None,
+            "throughput_tok_s": None,
+            "n_evals": 0,
+            "wall_s": 0.0,
+            "plan": None,
+            "facts": {},
+        }
+    m = r.metrics
+    feasible = m is not None and r.status in ("optimal", "feasible")
+    return {
+        **record,
+        "status": r.status,
+        "message": r.message,
+        "objective": m.objective if feasible and m else None,
+        "throughput_tok_s": m.throughput_tok_s if feasible and m else None,
+        "n_evals": int(r.facts.get("pool_solves", 0)),
+        "wall_s": r.wall_s,
+        "plan": r.to_dict(problem)["plan"],
+        "facts": _jsonable({**r.facts, "label": r.plan.label() if r.plan else None}),
+    }
+
+
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
@@ -175,6 +233,7 @@ def run_comparison(
     executor: Executor = "local",
     address: str | None = None,
     on_resume: Callable[[int, int], None] | None = None,
+    serving: str = "agg",
 ) -> list[dict[str, Any]]:
     """Every run as a dict; with ``budgets``, one record per run and budget (see the
     module docstring), each with its ``budget``. ``variants`` are extra methods run
@@ -186,12 +245,18 @@ def run_comparison(
     Runs go to ``executor`` (:mod:`shardlab.executors`: ``jobs`` local processes, or
     the Ray cluster at ``address``). With a ``journal`` every run is put on disk as it
     finishes and runs already there are not run again; ``on_resume(reused, total)``
-    hears how many.
+    hears how many. ``serving`` ``disagg`` runs CP-SAT's disaggregated optimum
+    (``cpsat/disagg``) instead of ``methods`` (megatron's aggregated plan stays, the
+    reference); ``best`` runs it beside them.
     """
-    runs = [(m, m, {}, space_kind) for m in dict.fromkeys([*methods, "megatron"])]
-    runs += [(label, m, opts, space_kind) for label, m, opts in variants]
+    runs = [(m, m, {}, space_kind, "agg") for m in dict.fromkeys([*methods, "megatron"])]
+    runs += [(label, m, opts, space_kind, "agg") for label, m, opts in variants]
     if vs_free and space_kind != "free":
-        runs.append((FREE_OPTIMUM, "cpsat", {}, "free"))
+        runs.append((FREE_OPTIMUM, "cpsat", {}, "free", "agg"))
+    if serving == "disagg":
+        runs = [r for r in runs if r[1] == "megatron"]
+    if serving in ("disagg", "best"):
+        runs.append((DISAGG_OPTIMUM, "cpsat", {}, space_kind, "disagg"))
     tasks = [
         Task(
             inst,
@@ -205,10 +270,11 @@ def run_comparison(
             eng,
             space,
             bool(engines),
+            mode,
         )
         for inst in instances
         for eng in (engines or [engine])
-        for label, m, opts, space in runs
+        for label, m, opts, space, mode in runs
         for b in _budgets_of(m, max_evals, budgets)
         for s in (range(seeds) if m != "megatron" else range(1))
     ]
@@ -275,7 +341,7 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["objective"] is None:
             continue
         best[r["instance"]] = max(best.get(r["instance"], -math.inf), r["objective"])
-        if r["method"] in ("cpsat", FREE_OPTIMUM) and r["status"] == "optimal":
+        if r["method"] in ("cpsat", FREE_OPTIMUM, DISAGG_OPTIMUM) and r["status"] == "optimal":
             proven[r["instance"]] = max(proven.get(r["instance"], -math.inf), r["objective"])
     best.update(proven)
     megatron = {r["instance"]: r["objective"] for r in results if r["method"] == "megatron"}
@@ -334,7 +400,7 @@ def write_results(
 ) -> None:
     """Write the four files atomically (each to a temporary name, then renamed);
     ``timing`` says how the cost model timed the kernels."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(out_dir)
 
     def atomic(path: Path, write: Callable[[Path], None]) -> None:
         with replacing(path) as tmp:

@@ -22,6 +22,8 @@ from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 
 if TYPE_CHECKING:
+    from shardlab.costmodel.disagg import DisaggMetrics
+    from shardlab.problems.disagg import DisaggPlan
     from shardlab.solvers.evaluator import Progress
     from shardlab.solvers.front import FrontPoint
 
@@ -57,9 +59,11 @@ def solve_progress(
     """Progress on stderr; yields the callback a solver reports to.
 
     On a terminal a live bar, over the time allowed when there is a time limit (with
-    the phase the run is in) and over the evaluations otherwise; when stdout or stderr
-    is not a terminal, one line every few seconds. A thread redraws it, so a phase
-    that reports nothing (an exact solver's enumeration) still shows the time pass.
+    the phase the run is in) and over the evaluations otherwise, filled when the run
+    ends (an exact solver that proves its optimum in a tenth of its time limit is
+    done, not at 10%); when stdout or stderr is not a terminal, one line every few
+    seconds. A thread redraws it, so a phase that reports nothing (an exact solver's
+    enumeration) still shows the time pass.
     """
     live = sys.stdout.isatty() and sys.stderr.isatty()
     latest: list[Progress | None] = [None]
@@ -77,7 +81,7 @@ def solve_progress(
                     BarColumn(),
                     TextColumn("{task.fields[line]}"),
                     console=err,
-                    transient=True,
+                    transient=False,
                 )
             )
             total = float(seconds) if seconds else (float(max_evals) if max_evals else None)
@@ -97,9 +101,32 @@ def solve_progress(
         thread.start()
         try:
             yield callback
-        finally:
+        except BaseException:
             stop.set()
             thread.join()
+            if live:
+                bar.remove_task(task)  # a failed run leaves no bar behind
+            raise
+        stop.set()
+        thread.join()
+        if live:
+            p, used = latest[0], time.perf_counter() - start
+            line = progress_line(method, p, used, seconds).split(": ", 1)[1]
+            bar.update(task, completed=total or 1.0, total=total or 1.0, line=f"{line}, done")
+
+
+def fact_text(key: str, value: object) -> str:
+    """A solver's fact as printed: seconds to the hundredth, a gap in percent, other
+    numbers to two decimals (small ones to four significant digits)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if key == "gap":
+        return f"{value:.2%}"
+    if key == "seconds" or key.endswith("_s"):
+        return f"{value:,.2f}"
+    return f"{value:,.2f}" if abs(value) >= 1 else f"{value:.4g}"
 
 
 def problem_json(problem: Problem) -> dict:
@@ -181,6 +208,42 @@ def print_metrics(m: Metrics) -> None:
         f"  memory {m.memory_gb_per_gpu:,.1f} of {m.hbm_gb:g} GB per GPU (weights "
         f"{m.weights_gb:,.1f}, KV cache {m.kv_cache_gb:,.1f}, activations "
         f"{m.activations_gb:,.2f})"
+    )
+
+
+def print_disagg(
+    problem: Problem, plan: DisaggPlan, m: DisaggMetrics, *, top: int | None = None
+) -> None:
+    """Both pools of a disaggregated plan (each instance's plan and metrics, with its
+    breakdown when ``top`` is given) and what they serve together."""
+    from shardlab.costmodel.disagg import pool_problems
+
+    pools = dict(zip(("prefill", "decode"), pool_problems(problem, plan), strict=True))
+    for name, metrics in (("prefill", m.prefill), ("decode", m.decode)):
+        n, g = getattr(plan, f"{name}_instances"), plan.gpus(name)
+        pool = pools[name]
+        out.print(
+            f"[bold]{name} pool[/]: {n} instance(s) of {g} GPU(s), each offered "
+            f"{pool.workload.batch:,} requests; one instance:"
+        )
+        print_plan(pool, getattr(plan, name))
+        print_metrics(metrics)
+        if top is not None:
+            print_breakdown(metrics, top=top)
+    state = "[green]feasible[/]" if m.feasible else f"[red]infeasible: {', '.join(m.violations)}[/]"
+    out.print(f"[bold]disaggregated[/] {plan.label()}: {state}")
+    out.print(
+        f"  throughput {m.throughput_tok_s:,.0f} tok/s ({m.throughput_tok_s_per_gpu:,.1f} per "
+        f"GPU of {m.num_gpus}; {m.gpus_used} used), {m.request_rate:,.2f} requests/s: prefill "
+        f"pool {m.prefill_rate:,.2f}/s, decode pool {m.decode_rate:,.2f}/s, the {m.bottleneck} "
+        "pool sets the pace"
+    )
+    handoff = pools["prefill"].handoff
+    assert handoff is not None
+    out.print(
+        f"  TTFT {m.ttft_ms:,.1f} ms (of which the KV handoff {m.handoff_ms:,.1f} ms: "
+        f"{handoff.describe()})   TPOT {m.tpot_ms:,.2f} ms",
+        markup=False,
     )
 
 

@@ -721,7 +721,7 @@ def _assemble(problem: Problem, u: Units, per_dp: np.ndarray | None = None) -> _
         maxes.append(peak[at])
         start = start + (1 if step.single else width[cp])
     per_replica = scalar("per_replica").astype(np.int64)[cp]
-    degrees = DegreeArrays(pp=pp[cp], replicas=replicas[cp], dp_attn=dp_attn[cp])
+    degrees = DegreeArrays(pp=pp[cp], replicas=replicas[cp], dp_attn=dp_attn[cp], tp=tp[cp])
     tm = timing(problem, degrees, steps, per_replica, cs.per_dp, sums, maxes)
     fits = cs.per_dp <= capacity[cp]
     j = judge(problem, tm, fits)

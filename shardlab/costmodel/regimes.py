@@ -15,6 +15,10 @@ Then, by phase and schedule (see :mod:`shardlab.problems.workload`):
 - in flight: TPOT = the round (mixed prefill + decode for whole requests); TTFT = a
   round plus one prompt's prefill through the pipeline (prefill phase: the round);
   throughput = requests in flight / TPOT (input tokens per round for prefill).
+
+A prefill pool of disaggregated serving (``problem.handoff``) adds the handoff of each
+prompt's cache to the decode pool to its TTFT, not to its time per round
+(:mod:`shardlab.costmodel.handoff`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from shardlab.costmodel.handoff import handoff_seconds
 from shardlab.costmodel.steps import Step
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
@@ -36,6 +41,7 @@ class DegreeArrays(NamedTuple):
     pp: np.ndarray
     replicas: np.ndarray
     dp_attn: np.ndarray
+    tp: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -86,12 +92,18 @@ def timing(
     kinds = [s.kind for s in steps]
     zeros = np.zeros_like(sums[0])
     i_len, o_len = w.input_len, w.output_len
-    if kinds == ["prefill"] and not inflight:
-        ttft = sums[0] + (m - 1) * maxes[0]
-        tpot, latency, thr = zeros, ttft, w.batch * i_len / ttft
-    elif kinds == ["prefill"]:
-        ttft = np.maximum(sums[0], m * maxes[0])
-        tpot, latency, thr = zeros, ttft, in_flight * i_len / ttft
+    if kinds == ["prefill"]:
+        # a prefill pool of disaggregated serving hands each prompt's cache off after
+        # it: TTFT only, the links run while the next prompts prefill
+        handoff = handoff_seconds(problem, d.pp, d.tp)
+        if inflight:
+            prefill = np.maximum(sums[0], m * maxes[0])
+            thr = in_flight * i_len / prefill
+        else:
+            prefill = sums[0] + (m - 1) * maxes[0]
+            thr = w.batch * i_len / prefill
+        ttft = prefill + handoff
+        tpot, latency = zeros, ttft
     elif kinds == ["decode"]:
         tpot = np.maximum(sums[0], m * maxes[0])
         ttft, latency = zeros, tpot

@@ -15,6 +15,8 @@ from shardlab.problems.capability import ENGINES, Engine, capability
 from shardlab.problems.catalog import load_model
 from shardlab.problems.cluster import Cluster, parse_cluster
 from shardlab.problems.dtypes import BYTES_PER_VALUE
+from shardlab.problems.handoff import Handoff
+from shardlab.problems.limits import MAX_CONTEXT
 from shardlab.problems.model import Model
 from shardlab.problems.space import SearchSpace, SpaceKind, Tie
 from shardlab.problems.workload import Workload, get_workload
@@ -49,6 +51,11 @@ class Problem(CachedHash):
     # default, see shardlab.costmodel.engines)
     max_batch: int | None = None
     max_tokens: int | None = None
+    # disaggregated serving (shardlab.problems.disagg): a prefill pool's TTFT includes
+    # the handoff of each prompt's cache to the decode pool; ``pin`` keeps the degree
+    # tuples with these values (one pool's layout)
+    handoff: Handoff | None = None
+    pin: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("max_batch", "max_tokens"):
@@ -73,6 +80,7 @@ class Problem(CachedHash):
                 f"model {self.model.name}: --draft-tokens drafts with multi-token-prediction "
                 "layers and its config has none (num_nextn_predict_layers); drop --draft-tokens"
             )
+        self._check_context()
         need = self.weight_bytes() / 1e9
         have = self.cluster.total_hbm_gb
         if need > have:
@@ -80,6 +88,21 @@ class Problem(CachedHash):
                 f"model {self.model.name} needs {need:,.0f} GB for its weights "
                 f"({self.weight_dtype('experts')} experts/FFN) but {self.cluster.name} has "
                 f"{have:,.0f} GB of HBM in all; use more GPUs or --weight-dtype fp8/fp4"
+            )
+
+    def _check_context(self) -> None:
+        w, m = self.workload, self.model
+        tokens = w.input_len + w.output_len
+        limit = m.max_position_embeddings or MAX_CONTEXT
+        if tokens > limit:
+            source = (
+                f"model {m.name} takes at most {limit:,} (max_position_embeddings)"
+                if m.max_position_embeddings
+                else f"shardlab takes at most {limit:,}"
+            )
+            raise ShardlabError(
+                f"workload {w.name!r}: {w.input_len:,} prompt + {w.output_len:,} output tokens "
+                f"= {tokens:,} per request, but {source}; shorten --input-len or --output-len"
             )
 
     @classmethod
@@ -124,7 +147,7 @@ class Problem(CachedHash):
     @cached_property
     def space(self) -> SearchSpace:
         engine = capability(self.engine) if self.space_kind == "engine" else None
-        return SearchSpace(self.model, self.cluster, tie=self.tie, capability=engine)
+        return SearchSpace(self.model, self.cluster, tie=self.tie, capability=engine, pin=self.pin)
 
     def with_space(self, space_kind: SpaceKind) -> Problem:
         """The same problem searched over another space (free or the engine's; an engine

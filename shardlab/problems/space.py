@@ -184,6 +184,7 @@ class SearchSpace:
         *,
         tie: Tie = "kind",
         capability: Capability | None = None,
+        pin: tuple[tuple[str, int], ...] = (),
     ) -> None:
         if tie not in TIES:
             raise ShardlabError(f"tie {tie!r}: use 'kind' or 'layer'")
@@ -198,6 +199,14 @@ class SearchSpace:
                 f"heads, {model.num_kv_heads} KV heads) over {cluster.num_gpus} GPUs; use a "
                 "GPU count whose factors divide the head counts (e.g. a power of two)"
             )
+        self.pin = pin
+        if pin:
+            free = tuple(d for d in free if all(getattr(d, k) == v for k, v in pin))
+            if not free:
+                pinned = ", ".join(f"{k}={v}" for k, v in pin)
+                raise ShardlabError(
+                    f"cluster {cluster.name}: no degrees of {model.name} with {pinned}"
+                )
         self.configs: tuple[EngineConfig, ...] | None = None
         if capability is not None:
             if tie != "kind":

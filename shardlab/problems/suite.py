@@ -18,7 +18,7 @@ from typing import Any, Literal
 from shardlab.errors import ShardlabError
 from shardlab.problems.problem import Problem
 
-Size = Literal["small", "medium", "large", "paper", "slo"]
+Size = Literal["small", "medium", "large", "paper", "slo", "disagg"]
 Split = Literal["train", "heldout"]
 
 
@@ -215,9 +215,35 @@ INSTANCES: tuple[Instance, ...] = (
             ("deepseek-v3", "deepseek-v3", "h200x16"),
         )
     ),
+    # disagg: aggregated against disaggregated serving under the same SLOs, on
+    # prefill-heavy (8,192 in / 256 out) and decode-heavy (1,024 / 2,048) requests
+    *(
+        Instance(
+            name=f"{short}-{cluster}-{shape}",
+            model=model,
+            cluster=cluster,
+            workload="chat",
+            size="disagg",
+            split="heldout",
+            overrides=(
+                ("batch", 4096),
+                ("input_len", i),
+                ("output_len", o),
+                ("ttft_ms", 2000.0),
+                ("tpot_ms", 50.0),
+            ),
+        )
+        for short, model, cluster in (
+            ("deepseek-v3", "deepseek-v3", "h200x32"),
+            ("deepseek-v3", "deepseek-v3", "h100x64"),
+            ("llama70b", "llama-3.1-70b", "h100x16"),
+            ("qwen235b", "qwen3-235b-a22b", "h200x16"),
+        )
+        for shape, i, o in (("prefill-heavy", 8192, 256), ("decode-heavy", 1024, 2048))
+    ),
 )
 
-SUITES = ("small", "medium", "large", "paper", "slo", "train", "heldout", "all")
+SUITES = ("small", "medium", "large", "paper", "slo", "disagg", "train", "heldout", "all")
 
 
 def get_instance(name: str) -> Instance:
@@ -237,7 +263,7 @@ def get_suite(name: str) -> tuple[Instance, ...]:
         return tuple(dict.fromkeys(i for part in parts for i in part))
     if name == "all":
         return INSTANCES
-    if name in ("small", "medium", "large", "paper", "slo"):
+    if name in ("small", "medium", "large", "paper", "slo", "disagg"):
         return tuple(i for i in INSTANCES if i.size == name)
     if name in ("train", "heldout"):
         return tuple(i for i in INSTANCES if i.split == name)

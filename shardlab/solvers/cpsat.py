@@ -78,6 +78,7 @@ from shardlab.costmodel.decompose import (
     time_ns,
 )
 from shardlab.costmodel.evaluate import evaluate
+from shardlab.costmodel.handoff import handoff_ns
 from shardlab.costmodel.regimes import in_flight_requests, judge
 from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.operators import HEAD_OPS
@@ -123,21 +124,23 @@ def regime_time(
     sums: list[Any],
     maxes: list[Any],
     maximum: Callable[[Any, Any], Any],
+    handoff: int = 0,
 ) -> tuple[Any, Any | None, Any | None]:
     """(time to minimize, TTFT, TPOT) from per-step stage sums and maxima.
 
     Mirrors :func:`shardlab.costmodel.regimes.timing`; ``maximum`` is ``max`` for
-    numbers and a fresh bounded variable for CP-SAT expressions.
+    numbers and a fresh bounded variable for CP-SAT expressions; ``handoff``: a
+    prefill pool's handoff time (ns), in TTFT only.
     """
     w = problem.workload
     o = w.output_len
     latency = w.objective == "latency"
     if kinds == ["prefill"] and w.schedule == "static":
-        ttft = sums[0] + (m - 1) * maxes[0]
-        return ttft, ttft, None
+        prefill = sums[0] + (m - 1) * maxes[0]
+        return prefill, prefill + handoff, None
     if kinds == ["prefill"]:
-        ttft = maximum(sums[0], m * maxes[0])
-        return ttft, ttft, None
+        prefill = maximum(sums[0], m * maxes[0])
+        return prefill, prefill + handoff, None
     if kinds == ["decode"]:
         tpot = maximum(sums[0], m * maxes[0])
         return tpot, None, tpot
@@ -334,7 +337,13 @@ def _time_bounds(
     m_batches = np.minimum(pp, per_dp)
     sums = list(per_step)
     time_low, ttft, tpot = regime_time(
-        problem, kinds, m_batches, sums, [x / pp for x in sums], np.maximum
+        problem,
+        kinds,
+        m_batches,
+        sums,
+        [x / pp for x in sums],
+        np.maximum,
+        handoff_ns(problem, d.pp, d.tp),
     )
     if pp == 1:  # one stage: the time is linear in the steps, the joint bound is tighter
         time_low = np.maximum(time_low, joint)
@@ -678,7 +687,8 @@ class SubproblemModel:
             maxes.append(mx)
         kinds = [s.kind for s in self.t.steps]
         m = min(self.d.pp, self.per_dp)
-        time_expr, ttft, tpot = regime_time(self.problem, kinds, m, sums, maxes, maximum)
+        handoff = handoff_ns(self.problem, self.d.pp, self.d.tp)
+        time_expr, ttft, tpot = regime_time(self.problem, kinds, m, sums, maxes, maximum, handoff)
         w = self.problem.workload
         for name, expr in (("ttft_ms", ttft), ("tpot_ms", tpot)):
             given = [x for x in (getattr(w, name), self.limits.get(name)) if x is not None]
@@ -1071,6 +1081,10 @@ class CpSatSolver(Solver):
             self._diagnose(ctx)
         else:
             cp_objective = _table_objective(problem, ev.best_plan())
+            if bound is not None and cp_objective is not None:
+                # CP-SAT prices on integer tables (ns): its value of the best plan may sit
+                # a rounding above the evaluator's, and a bound is above both.
+                bound = max(bound, cp_objective)
         return Outcome(
             proven_optimal=proven and ev.best_code is not None,
             proven_infeasible=proven and ev.best_code is None,
