@@ -803,8 +803,9 @@ def launch(
 ) -> None:
     """Print the engine's own launch commands for a plan, one per node of each replica,
     and write the config files it takes; a plan the engine cannot run is refused."""
-    from shardlab.launch import build_launch
+    from shardlab.launch import build_disagg_launch, build_launch
     from shardlab.problems.catalog import hf_id_of
+    from shardlab.problems.disagg import DISAGG_SCHEMA
     from shardlab.problems.plan import read_plan_file
 
     check_output_dir(config_dir, flag="--config-dir")
@@ -822,12 +823,26 @@ def launch(
         # the engine measures acceptance itself; launch prices nothing
         overrides.update(draft_tokens=draft_tokens, acceptance=0.0)
     problem = Problem.build(model, cluster, engine=engine, max_tokens=max_tokens, **overrides)
-    plan = Plan.from_dict(data, problem.model, where=plan_file)
-    problem.space.degree_index(plan.degrees)  # the degrees must suit this cluster
     path = model_path or hf_id_of(problem.model) or problem.model.name
-    spec = build_launch(
-        problem, plan, model_path=path, trust_remote_code=trust_remote_code, config_dir=config_dir
-    )
+    if data.get("schema") == DISAGG_SCHEMA:
+        dplan = DisaggPlan.from_dict(data, problem.model, where=plan_file, cluster=problem.cluster)
+        spec = build_disagg_launch(
+            problem,
+            dplan,
+            model_path=path,
+            trust_remote_code=trust_remote_code,
+            config_dir=config_dir,
+        )
+    else:
+        plan = Plan.from_dict(data, problem.model, where=plan_file)
+        problem.space.degree_index(plan.degrees)  # the degrees must suit this cluster
+        spec = build_launch(
+            problem,
+            plan,
+            model_path=path,
+            trust_remote_code=trust_remote_code,
+            config_dir=config_dir,
+        )
     for name, content in spec.files:
         write_text(name, content)
     if fmt is Format.json:
@@ -839,11 +854,15 @@ def launch(
         markup=False,
     )
     for c in spec.commands:
-        where = f"replica {c.replica}, node {c.node}"
+        where = f"{c.role} instance" if c.role else "replica"
+        where += f" {c.replica}, node {c.node}"
         if c.nodes > 1:
             where += f" (node rank {c.node_rank} of {c.nodes})"
         out.print(f"# {where}", markup=False)
         out.print(c.shell(), markup=False, soft_wrap=True)
+    if spec.router:
+        out.print("# the router", markup=False)
+        out.print(spec.router_shell(), markup=False, soft_wrap=True)
     for name, _ in spec.files:
         out.print(f"wrote {name}", markup=False)
     for note in spec.notes:
@@ -1005,6 +1024,13 @@ def compare(
             "(cpsat/disagg) instead, megatron kept as the reference; best: both."
         ),
     ] = "agg",
+    aiconfigurator: Annotated[
+        str | None,
+        typer.Option(
+            help="With --serving best: AIConfigurator's agg-vs-disagg choices on the same "
+            "problems (CSV of tests/data/make_aiconfigurator_disagg.py), beside the optima."
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option(help="Results folder name.")] = None,
     results_dir: Annotated[str, typer.Option("--results-dir")] = "results",
     fmt: FormatOpt = Format.table,
@@ -1012,10 +1038,13 @@ def compare(
     """Run methods on a suite (or the given problem) over seeds; write results/<name>/."""
     from pathlib import Path
 
-    from shardlab.compare import run_comparison, summarize, write_results
+    from shardlab.compare import read_anchor, run_comparison, summarize, write_results
     from shardlab.problems.suite import Instance, get_suite
     from shardlab.solvers.registry import get_solver, parse_method
 
+    anchor = None
+    if aiconfigurator is not None:
+        anchor = read_anchor(aiconfigurator)
     if check_serving(serving) == "disagg":
         if methods not in (None, "cpsat"):
             raise ShardlabError(
@@ -1118,7 +1147,7 @@ def compare(
         serving=serving,
     )
     rows = summarize(results)
-    write_results(out_dir, label, command, results, rows, timing_label(problem))
+    write_results(out_dir, label, command, results, rows, timing_label(problem), anchor)
     if fmt is Format.json:
         emit_json({"name": label, "summary": rows, "out_dir": str(out_dir)})
         return

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardlab.errors import ShardlabError
 from shardlab.executors import Executor, run_all
 from shardlab.files import make_dir, replacing
 from shardlab.journal import Journal
@@ -397,9 +398,11 @@ def write_results(
     results: list[dict[str, Any]],
     rows: list[dict[str, Any]],
     timing: str = "",
+    anchor: list[dict[str, str]] | None = None,
 ) -> None:
     """Write the four files atomically (each to a temporary name, then renamed);
-    ``timing`` says how the cost model timed the kernels."""
+    ``timing`` says how the cost model timed the kernels; ``anchor``: AIConfigurator's
+    agg-versus-disagg choices, beside a comparison of serving modes."""
     make_dir(out_dir)
 
     def atomic(path: Path, write: Callable[[Path], None]) -> None:
@@ -435,7 +438,7 @@ def write_results(
     atomic(out_dir / "results.csv", write_csv)
     atomic(
         out_dir / "summary.md",
-        lambda p: p.write_text(summary_markdown(name, command, rows, timing)),
+        lambda p: p.write_text(summary_markdown(name, command, rows, timing, results, anchor)),
     )
     atomic(out_dir / "convergence.png", lambda p: plot_convergence(p, results, rows))
 
@@ -446,7 +449,14 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def summary_markdown(name: str, command: str, rows: list[dict[str, Any]], timing: str = "") -> str:
+def summary_markdown(
+    name: str,
+    command: str,
+    rows: list[dict[str, Any]],
+    timing: str = "",
+    results: list[dict[str, Any]] | None = None,
+    anchor: list[dict[str, str]] | None = None,
+) -> str:
     lines = [
         f"# Comparison `{name}`",
         "",
@@ -488,7 +498,70 @@ def summary_markdown(name: str, command: str, rows: list[dict[str, Any]], timing
             "",
             *engine_table(rows),
         ]
+    if results is not None and any(r["method"] == DISAGG_OPTIMUM for r in results):
+        lines += ["", *serving_table(results, anchor)]
     return "\n".join(lines) + "\n"
+
+
+def serving_table(
+    results: list[dict[str, Any]], anchor: list[dict[str, str]] | None = None
+) -> list[str]:
+    """Per instance, CP-SAT's aggregated and disaggregated optima side by side (tokens/s
+    per GPU of the cluster, the plans), and AIConfigurator's choice on the same problem
+    when ``anchor`` holds it (rows of tests/data/aiconfigurator_disagg.csv)."""
+    from shardlab.problems.suite import get_instance
+
+    by = {(r["instance"], r["method"]): r for r in results if r.get("budget") is None}
+    aic = {row["instance"]: row for row in anchor or ()}
+    lines = [
+        "## Aggregated or disaggregated",
+        "",
+        "CP-SAT's optimum of each mode under the same SLOs, tokens/s per GPU of the",
+        "cluster (output tokens). Aggregated: one pool of replicas; disaggregated: x",
+        "prefill instances and y decode instances (`xP(GPUs) + yD(GPUs)`), the KV handoff",
+        "priced." + (" AIConfigurator: its `cli default` on the same problem." if aic else ""),
+        "",
+    ]
+    head = "| instance | agg tok/s/GPU | agg plan | disagg tok/s/GPU | disagg plan | disagg / agg |"
+    rule = "|---|---:|---|---:|---|---:|"
+    if aic:
+        head += " AIConfigurator agg | disagg | its xPyD | it chose |"
+        rule += "---:|---:|---|---|"
+    lines += [head, rule]
+    for inst in dict.fromkeys(r["instance"] for r in results):
+        agg, dis = by.get((inst, "cpsat")), by.get((inst, DISAGG_OPTIMUM))
+        if agg is None or dis is None:
+            continue
+        gpus = get_instance(inst.split("/")[0]).problem().cluster.num_gpus
+        a = agg["throughput_tok_s"] / gpus if agg["throughput_tok_s"] else None
+        d = dis["throughput_tok_s"] / gpus if dis["throughput_tok_s"] else None
+        plan = agg.get("plan") or {}
+        degrees = plan.get("degrees") or {}
+        agg_plan = " ".join(f"{k} {v}" for k, v in degrees.items() if v != 1) or "-"
+        line = (
+            f"| {inst} | {_fmt(a, ',.1f')} | {agg_plan} | {_fmt(d, ',.1f')} | "
+            f"{(dis.get('facts') or {}).get('label') or '-'} | "
+            f"{_fmt(d / a if a and d else None, '.3f')} |"
+        )
+        row = aic.get(inst)
+        if aic:
+            if row is None:
+                line += " - | - | - | - |"
+            else:
+                line += (
+                    f" {_fmt(_float(row['agg_tok_s_gpu']), ',.1f')} | "
+                    f"{_fmt(_float(row['disagg_tok_s_gpu']), ',.1f')} | "
+                    f"{row['disagg_config'] or '-'} | {row['chosen']} |"
+                )
+        lines.append(line)
+    return lines
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
 
 
 def engine_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -599,3 +672,22 @@ def plot_convergence(path: Path, results: list[dict[str, Any]], rows: list[dict[
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, format="png", dpi=90)
     plt.close(fig)
+
+
+ANCHOR_FIELDS = ("instance", "chosen", "agg_tok_s_gpu", "disagg_tok_s_gpu", "disagg_config")
+
+
+def read_anchor(path: str) -> list[dict[str, str]]:
+    """AIConfigurator's agg-versus-disagg choices (tests/data/aiconfigurator_disagg.csv)."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ShardlabError(f"--aiconfigurator {path}: cannot read it ({exc})") from None
+    rows = list(csv.DictReader(text.splitlines()))
+    missing = [f for f in ANCHOR_FIELDS if rows and f not in rows[0]]
+    if not rows or missing:
+        raise ShardlabError(
+            f"--aiconfigurator {path}: not a CSV of tests/data/make_aiconfigurator_disagg.py "
+            f"(missing {', '.join(missing) or 'rows'})"
+        )
+    return rows

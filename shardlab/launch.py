@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.capability import EngineConfig
+from shardlab.problems.disagg import POOLS, DisaggPlan
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 
@@ -48,6 +50,7 @@ class NodeCommand:
     nodes: int  # nodes of the replica
     env: tuple[tuple[str, str], ...]
     argv: tuple[str, ...]
+    role: str = ""  # disaggregated serving: "prefill" or "decode"
 
     def shell(self) -> str:
         env = " ".join(f"{k}={_quote(v)}" for k, v in self.env)
@@ -62,6 +65,7 @@ class NodeCommand:
             "env": dict(self.env),
             "argv": list(self.argv),
             "shell": self.shell(),
+            **({"role": self.role} if self.role else {}),
         }
 
 
@@ -73,6 +77,10 @@ class Launch:
     commands: tuple[NodeCommand, ...]
     files: tuple[tuple[str, str], ...] = ()  # (file name, content)
     notes: tuple[str, ...] = field(default=())
+    router: tuple[str, ...] = ()  # disaggregated serving: what sends requests to the pools
+
+    def router_shell(self) -> str:
+        return " ".join(_quote(a) for a in self.router)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -82,6 +90,7 @@ class Launch:
             "commands": [c.to_dict() for c in self.commands],
             "files": [{"name": n, "content": c} for n, c in self.files],
             "notes": list(self.notes),
+            **({"router": list(self.router)} if self.router else {}),
         }
 
 
@@ -121,76 +130,27 @@ def build_launch(
     engine cannot run it)."""
     space = problem.with_space("engine").space
     config = space.configs[int(space.encode(plan)[0])]  # type: ignore[index]
-    cluster, d = problem.cluster, plan.degrees
-    node = cluster.node_size
+    d = plan.degrees
     gpus = d.pp * d.group
-    if gpus <= node:
-        if node % gpus:
-            raise ShardlabError(
-                f"plan: a replica of {gpus} GPUs does not tile {node}-GPU nodes; use degrees "
-                "whose GPUs per replica divide a node or are whole nodes"
-            )
-        per_node, nodes = node // gpus, 1
-    else:
-        if gpus % node:
-            raise ShardlabError(
-                f"plan: a replica of {gpus} GPUs spans part of a {node}-GPU node; use "
-                "degrees whose GPUs per replica are whole nodes"
-            )
-        per_node, nodes = 0, gpus // node
-    build = _BUILDERS[problem.engine]
+    per_node, nodes = _tiling(problem.cluster.node_size, gpus)
+    server = _Server(problem, plan, config, model_path, trust_remote_code, config_dir)
     commands: list[NodeCommand] = []
     files: dict[str, str] = {}
     notes: list[str] = []
     for r in range(d.replicas):
         if per_node:
             first, slot = r // per_node, r % per_node
-            visible = ",".join(str(g) for g in range(slot * gpus, (slot + 1) * gpus))
-            env = [("CUDA_VISIBLE_DEVICES", visible)] if per_node > 1 else []
-            ranks = [(first, 0)]
-            port = BASE_PORT + PORT_STEP * slot
+            gpu0 = slot * gpus
         else:
-            first, env, port = r * nodes, [], BASE_PORT
-            ranks = [(first + k, k) for k in range(nodes)]
-        for at, rank in ranks:
-            target = Target(
-                problem=problem,
-                plan=plan,
-                config=config,
-                model_path=model_path,
-                trust_remote_code=trust_remote_code,
-                config_dir=config_dir,
-                port=port,
-                first_node=first,
-                node_rank=rank,
-                nodes=nodes,
-            )
-            out = build(target)
-            if out is None:  # the engine starts every node from the head's command
-                continue
-            more_env, argv, made, said = out
-            files.update(made)
-            notes += [n for n in said if n not in notes]
-            commands.append(
-                NodeCommand(
-                    replica=r,
-                    node=at,
-                    node_rank=rank,
-                    nodes=nodes,
-                    env=tuple(env + more_env),
-                    argv=tuple(argv),
-                )
-            )
+            first, slot, gpu0 = r * nodes, 0, 0
+        server.place(r, first, slot, gpu0, per_node > 1, commands, files, notes)
     if d.replicas > 1:
         notes.append(
             f"{d.replicas} replicas are {d.replicas} independent servers: put a router or "
             "load balancer in front of their ports"
         )
     if nodes > 1:
-        notes.append(
-            "set NODE<i>_ADDR to the address of cluster node i (the head node of each "
-            "multi-node replica) before running"
-        )
+        notes.append(NODE_ADDR_NOTE)
     return Launch(
         engine=problem.engine,
         version=space.capability.version,  # type: ignore[union-attr]
@@ -199,6 +159,256 @@ def build_launch(
         files=tuple(sorted(files.items())),
         notes=tuple(notes),
     )
+
+
+NODE_ADDR_NOTE = (
+    "set NODE<i>_ADDR to the address of cluster node i (the head node of each "
+    "multi-node replica) before running"
+)
+
+
+def _tiling(node: int, gpus: int) -> tuple[int, int]:
+    """(servers per node, nodes per server) of servers of ``gpus`` GPUs: servers of a
+    node or less tile it, larger ones take whole nodes."""
+    if gpus <= node:
+        if node % gpus:
+            raise ShardlabError(
+                f"plan: a replica of {gpus} GPUs does not tile {node}-GPU nodes; use degrees "
+                "whose GPUs per replica divide a node or are whole nodes"
+            )
+        return node // gpus, 1
+    if gpus % node:
+        raise ShardlabError(
+            f"plan: a replica of {gpus} GPUs spans part of a {node}-GPU node; use "
+            "degrees whose GPUs per replica are whole nodes"
+        )
+    return 0, gpus // node
+
+
+@dataclass(frozen=True)
+class _Server:
+    """What every server of one plan shares; :meth:`place` adds one server's node
+    commands (``extra``: a role's own arguments and environment, per target)."""
+
+    problem: Problem
+    plan: Plan
+    config: EngineConfig
+    model_path: str
+    trust_remote_code: bool
+    config_dir: str
+
+    def place(
+        self,
+        replica: int,
+        first: int,
+        slot: int,
+        gpu0: int,
+        share: bool,
+        commands: list[NodeCommand],
+        files: dict[str, str],
+        notes: list[str],
+        extra: Callable[[Target], tuple[list[tuple[str, str]], list[str]]] | None = None,
+        role: str = "",
+    ) -> list[Target]:
+        """Server ``replica``: on node ``first`` from GPU ``gpu0`` (``share``: other
+        servers use the rest of the node: it sees only its own GPUs), ``slot`` of the
+        node's servers (its port), or on whole nodes from ``first``."""
+        d = self.plan.degrees
+        gpus = d.pp * d.group
+        _, nodes = _tiling(self.problem.cluster.node_size, gpus)
+        env: list[tuple[str, str]] = []
+        if share:
+            env = [("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in range(gpu0, gpu0 + gpus)))]
+        port = BASE_PORT + PORT_STEP * slot
+        targets = []
+        for k in range(nodes):
+            target = Target(
+                problem=self.problem,
+                plan=self.plan,
+                config=self.config,
+                model_path=self.model_path,
+                trust_remote_code=self.trust_remote_code,
+                config_dir=self.config_dir,
+                port=port,
+                first_node=first,
+                node_rank=k,
+                nodes=nodes,
+            )
+            targets.append(target)
+            out = _BUILDERS[self.problem.engine](target)
+            if out is None:  # the engine starts every node from the head's command
+                continue
+            more_env, argv, made, said = out
+            if extra is not None:
+                role_env, role_argv = extra(target)
+                more_env, argv = more_env + role_env, argv + role_argv
+            files.update(made)
+            notes += [n for n in said if n not in notes]
+            commands.append(
+                NodeCommand(
+                    replica=replica,
+                    node=first + k,
+                    node_rank=k,
+                    nodes=nodes,
+                    env=tuple(env + more_env),
+                    argv=tuple(argv),
+                    role=role,
+                )
+            )
+        return targets
+
+
+# Disaggregated serving (shardlab.problems.disagg): each pool's servers with the
+# engine's own disaggregation arguments, and the router that sends requests to them.
+# SGLang 0.5.14: --disaggregation-mode prefill|decode, --disaggregation-transfer-backend
+# (default mooncake), --disaggregation-bootstrap-port (default 8998) on the prefill
+# servers (srt/server_args.py:2223-2241); the router of sglang-router 0.3.2
+# (router_args.py:345-364, prefill URLs with their bootstrap ports at 975-1012).
+# vLLM 0.24.0: --kv-transfer-config (engine/arg_utils.py:1510-1511) with NixlConnector
+# (distributed/kv_transfer/kv_connector/factory.py) as kv_producer / kv_consumer
+# (config/kv_transfer.py:11-13); its side channel on VLLM_NIXL_SIDE_CHANNEL_HOST/PORT
+# (envs.py:198-199), the port plus the DP rank (nixl/base_scheduler.py:64-68).
+ROUTER_PORT = 30000
+SGLANG_BOOTSTRAP_PORT = 8998
+NIXL_PORT = 5600
+VLLM_PROXY_NOTE = (
+    "toy_proxy_server.py is vLLM's example proxy for NixlConnector "
+    "(tests/v1/kv_connector/nixl_integration/ in the vLLM repository; it is not in the "
+    "wheel): copy it from the vLLM source of your version"
+)
+
+
+def build_disagg_launch(
+    problem: Problem,
+    plan: DisaggPlan,
+    *,
+    model_path: str,
+    trust_remote_code: bool = False,
+    config_dir: str = ".",
+) -> Launch:
+    """The servers of both pools of a disaggregated ``plan`` (instances placed as
+    :func:`shardlab.problems.disagg.fits` does: whole-node ones first, the others
+    filling nodes) and the router in front of them."""
+    engine = problem.engine
+    if engine == "trtllm":
+        raise ShardlabError(
+            "shardlab launch: TensorRT-LLM's disaggregated serving (cache_transceiver_config, "
+            "trtllm-serve disaggregated) is not checked against 1.3.0rc3 yet; use --engine "
+            "vllm or sglang"
+        )
+    from shardlab.costmodel.disagg import pool_problems
+
+    node = problem.cluster.node_size
+    pools = dict(zip(POOLS, pool_problems(problem, plan), strict=True))
+    servers = {}
+    for name in POOLS:
+        pool = pools[name].with_space("engine")
+        pool_plan: Plan = getattr(plan, name)
+        space = pool.space
+        config = space.configs[int(space.encode(pool_plan)[0])]  # type: ignore[index]
+        servers[name] = _Server(pool, pool_plan, config, model_path, trust_remote_code, config_dir)
+    # (GPUs, pool, instance), largest first: whole nodes, then nodes filled in order
+    order = sorted(
+        (
+            (plan.gpus(name), name, i)
+            for name in POOLS
+            for i in range(getattr(plan, f"{name}_instances"))
+        ),
+        key=lambda x: (-x[0], POOLS.index(x[1]), x[2]),
+    )
+    commands: list[NodeCommand] = []
+    files: dict[str, str] = {}
+    notes: list[str] = []
+    endpoints: dict[str, list[tuple[str, int, int]]] = {name: [] for name in POOLS}
+    next_node, filling, used, slot_of = 0, -1, node, 0
+    for gpus, name, i in order:
+        if gpus >= node:
+            first, slot, gpu0, share = next_node, 0, 0, False
+            next_node += gpus // node
+        else:
+            if used + gpus > node:
+                filling, used, slot_of = next_node, 0, 0
+                next_node += 1
+            first, slot, gpu0, share = filling, slot_of, used, gpus < node
+            used, slot_of = used + gpus, slot_of + 1
+        targets = servers[name].place(
+            i,
+            first,
+            slot,
+            gpu0,
+            share,
+            commands,
+            files,
+            notes,
+            extra=lambda t, role=name, slot=slot: _disagg_args(t, role, slot),
+            role=name,
+        )
+        endpoints[name].append((targets[0].head, targets[0].port, slot))
+    router, said = _router(engine, endpoints)
+    notes += said
+    notes.append(
+        f"{plan.label()}: the prefill servers hand each prompt's KV cache to the decode "
+        f"servers; send requests to the router (port {ROUTER_PORT})"
+    )
+    if next_node > 1:
+        notes.append(NODE_ADDR_NOTE)
+    capability = pools["prefill"].with_space("engine").space.capability
+    return Launch(
+        engine=engine,
+        version=capability.version,  # type: ignore[union-attr]
+        features=tuple(dict.fromkeys(f for s in servers.values() for f in s.config.features)),
+        commands=tuple(commands),
+        files=tuple(sorted(files.items())),
+        notes=tuple(notes),
+        router=tuple(router),
+    )
+
+
+def _disagg_args(t: Target, role: str, slot: int) -> tuple[list[tuple[str, str]], list[str]]:
+    """A server's own disaggregation arguments (and environment) for its ``role``."""
+    engine = t.problem.engine
+    if engine == "sglang":
+        argv = ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "mooncake"]
+        if role == "prefill":  # servers sharing a node each take their own port
+            argv += [
+                "--disaggregation-bootstrap-port",
+                str(SGLANG_BOOTSTRAP_PORT + PORT_STEP * slot),
+            ]
+        return [], argv
+    # vLLM: each node's NIXL side channel on its own address, ports a node of DP ranks apart
+    kv = {
+        "kv_connector": "NixlConnector",
+        "kv_role": f"kv_{'producer' if role == 'prefill' else 'consumer'}",
+    }
+    port = NIXL_PORT + t.problem.cluster.node_size * slot
+    env = [
+        ("VLLM_NIXL_SIDE_CHANNEL_HOST", t.addr(t.node_rank)),
+        ("VLLM_NIXL_SIDE_CHANNEL_PORT", str(port)),
+    ]
+    return env, ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
+
+
+def _router(
+    engine: str, endpoints: dict[str, list[tuple[str, int, int]]]
+) -> tuple[list[str], list[str]]:
+    """The router's command, and what to know about it."""
+    if engine == "sglang":
+        argv = ["python", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+        for addr, port, slot in endpoints["prefill"]:
+            argv += [
+                "--prefill",
+                f"http://{addr}:{port}",
+                str(SGLANG_BOOTSTRAP_PORT + PORT_STEP * slot),
+            ]
+        for addr, port, _ in endpoints["decode"]:
+            argv += ["--decode", f"http://{addr}:{port}"]
+        argv += ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+        return argv, ["the router is the sglang-router package (pip install sglang-router)"]
+    argv = ["python", "toy_proxy_server.py", "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+    for flag, name in (("prefiller", "prefill"), ("decoder", "decode")):
+        argv += [f"--{flag}-hosts", *(a for a, _, _ in endpoints[name])]
+        argv += [f"--{flag}-ports", *(str(p) for _, p, _ in endpoints[name])]
+    return argv, [VLLM_PROXY_NOTE]
 
 
 BuildOut = tuple[list[tuple[str, str]], list[str], dict[str, str], list[str]] | None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -227,3 +228,17 @@ def test_solve_best_reports_both_and_writes_the_chosen_plan(
 def test_what_disaggregated_serving_refuses(extra: list[str], needle: str, capsys, monkeypatch):
     code, _, err = run_cli(["solve", "--model", "llama-3.1-8b", *extra], capsys, monkeypatch)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_time_limit_ends_the_search_with_its_best_pair_so_far() -> None:
+    from test_budgets import within_limit
+
+    from shardlab.problems.suite import get_instance
+
+    problem = get_instance("deepseek-v3-h100x64-prefill-heavy").problem()
+    start = time.perf_counter()
+    r = solve_disagg(problem, budget=Budget(max_evals=None, seconds=3.0))
+    wall = time.perf_counter() - start
+    assert within_limit(wall, 3.0), wall
+    assert r.status in ("feasible", "unknown") and "time limit" in r.message
+    assert r.facts.get("ran_out_in")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 import json
 import math
@@ -440,6 +441,48 @@ def bad_plans(draw: st.DrawFn) -> str | bytes:
 @given(bad_plans())
 def test_bad_plan_file_is_refused(content: str | bytes) -> None:
     argv = ["evaluate", "--model", "llama-3.1-8b", "--cluster", "h100x8", "--plan", "plan.json"]
+    refused(argv, write("plan.json", content))
+
+
+DISAGG_PROBLEM = Problem.build("llama-3.1-8b", "h100x4")
+
+
+def good_disagg_plan() -> dict:
+    from shardlab.problems.disagg import DisaggPlan
+
+    space = DISAGG_PROBLEM.with_space("free").space
+    one = next(d for d in space.degree_tuples if d.num_gpus == 4 and d.replicas == 4)
+    single = dataclasses.replace(
+        space.megatron_plan(one), degrees=dataclasses.replace(one, replicas=1)
+    )
+    plan = DisaggPlan(prefill=single, prefill_instances=2, decode=single, decode_instances=2)
+    return plan.to_dict(DISAGG_PROBLEM.model, cluster="h100x4")
+
+
+@st.composite
+def bad_disagg_plans(draw: st.DrawFn) -> str:
+    plan = copy.deepcopy(good_disagg_plan())
+    pool = draw(st.sampled_from(["prefill", "decode"]))
+    how = draw(st.sampled_from(["instances", "gpus", "replicas", "missing", "cluster", "crowd"]))
+    if how == "instances":
+        plan[pool]["instances"] = draw(st.sampled_from([0, -1, "2", 2.5, True, None]))
+    elif how == "gpus":
+        plan[pool]["gpus_per_instance"] = draw(st.sampled_from([2, 0, "1"]))
+    elif how == "replicas":
+        plan[pool]["degrees"]["replicas"] = 2
+    elif how == "missing":
+        del plan[pool]
+    elif how == "cluster":
+        plan["cluster"] = "h100x16"
+    else:  # more instances than GPUs
+        plan[pool]["instances"] = draw(st.integers(4, 10**6))
+    return json_text(plan)
+
+
+@FUZZ
+@given(bad_disagg_plans())
+def test_bad_disaggregated_plan_file_is_refused(content: str) -> None:
+    argv = ["evaluate", "--model", "llama-3.1-8b", "--cluster", "h100x4", "--plan", "plan.json"]
     refused(argv, write("plan.json", content))
 
 

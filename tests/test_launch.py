@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from shardlab.cli import main
+from shardlab.errors import ShardlabError
 from shardlab.launch import Launch, build_launch
 from shardlab.problems.capability import ENGINES
 from shardlab.problems.plan import Degrees, Plan
@@ -273,3 +274,57 @@ def test_cli_launch_with_draft_tokens(tmp_path: Path, capsys, monkeypatch) -> No
     args = ["launch", "--plan", str(path), "--engine", "sglang", "--draft-tokens", "2"]
     code, out, err = run_cli(args, capsys, monkeypatch)
     assert code == 2 and err.strip().count("\n") == 0 and "minimax_m2" in err
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_disaggregated_plan_launches_both_pools_and_a_router(engine: str) -> None:
+    from shardlab.launch import build_disagg_launch
+    from shardlab.solvers import Budget
+    from shardlab.solvers.disagg import solve_disagg
+
+    problem = Problem.build(
+        "llama-3.1-70b",
+        "h100x16",
+        "chat",
+        engine=engine,
+        space_kind="engine",
+        input_len=8192,
+        ttft_ms=2000.0,
+        tpot_ms=50.0,
+    )
+    r = solve_disagg(problem, budget=Budget(max_evals=None, seconds=600.0))
+    assert r.status == "optimal" and r.plan is not None
+    plan = r.plan
+    launch = build_disagg_launch(problem, plan, model_path="m")
+    check_flags(engine, launch)
+    for role in ("prefill", "decode"):
+        servers = {c.replica for c in launch.commands if c.role == role}
+        assert servers == set(range(getattr(plan, f"{role}_instances")))
+    heads = [c for c in launch.commands if c.node_rank == 0]
+    assert len({(c.node, values(c.argv, "--port")) for c in heads}) == len(heads)
+    gpus: dict[int, set[str]] = {}
+    for c in heads:
+        seen = gpus.setdefault(c.node, set())
+        mine = set(dict(c.env).get("CUDA_VISIBLE_DEVICES", "all").split(","))
+        assert not seen & mine  # no GPU given to two servers
+        seen |= mine
+    router = launch.router
+    if engine == "sglang":
+        assert router.count("--prefill") == plan.prefill_instances
+        assert router.count("--decode") == plan.decode_instances
+        for c in heads:
+            mode = values(c.argv, "--disaggregation-mode")
+            assert mode == c.role
+    else:
+        n = plan.prefill_instances
+        at = router.index("--prefiller-ports")
+        assert router[at + 1 : at + 1 + n] == tuple(
+            values(c.argv, "--port") for c in heads if c.role == "prefill"
+        )
+        for c in heads:
+            kv = json.loads(values(c.argv, "--kv-transfer-config"))
+            assert kv["kv_role"] == ("kv_producer" if c.role == "prefill" else "kv_consumer")
+    with pytest.raises(ShardlabError, match="TensorRT-LLM"):
+        build_disagg_launch(
+            Problem.build("llama-3.1-70b", "h100x16", "chat", engine="trtllm"), plan, model_path="m"
+        )

@@ -117,6 +117,8 @@ def evaluate_disagg(problem: Problem, plan: DisaggPlan) -> DisaggMetrics:
     """Price ``plan``: each pool at its plan's concurrency, or the one it does best with."""
     check_disagg(problem)
     pp_problem, dp_problem = pool_problems(problem, plan)
+    for pool, pool_plan in ((pp_problem, plan.prefill), (dp_problem, plan.decode)):
+        pool.space.degree_index(pool_plan.degrees)  # each instance's degrees must suit it
     pm = evaluate(pp_problem, plan.prefill)
     dm = evaluate(dp_problem, plan.decode)
     d = plan.prefill.degrees

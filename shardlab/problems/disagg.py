@@ -60,11 +60,6 @@ def check_disagg(problem: Problem) -> None:
             f"--serving disagg maximizes throughput; objective {w.objective!r} is not "
             "offered for it yet: use --objective throughput or --serving agg"
         )
-    if problem.space_kind != "free":
-        raise ShardlabError(
-            "--serving disagg searches the free space (launching a disaggregated plan "
-            "is the engine's connector's job): drop --space engine"
-        )
     if w.output_len < 2:
         raise ShardlabError(
             "--serving disagg needs a decode step (--output-len 2 or more); a single "

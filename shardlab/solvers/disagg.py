@@ -11,10 +11,11 @@ So, per decode layout ``c``, the best pair is the prefill optimum handing off to
 worth the best over its layouts. Every number there is a CP-SAT proof (or a proof
 that no plan exists), so the result is the optimum over the joint space:
 
-1. for every instance size, the decode optimum (any layout) and the prefill optimum
-   with no handoff, each offered the whole load: ``x`` and ``y`` times them bound the
-   pools' rates from above (a handoff only adds to TTFT; a smaller share of the
-   offered load only removes plans);
+1. for every instance size, an upper bound on one decode instance's rate (any
+   layout) and one prefill instance's (no handoff), each offered the whole load:
+   CP-SAT's best subproblem bound, no solve. ``x`` and ``y`` times them bound the
+   pools' rates (a handoff only adds to TTFT; a smaller share of the offered load
+   only removes plans);
 2. the pairs of pools ordered by ``min`` of their two bounds; a pair whose bound
    cannot beat the best pair so far is pruned, and with it every pair after it;
 3. a pair: the prefill optimum handing off to the decode optimum's layout; when the
@@ -23,8 +24,11 @@ that no plan exists), so the result is the optimum over the joint space:
    may let the prefill pool do more), skipping those whose prefill optimum cannot
    beat the pair's value so far.
 
-Pool solves are kept by problem. ``optimal`` is claimed only when every solve it
-rests on was proven.
+Two shortcuts keep the solves few, both exact: the prefill optimum without a handoff
+is the optimum with one whenever it still meets the TTFT SLO with it (it bounds every
+plan that hands off); and a pool's optimum at an offered load is its optimum at any
+smaller load its plan fits in (the smaller load only removes plans). Pool solves are
+kept by problem. ``optimal`` is claimed only when every solve it rests on was proven.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardlab.costmodel.disagg import DisaggMetrics, combine, pool_problems
-from shardlab.costmodel.evaluate import Metrics
+from shardlab.costmodel.evaluate import Metrics, evaluate
 from shardlab.costmodel.handoff import handoff_seconds
 from shardlab.errors import ShardlabError
 from shardlab.problems.disagg import (
@@ -52,6 +56,7 @@ from shardlab.problems.disagg import (
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Budget, Status
+from shardlab.solvers.cpsat import subproblems
 from shardlab.solvers.evaluator import Progress
 from shardlab.solvers.registry import get_solver
 
@@ -77,6 +82,11 @@ class Pool:
 
 # A pool that has no problem: too few GPUs for the weights, or no degrees of a layout.
 NO_POOL = Pool("skipped", None, None, 0.0)
+
+
+def _offerless(pool: Problem) -> tuple:
+    """What identifies a pool problem but for its offered load."""
+    return (pool.cluster.num_gpus, pool.workload.phase, pool.handoff, pool.pin)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +155,8 @@ class DisaggSearch:
         self.workers = workers
         self.start = time.perf_counter() if budget.started is None else budget.started
         self.pools: dict[Problem, Pool] = {}
+        # pool problems but for their offered load -> (offer, solve) of each solved
+        self.offers: dict[tuple, list[tuple[int, Pool]]] = {}
         self.phase = "starting"
         self.best_rate = 0.0
 
@@ -168,9 +180,40 @@ class DisaggSearch:
             Progress(len(self.pools), None, time.perf_counter() - self.start, best, phase)
         )
 
+    def _rate(self, pool: Problem, throughput: float) -> float:
+        """Requests per second of one instance of ``pool`` at ``throughput`` tokens/s."""
+        w = self.problem.workload
+        per_request = w.input_len if pool.workload.phase == "prefill" else w.output_len - 1
+        return throughput / per_request
+
+    def _check(self) -> None:
+        self.left()
+
+    def bound(self, pool: Problem, what: str) -> float:
+        """An upper bound on one instance's request rate: CP-SAT's best subproblem
+        bound (its relaxation, no solve)."""
+        self.phase = f"bounding the {what}"
+        self._report()
+        subs, _ = subproblems(pool, self._check)
+        return self._rate(pool, subs[0].bound) if subs else 0.0
+
+    def _reused(self, pool: Problem) -> Pool | None:
+        """The solve of the same pool offered more requests, when its plan holds no
+        more than ``pool`` offers: the optimum over fewer plans that still holds it."""
+        offer = pool.workload.batch
+        for other, kept in self.offers.get(_offerless(pool), ()):
+            if other < offer or kept.status != "optimal" or kept.plan is None:
+                continue
+            assert kept.metrics is not None
+            if kept.metrics.concurrency <= offer:
+                m = evaluate(pool, kept.plan)
+                return Pool(kept.status, kept.plan, m, self._rate(pool, m.throughput_tok_s))
+        return None
+
     def solve_pool(self, pool: Problem, what: str) -> Pool:
-        kept = self.pools.get(pool)
+        kept = self.pools.get(pool) or self._reused(pool)
         if kept is not None:
+            self.pools[pool] = kept
             return kept
         self.phase = what
         self._report()
@@ -185,17 +228,10 @@ class DisaggSearch:
         if r.status == "interrupted":
             raise KeyboardInterrupt
         feasible = r.metrics is not None and r.metrics.feasible
-        rate = 0.0
-        if feasible:
-            assert r.metrics is not None
-            per_request = (
-                self.problem.workload.input_len
-                if pool.workload.phase == "prefill"
-                else self.problem.workload.output_len - 1
-            )
-            rate = r.metrics.throughput_tok_s / per_request
+        rate = self._rate(pool, r.metrics.throughput_tok_s) if r.metrics and feasible else 0.0
         result = Pool(r.status, r.plan if feasible else None, r.metrics if feasible else None, rate)
         self.pools[pool] = result
+        self.offers.setdefault(_offerless(pool), []).append((pool.workload.batch, result))
         return result
 
     def decode(self, gpus: int, instances: int, layout: tuple[int, int] | None = None) -> Pool:
@@ -227,6 +263,47 @@ class DisaggSearch:
         )
         return self.solve_pool(pool, where)
 
+    def prefill_to(
+        self, gpus: int, instances: int, layout: tuple[int, int], one_node: bool
+    ) -> Pool:
+        """A prefill instance handing off to ``layout``: the optimum without a handoff
+        when it still meets the TTFT SLO with this one (it bounds every plan that
+        hands off, so it is their optimum), else a solve of its own."""
+        free = self.prefill(gpus, instances, None, one_node)
+        if free.plan is None:
+            return free  # no plan without a handoff: none with one
+        try:
+            pool = prefill_problem(
+                self.problem,
+                gpus,
+                instances,
+                decode_pp=layout[0],
+                decode_tp=layout[1],
+                one_node=one_node,
+            )
+        except ShardlabError:
+            return NO_POOL
+        m = evaluate(pool, free.plan)
+        if m.feasible:
+            return Pool(free.status, free.plan, m, self._rate(pool, m.throughput_tok_s))
+        return self.prefill(gpus, instances, layout, one_node)
+
+    def decode_bound(self, gpus: int) -> float:
+        try:
+            pool = decode_problem(self.problem, gpus, 1)
+        except ShardlabError:
+            return 0.0
+        return self.bound(pool, f"decode instance of {gpus} GPUs")
+
+    def prefill_bound(self, gpus: int) -> float:
+        try:
+            pool = prefill_problem(self.problem, gpus, 1, decode_pp=1, decode_tp=1, one_node=False)
+        except ShardlabError:
+            return 0.0
+        return self.bound(
+            dataclasses.replace(pool, handoff=None), f"prefill instance of {gpus} GPUs"
+        )
+
     def layouts(self, gpus: int, instances: int) -> list[tuple[int, int]]:
         try:
             space = decode_problem(self.problem, gpus, instances).space
@@ -243,14 +320,14 @@ class DisaggSearch:
         if d.plan is None:
             return 0.0, NO_POOL, NO_POOL
         first = (d.plan.degrees.pp, d.plan.degrees.tp)
-        p = self.prefill(gp, x, first, one)
+        p = self.prefill_to(gp, x, first, one)
         value, best = min(x * p.rate, y * d.rate), (p, d)
         if x * p.rate >= y * d.rate:
             return value, *best  # the decode pool is the slower: no layout does better
         for layout in self.layouts(gd, y):
             if layout == first:
                 continue
-            pc = self.prefill(gp, x, layout, one)
+            pc = self.prefill_to(gp, x, layout, one)
             if x * pc.rate <= value * (1 + ROUNDING):
                 continue
             dc = self.decode(gd, y, layout)
@@ -269,8 +346,8 @@ class DisaggSearch:
         complete = False
         interrupted = False
         try:
-            decode_ub = {g: self.decode(g, 1).rate for g in sizes}
-            prefill_ub = {g: self.prefill(g, 1, None, False).rate for g in sizes}
+            decode_ub = {g: self.decode_bound(g) for g in sizes}
+            prefill_ub = {g: self.prefill_bound(g) for g in sizes}
             order = sorted(
                 (
                     (min(x * prefill_ub[gp], y * decode_ub[gd]), gp, x, gd, y)
