@@ -497,9 +497,7 @@ def solve(
             f"evaluations in {result.wall_s:.1f} s"
             + (f" ({result.message})" if result.message else "")
         )
-        for key, value in result.facts.items():
-            if not isinstance(value, list | dict):
-                out.print(f"  {key}: {fact_text(key, value)}", markup=False)
+        _print_facts(result.facts)
         if result.plan is not None and result.metrics is not None:
             print_plan(problem, result.plan)
             print_metrics(result.metrics)
@@ -603,9 +601,7 @@ def _solve_serving(
             f"{result.facts.get('pool_solves', 0)} pool solves in {result.wall_s:.1f} s"
             + (f" ({result.message})" if result.message else "")
         )
-        for key, value in result.facts.items():
-            if not isinstance(value, list | dict):
-                out.print(f"  {key}: {fact_text(key, value)}", markup=False)
+        _print_facts(result.facts)
         if result.plan is not None and result.metrics is not None:
             print_disagg(problem, result.plan, result.metrics)
             _print_pairs(problem, result.pairs)
@@ -637,6 +633,13 @@ def _print_pairs(
             f"{bound * o:,.0f}", f"{value * o:,.0f}",
         )  # fmt: skip
     out.print(table)
+
+
+def _print_facts(facts: dict[str, object]) -> None:
+    """A solver's facts, a line each (its lists and tables are the JSON's)."""
+    for key, value in facts.items():
+        if not isinstance(value, list | dict):
+            out.print(f"  {key}: {fact_text(key, value)}", markup=False)
 
 
 def _free_optimum(problem: Problem, seed: int) -> SolveResult:

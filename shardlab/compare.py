@@ -106,33 +106,10 @@ def run_task(task: Task) -> dict[str, Any]:
             seed=task.seed,
         )
     except Exception as exc:  # a failing run is recorded; the comparison goes on
-        return {
-            "task_max_evals": task.max_evals,
-            "instance": task.instance_name,
-            "engine": task.engine,
-            "space": task.space_kind,
-            "method": task.name,
-            "solver": task.method,
-            "seed": task.seed,
-            "status": "error",
-            "message": f"{type(exc).__name__}: {exc}",
-            "objective": None,
-            "throughput_tok_s": None,
-            "n_evals": 0,
-            "wall_s": 0.0,
-            "history": [],
-            "plan": None,
-            "facts": {},
-        }
+        return _failed(task, exc)
     feasible = r.metrics is not None and r.status in ("optimal", "feasible")
     return {
-        "task_max_evals": task.max_evals,
-        "instance": task.instance_name,
-        "engine": task.engine,
-        "space": task.space_kind,
-        "method": task.name,
-        "solver": task.method,
-        "seed": task.seed,
+        **_record(task),
         "status": r.status,
         "message": r.message,
         "objective": r.objective if feasible else None,
@@ -150,16 +127,6 @@ def _run_disagg(task: Task, problem: Problem) -> dict[str, Any]:
     the pools' CP-SAT solves)."""
     from shardlab.solvers.disagg import solve_disagg
 
-    record: dict[str, Any] = {
-        "task_max_evals": task.max_evals,
-        "instance": task.instance_name,
-        "engine": task.engine,
-        "space": task.space_kind,
-        "method": task.name,
-        "solver": task.method,
-        "seed": task.seed,
-        "history": [],
-    }
     try:
         r = solve_disagg(
             problem,
@@ -168,21 +135,12 @@ def _run_disagg(task: Task, problem: Problem) -> dict[str, Any]:
             seed=task.seed,
         )
     except Exception as exc:  # a failing run is recorded; the comparison goes on
-        return {
-            **record,
-            "status": "error",
-            "message": f"{type(exc).__name__}: {exc}",
-            "objective": None,
-            "throughput_tok_s": None,
-            "n_evals": 0,
-            "wall_s": 0.0,
-            "plan": None,
-            "facts": {},
-        }
+        return _failed(task, exc)
     m = r.metrics
     feasible = m is not None and r.status in ("optimal", "feasible")
     return {
-        **record,
+        **_record(task),
+        "history": [],
         "status": r.status,
         "message": r.message,
         "objective": m.objective if feasible and m else None,
@@ -191,6 +149,35 @@ def _run_disagg(task: Task, problem: Problem) -> dict[str, Any]:
         "wall_s": r.wall_s,
         "plan": r.to_dict(problem)["plan"],
         "facts": _jsonable({**r.facts, "label": r.plan.label() if r.plan else None}),
+    }
+
+
+def _record(task: Task) -> dict[str, Any]:
+    """What every record of a run says of its task."""
+    return {
+        "task_max_evals": task.max_evals,
+        "instance": task.instance_name,
+        "engine": task.engine,
+        "space": task.space_kind,
+        "method": task.name,
+        "solver": task.method,
+        "seed": task.seed,
+    }
+
+
+def _failed(task: Task, exc: Exception) -> dict[str, Any]:
+    """The record of a run that raised."""
+    return {
+        **_record(task),
+        "status": "error",
+        "message": f"{type(exc).__name__}: {exc}",
+        "objective": None,
+        "throughput_tok_s": None,
+        "n_evals": 0,
+        "wall_s": 0.0,
+        "history": [],
+        "plan": None,
+        "facts": {},
     }
 
 

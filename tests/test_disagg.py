@@ -4,12 +4,12 @@ disaggregated optimum against exhaustive enumeration of every pair of plans."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cli import run_cli
 
 from shardlab.costmodel import evaluate_batch
 from shardlab.costmodel.disagg import evaluate_disagg, instance_rate
@@ -174,19 +174,6 @@ def test_plan_json_round_trips_and_checks_its_cluster(tmp_path: Path) -> None:
     crowded["prefill"] = {**data["prefill"], "instances": 99}
     with pytest.raises(ShardlabError, match="cannot hold"):
         DisaggPlan.from_dict(crowded, problem.model, where="x", cluster=problem.cluster)
-
-
-def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
-    from shardlab.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["shardlab", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_solve_best_reports_both_and_writes_the_chosen_plan(

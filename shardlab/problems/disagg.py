@@ -113,10 +113,6 @@ def offered(problem: Problem, instances: int) -> int:
     return -(-problem.workload.batch // instances)
 
 
-def _instance_cluster(cluster: Cluster, gpus: int) -> Cluster:
-    return dataclasses.replace(cluster, num_gpus=gpus)
-
-
 def prefill_problem(
     problem: Problem,
     gpus: int,
@@ -138,20 +134,8 @@ def prefill_problem(
         decode_tp=decode_tp,
         same_node=one_node,
     )
-    workload = dataclasses.replace(
-        w,
-        name=f"{w.name}/prefill",
-        phase="prefill",
-        tpot_ms=None,
-        objective="throughput",
-        batch=offered(problem, instances),
-    )
     return dataclasses.replace(
-        problem,
-        cluster=_instance_cluster(problem.cluster, gpus),
-        workload=workload,
-        handoff=handoff,
-        pin=(("replicas", 1),),
+        _instance_problem(problem, "prefill", gpus, instances), handoff=handoff
     )
 
 
@@ -161,20 +145,30 @@ def decode_problem(
     """One decode instance's problem: ``gpus`` GPUs generating in flight, the prompts
     cached, TPOT under the TPOT SLO, offered its share of the load (``layout``: only
     plans of this ``(pp, tp)``)."""
+    pool = _instance_problem(problem, "decode", gpus, instances)
+    if layout is None:
+        return pool
+    return dataclasses.replace(pool, pin=(*pool.pin, ("pp", layout[0]), ("tp", layout[1])))
+
+
+def _instance_problem(problem: Problem, phase: str, gpus: int, instances: int) -> Problem:
+    """One instance of a pool: ``phase`` on ``gpus`` GPUs, one copy of the model, its
+    share of the offered load, under the pool's SLO only."""
     w = problem.workload
+    slo = {"tpot_ms": None} if phase == "prefill" else {"ttft_ms": None}
     workload = dataclasses.replace(
         w,
-        name=f"{w.name}/decode",
-        phase="decode",
-        ttft_ms=None,
+        name=f"{w.name}/{phase}",
+        phase=phase,
         objective="throughput",
         batch=offered(problem, instances),
+        **slo,
     )
-    pin: tuple[tuple[str, int], ...] = (("replicas", 1),)
-    if layout is not None:
-        pin += (("pp", layout[0]), ("tp", layout[1]))
     return dataclasses.replace(
-        problem, cluster=_instance_cluster(problem.cluster, gpus), workload=workload, pin=pin
+        problem,
+        cluster=dataclasses.replace(problem.cluster, num_gpus=gpus),
+        workload=workload,
+        pin=(("replicas", 1),),
     )
 
 
