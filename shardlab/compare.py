@@ -24,6 +24,7 @@ spans the budget) runs once per budget. Exact methods and the baseline run once.
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import math
 import statistics
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardlab.costmodel.evaluate import forget_tables
 from shardlab.errors import ShardlabError
 from shardlab.executors import Executor, run_all
 from shardlab.files import make_dir, replacing
@@ -95,7 +97,18 @@ def task_key(task: Task) -> str:
 
 
 def run_task(task: Task) -> dict[str, Any]:
-    """One solve, as a JSON-ready dict (runs in a worker process)."""
+    """One solve, as a JSON-ready dict (runs in a worker process). The cost model's
+    tables are dropped after it, as a fresh process would start: a worker runs many
+    runs, and the tables of every degree tuple of every instance piled up (a worker of
+    the paper suite reached 14 GB and was killed)."""
+    try:
+        return _run(task)
+    finally:
+        forget_tables()
+        gc.collect()
+
+
+def _run(task: Task) -> dict[str, Any]:
     problem = task.instance.problem(task.timing, task.engine, task.space_kind)
     if task.serving == "disagg":
         return _run_disagg(task, problem)
