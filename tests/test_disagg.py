@@ -229,3 +229,9 @@ def test_a_time_limit_ends_the_search_with_its_best_pair_so_far() -> None:
     assert within_limit(wall, 3.0), wall
     assert r.status in ("feasible", "unknown") and "time limit" in r.message
     assert r.facts.get("ran_out_in")
+
+
+def test_a_cluster_with_too_many_pairs_of_pools_is_refused() -> None:
+    c = Problem.build("deepseek-v3", "h100x2048").cluster
+    with pytest.raises(ShardlabError, match="pairs of pools"):
+        pairs(c)

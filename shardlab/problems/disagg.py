@@ -87,6 +87,10 @@ def fits(cluster: Cluster, instances: dict[int, int]) -> bool:
     return used <= cluster.num_gpus and whole + -(-small // node) <= cluster.num_nodes
 
 
+# Pairs of pools the exact search enumerates at most (about 1,024 GPUs in nodes of 8).
+MAX_PAIRS = 4_000_000
+
+
 def pairs(cluster: Cluster) -> tuple[tuple[int, int, int, int], ...]:
     """(prefill GPUs per instance, x, decode GPUs per instance, y) of every pair of
     pools that fits in ``cluster``."""
@@ -100,6 +104,12 @@ def pairs(cluster: Cluster) -> tuple[tuple[int, int, int, int], ...]:
                     counts = {gp: x, gd: y} if gp != gd else {gp: x + y}
                     if fits(cluster, counts):
                         out.append((gp, x, gd, y))
+                if len(out) > MAX_PAIRS:
+                    raise ShardlabError(
+                        f"--serving disagg on {cluster.name}: more than {MAX_PAIRS:,} pairs "
+                        "of pools to enumerate (the exact search goes to about 1,024 GPUs); "
+                        "plan one part of the cluster, or use --serving agg"
+                    )
     return tuple(out)
 
 
