@@ -266,7 +266,7 @@ def _report(problem: Problem, plan: Plan | DisaggPlan, fmt: Format, *, top: int 
     if isinstance(plan, DisaggPlan):
         _report_disagg(problem, plan, fmt, top=top)
         return
-    metrics = cost_evaluate(problem, plan)
+    metrics = cost_evaluate(problem, plan, breakdown=top is not None)
     chosen = problem.workload.schedule == "inflight" and plan.concurrency is None
     plan = with_concurrency(problem, plan, metrics)
     if fmt is Format.json:
@@ -295,7 +295,7 @@ def _report(problem: Problem, plan: Plan | DisaggPlan, fmt: Format, *, top: int 
 def _report_disagg(problem: Problem, plan: DisaggPlan, fmt: Format, *, top: int | None) -> None:
     from shardlab.costmodel.disagg import evaluate_disagg, with_concurrencies
 
-    metrics = evaluate_disagg(problem, plan)
+    metrics = evaluate_disagg(problem, plan, breakdown=top is not None)
     plan = with_concurrencies(problem, plan, metrics)
     if fmt is Format.json:
         emit_json(

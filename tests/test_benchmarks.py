@@ -147,3 +147,12 @@ def test_bench_time_limit_overrun(benchmark, method: str, limit: float) -> None:
         }
     )
     assert result.status in ("feasible", "unknown") or method == "megatron"
+
+
+def test_bench_evaluate_one_plan_metrics_only(benchmark) -> None:
+    """``evaluate(breakdown=False)``: one plan's metrics, the scalar path solvers use."""
+    problem = get_instance("deepseek-v3-h100x64-chat").problem()
+    plan = problem.space.decode(problem.space.sample(1, seed=2)[0])
+    evaluate(problem, plan, breakdown=False)
+    metrics = benchmark(evaluate, problem, plan, breakdown=False)
+    assert metrics == evaluate(problem, plan) and not metrics.breakdown

@@ -289,3 +289,15 @@ def test_pricing_survives_its_tables_being_dropped() -> None:
     stack_of.cache_clear()
     again = evaluate_batch(problem, codes[::-1])
     np.testing.assert_allclose(again.objective[::-1], before.objective, rtol=1e-12)
+
+
+def test_metrics_without_the_breakdown_are_the_same_metrics() -> None:
+    from shardlab.problems.suite import get_instance
+
+    for name in ("deepseek-v3-h100x64-chat", "llama405b-h100x32-prefill"):
+        problem = get_instance(name).problem()
+        for code in problem.space.sample(20, seed=3):
+            plan = problem.space.decode(code)
+            full, plain = evaluate(problem, plan), evaluate(problem, plan, breakdown=False)
+            assert full.breakdown and not plain.breakdown
+            assert dataclasses.asdict(plain) == {**dataclasses.asdict(full), "breakdown": ()}

@@ -113,14 +113,15 @@ def combine(
     )
 
 
-def evaluate_disagg(problem: Problem, plan: DisaggPlan) -> DisaggMetrics:
-    """Price ``plan``: each pool at its plan's concurrency, or the one it does best with."""
+def evaluate_disagg(problem: Problem, plan: DisaggPlan, *, breakdown: bool = True) -> DisaggMetrics:
+    """Price ``plan``: each pool at its plan's concurrency, or the one it does best with
+    (``breakdown``: each pool's per-operator breakdown too)."""
     check_disagg(problem)
     pp_problem, dp_problem = pool_problems(problem, plan)
     for pool, pool_plan in ((pp_problem, plan.prefill), (dp_problem, plan.decode)):
         pool.space.degree_index(pool_plan.degrees)  # each instance's degrees must suit it
-    pm = evaluate(pp_problem, plan.prefill)
-    dm = evaluate(dp_problem, plan.decode)
+    pm = evaluate(pp_problem, plan.prefill, breakdown=breakdown)
+    dm = evaluate(dp_problem, plan.decode, breakdown=breakdown)
     d = plan.prefill.degrees
     handoff = float(handoff_seconds(pp_problem, d.pp, d.tp))
     return combine(problem, plan, pm, dm, handoff)

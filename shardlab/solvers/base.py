@@ -162,7 +162,7 @@ class Solver(ABC):
     ) -> SolveResult:
         ev = ctx.evaluator
         plan = ev.best_plan()
-        metrics = evaluate(ctx.problem, plan) if plan is not None else None
+        metrics = evaluate(ctx.problem, plan, breakdown=False) if plan is not None else None
         status: Status
         message = ""
         if metrics is not None and abs(metrics.objective - ev.best_objective) > 1e-9 * max(
@@ -192,7 +192,7 @@ class Solver(ABC):
                 "memory and the SLOs; raise --time-limit"
             )
             plan = ev.least_infeasible_plan()
-            metrics = evaluate(ctx.problem, plan) if plan is not None else None
+            metrics = evaluate(ctx.problem, plan, breakdown=False) if plan is not None else None
         else:
             status = "infeasible"
             message = ev.infeasibility_message(
@@ -200,12 +200,12 @@ class Solver(ABC):
             )
             if metrics is not None and not metrics.feasible:
                 plan, metrics = ev.least_infeasible_plan(), None
-                metrics = evaluate(ctx.problem, plan) if plan is not None else None
+                metrics = evaluate(ctx.problem, plan, breakdown=False) if plan is not None else None
         if plan is not None and metrics is not None:
             plan = with_concurrency(ctx.problem, plan, metrics)
             # Priced again at the concurrency it now carries, so that evaluate(plan)
             # gives these metrics to the bit (choosing c sums other shapes: ulps).
-            metrics = evaluate(ctx.problem, plan)
+            metrics = evaluate(ctx.problem, plan, breakdown=False)
         return SolveResult(
             method=self.name,
             seed=ctx.seed,
