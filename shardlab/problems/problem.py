@@ -18,6 +18,7 @@ from shardlab.problems.dtypes import BYTES_PER_VALUE
 from shardlab.problems.handoff import Handoff
 from shardlab.problems.limits import MAX_CONTEXT
 from shardlab.problems.model import Model
+from shardlab.problems.plan import Degrees
 from shardlab.problems.space import SearchSpace, SpaceKind, Tie
 from shardlab.problems.workload import Workload, get_workload
 
@@ -80,6 +81,9 @@ class Problem(CachedHash):
                 f"model {self.model.name}: --draft-tokens drafts with multi-token-prediction "
                 "layers and its config has none (num_nextn_predict_layers); drop --draft-tokens"
             )
+        for key, value in self.pin:
+            if key not in Degrees.__dataclass_fields__ or not isinstance(value, int):
+                raise ShardlabError(f"pin {key}={value!r}: pin a degree to an integer")
         self._check_context()
         need = self.weight_bytes() / 1e9
         have = self.cluster.total_hbm_gb
