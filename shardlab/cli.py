@@ -1047,6 +1047,11 @@ def compare(
 
     anchor = None
     if aiconfigurator is not None:
+        if serving != "best":
+            raise ShardlabError(
+                "--aiconfigurator sets AIConfigurator's agg-vs-disagg choice beside both "
+                "optima: add --serving best"
+            )
         anchor = read_anchor(aiconfigurator)
     if check_serving(serving) == "disagg":
         if methods not in (None, "cpsat"):
