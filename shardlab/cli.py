@@ -462,7 +462,7 @@ def solve(
         return
     with solve_progress(method, budget.max_evals, budget.seconds, budget.started) as callback:
         result = solver.solve(problem, budget=budget, seed=seed, callback=callback)
-    if result.status == "unknown":
+    if result.status in ("unknown", "infeasible"):  # no plan meets memory and the SLOs
         raise ShardlabError(f"{method}: {result.message}")
     baseline = get_solver("megatron").solve(problem, seed=seed)
     free = _free_optimum(problem, seed) if vs_free else None
@@ -565,6 +565,10 @@ def _solve_serving(
             callback=callback,
             workers=workers if isinstance(workers, int) else None,
         )
+    unmet = [r for r in (result, agg) if r is not None and r.status in ("unknown", "infeasible")]
+    if len(unmet) == (2 if agg is not None else 1):  # neither mode has a plan
+        why = unmet[-1].message  # the aggregated search's, when there is one: it names the SLO
+        raise ShardlabError(f"--serving {serving}: no plan in either mode; {why}")
     chosen = "disagg"
     if agg is not None and (result.metrics is None or agg.objective > result.objective):
         chosen = "agg"

@@ -603,6 +603,8 @@ NUMERIC_FLAGS = st.sampled_from(
         [*SOLVE, "--time-limit", "0"],
         [*SOLVE, "--time-limit", "nan"],
         [*SOLVE, "--time-limit", "-5"],
+        [*SOLVE, "--ttft-ms", "1"],  # an SLO no plan meets
+        ["solve", "--method", "cpsat", "--model", "llama-3.1-8b", "--tpot-ms", "0.5"],
         ["solve", "--method", "cpsat", "--workers", "0"],
         ["solve", "--method", "nope"],
         ["solve", "--format", "xml"],

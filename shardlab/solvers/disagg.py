@@ -316,6 +316,10 @@ class DisaggSearch:
     def pair(self, gp: int, x: int, gd: int, y: int) -> tuple[float, Pool, Pool]:
         """The best (rate, prefill instance, decode instance) of one pair of pools."""
         one = on_one_node(self.problem.cluster, x * gp + y * gd)
+        # Offered the whole load, an instance can run every plan it can run offered a
+        # share: no plan then, none for any count of these instances.
+        if self.decode(gd, 1).plan is None or self.prefill(gp, 1, None, one).plan is None:
+            return 0.0, NO_POOL, NO_POOL
         d = self.decode(gd, y)
         if d.plan is None:
             return 0.0, NO_POOL, NO_POOL
