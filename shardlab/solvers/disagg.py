@@ -202,7 +202,11 @@ class DisaggSearch:
         more than ``pool`` offers: the optimum over fewer plans that still holds it."""
         offer = pool.workload.batch
         for other, kept in self.offers.get(_offerless(pool), ()):
-            if other < offer or kept.status != "optimal" or kept.plan is None:
+            if other < offer:
+                continue
+            if kept.status == "infeasible":  # no plan at a larger load: none at this one
+                return kept
+            if kept.status != "optimal" or kept.plan is None:
                 continue
             assert kept.metrics is not None
             if kept.metrics.concurrency <= offer:
@@ -248,7 +252,7 @@ class DisaggSearch:
         self, gpus: int, instances: int, layout: tuple[int, int] | None, one_node: bool
     ) -> Pool:
         """A prefill instance handing off to decode ranks of ``layout`` (None: no
-        handoff, the bound)."""
+        handoff, the optimum that bounds every handoff's)."""
         pp, tp = layout or (1, 1)
         try:
             pool = prefill_problem(
@@ -259,7 +263,7 @@ class DisaggSearch:
         if layout is None:
             pool = dataclasses.replace(pool, handoff=None)
         where = f"prefill instance of {gpus} GPUs (1 of {instances})" + (
-            f" handing off to pp {pp} x tp {tp}" if layout else ", no handoff (bound)"
+            f" handing off to pp {pp} x tp {tp}" if layout else ", no handoff"
         )
         return self.solve_pool(pool, where)
 
