@@ -1007,7 +1007,7 @@ def compare(
         typer.Option(
             "--fresh",
             help="Run everything again: forget the finished runs in results/<name>/runs.jsonl "
-            "(by default a re-run runs only the runs missing there).",
+            "and results.json (by default a re-run runs only the runs missing there).",
         ),
     ] = False,
     engines: Annotated[
@@ -1132,6 +1132,8 @@ def compare(
     if fresh:
         journal_path.unlink(missing_ok=True)
     journal = Journal(journal_path)
+    if not fresh and (taken := journal.start_from(out_dir / "results.json")):
+        err.print(f"{journal_path}: started from {out_dir / 'results.json'} ({taken} runs)")
 
     def on_resume(reused: int, total: int) -> None:
         if reused:

@@ -4,6 +4,10 @@ Every (instance, method, seed, budget) run goes to a worker (a local process or 
 task, :mod:`shardlab.executors`) and, as it finishes, to ``results/<name>/runs.jsonl``
 (:mod:`shardlab.journal`): a comparison stopped part-way (Ctrl-C, a kill) loses only
 the runs in flight, and re-running the same command runs only the ones missing.
+Every record carries its run's key, so a clone that has ``results.json`` (committed)
+but not the journal (not committed) starts the journal from it and runs only what
+``results.json`` lacks: a committed comparison is extended (more seeds, methods,
+instances) without running it again.
 Results are gathered into ``results/<name>/``: ``results.json`` (every run, with its
 history and plan), ``results.csv`` (one row per run), ``summary.md`` (per instance and
 method, means over seeds) and ``convergence.png`` (best-so-far quality against
@@ -282,9 +286,10 @@ def run_comparison(
     keys = [task_key(t) for t in tasks]
     finished: dict[int, dict[str, Any]] = {}
     if journal is not None:
-        # a run that failed (an exception) is run again
+        # a run that failed (an exception) is run again; records journaled before they
+        # carried their key are given it, so that results.json can start a journal
         finished = {
-            i: journal.runs[k]
+            i: {**journal.runs[k], "key": k}
             for i, k in enumerate(keys)
             if k in journal and journal.runs[k].get("status") != "error"
         }
@@ -292,6 +297,7 @@ def run_comparison(
         on_resume(len(finished), len(tasks))
 
     def done(i: int, record: dict[str, Any]) -> None:
+        record = {**record, "key": keys[i]}
         if journal is not None:
             journal.add(keys[i], record)
         finished[i] = record

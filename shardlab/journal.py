@@ -5,6 +5,10 @@ is on disk once reported, and a process killed while writing leaves at most a to
 last line, which the next reader drops (and rewrites the file without). Each line
 holds the run's key (everything that defines the run: instance, method and its
 options, seed, budgets, kernel timing, engine, space) and its record.
+
+A comparison's ``results.json`` holds the same records, each with its key (a run read
+at several budgets appears once per budget; its whole record is the one timed):
+:meth:`Journal.start_from` fills an absent journal from it.
 """
 
 from __future__ import annotations
@@ -56,6 +60,28 @@ class Journal:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.runs)
+
+    def start_from(self, results: Path) -> int:
+        """Take the finished runs of a comparison's ``results.json`` into this (empty)
+        journal; how many. Records written before records carried their key are not
+        taken: their runs are run again."""
+        if self.runs or not results.exists():
+            return 0
+        try:
+            runs = json.loads(results.read_text())["runs"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ShardlabError(
+                f"{results}: not a comparison's results.json; delete it or pass --fresh"
+            ) from None
+        whole: dict[str, dict[str, Any]] = {}
+        for r in runs:
+            if not isinstance(r, dict) or "key" not in r or r.get("status") == "error":
+                continue
+            if r.get("wall_s") is not None:  # (a run read at a smaller budget is untimed)
+                whole.setdefault(r["key"], {k: v for k, v in r.items() if k != "budget"})
+        for key, record in whole.items():
+            self.add(key, record)
+        return len(whole)
 
     def add(self, key: str, record: dict[str, Any]) -> None:
         line = json.dumps({"key": key, "run": record}, default=str) + "\n"

@@ -302,3 +302,50 @@ def test_real_ray(tmp_path: Path) -> None:
     local = run_comparison(inst, ["random", "anneal"], 2, max_evals=200, seconds=None, jobs=1)
     assert [r["objective"] for r in results] == [r["objective"] for r in local]
     assert len(Journal(tmp_path / JOURNAL).runs) == len(results) == 5
+
+
+def _compare(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch) -> str:
+    from shardlab.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["shardlab", "compare", *args])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 0, err
+    return err
+
+
+def test_a_committed_comparison_is_extended_without_its_journal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    """A clone has results.json but not runs.jsonl: more seeds run only the new seed
+    (random runs once at the larger budget, anneal once per budget)."""
+    args = ["--suite", "llama70b-h100x4-chat", "--methods", "random,anneal", "--budgets"]
+    args += ["40,80", "--jobs", "1", "--name", "c", "--results-dir", str(tmp_path)]
+    _compare([*args, "--seeds", "1"], capsys, monkeypatch)
+    out = tmp_path / "c"
+    first = json.loads((out / "results.json").read_text())["runs"]
+    assert len({r["key"] for r in first}) == 4  # random, anneal at 40 and 80, megatron
+    (out / JOURNAL).unlink()
+
+    err = _compare([*args, "--seeds", "2"], capsys, monkeypatch)
+    assert f"started from {out / 'results.json'} (4 runs)" in err
+    ran = [line.split("] ", 1)[1] for line in err.splitlines() if line.startswith("  [")]
+    assert sorted(ran) == [
+        "llama70b-h100x4-chat anneal seed 1: feasible",
+        "llama70b-h100x4-chat anneal seed 1: feasible",
+        "llama70b-h100x4-chat random seed 1: feasible",
+    ]
+    again = json.loads((out / "results.json").read_text())["runs"]
+    assert [r for r in again if r["seed"] == 0] == first
+    assert len(Journal(out / JOURNAL).runs) == 7
+
+
+def test_records_without_their_key_start_no_journal(tmp_path: Path) -> None:
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"runs": [{"status": "feasible", "wall_s": 1.0}]}))
+    journal = Journal(tmp_path / JOURNAL)
+    assert journal.start_from(results) == 0 and not journal.runs
+    results.write_text("[1, 2]")
+    with pytest.raises(ShardlabError, match=r"not a comparison's results\.json"):
+        journal.start_from(results)
