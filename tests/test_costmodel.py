@@ -301,3 +301,32 @@ def test_metrics_without_the_breakdown_are_the_same_metrics() -> None:
             full, plain = evaluate(problem, plan), evaluate(problem, plan, breakdown=False)
             assert full.breakdown and not plain.breakdown
             assert dataclasses.asdict(plain) == {**dataclasses.asdict(full), "breakdown": ()}
+
+
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    hbm=st.sampled_from([1e3, 8e10, 1.41e11]),
+    stages=st.integers(1, 6),
+)
+@settings(max_examples=200, deadline=None)
+def test_capacity_is_the_most_requests_that_fit(seed: int, hbm: float, stages: int) -> None:
+    """The closed-form window finds what checking every concurrency finds: the largest
+    c <= top whose memory (as summed everywhere: base + kv_full c + kv_split ceil(c /
+    tp)) fits on every stage; 0 when none does."""
+    from shardlab.costmodel.evaluate import NO_STAGE, _capacity
+
+    rng = np.random.default_rng(seed)
+    n = 16
+    tp = rng.choice([1, 2, 4, 8, 72], n)
+    base = rng.uniform(0.0, 1.05, (n, stages)) * hbm
+    base[rng.random((n, stages)) < 0.2] = NO_STAGE  # stages a plan does not have
+    scale = hbm / rng.choice([1, 10, 1000, 100_000], (n, 1))
+    kv_full = np.where(rng.random((n, stages)) < 0.3, 0.0, rng.uniform(0, 1, (n, stages)) * scale)
+    kv_split = np.where(rng.random((n, stages)) < 0.3, 0.0, rng.uniform(0, 1, (n, stages)) * scale)
+    top = rng.integers(0, 3000, n)
+    got = _capacity(base, kv_full, kv_split, tp, hbm, top)
+    for i in range(n):
+        c = np.arange(1, top[i] + 1)
+        mem = base[i] + kv_full[i] * c[:, None] + kv_split[i] * (-(-c[:, None] // tp[i]))
+        fits = c[(mem <= hbm).all(axis=1)]
+        assert got[i] == (fits.max() if len(fits) else 0), i

@@ -52,6 +52,7 @@ from shardlab.costmodel.regimes import DegreeArrays, judge, timing
 from shardlab.costmodel.stack import Stack, stack_of
 from shardlab.costmodel.tables import degree_tables, layer_classes_of
 from shardlab.errors import ShardlabError
+from shardlab.problems.model import Model
 from shardlab.problems.operators import HEAD_OPS, layer_edges, layer_ops
 from shardlab.problems.plan import Degrees, Plan
 from shardlab.problems.problem import Problem
@@ -258,29 +259,57 @@ def _cumulative(keys: np.ndarray, n_keys: int) -> np.ndarray:
     return np.cumsum(onehot, axis=0)
 
 
+@dataclass(frozen=True)
+class _LayerIndex:
+    """Each layer's class and kind as indices (into :func:`layer_classes_of` and
+    ``model.kinds``), and each kind's operators' option indices by name: looked up
+    once per model, not once per layer of every plan."""
+
+    layer_class: tuple[int, ...]
+    layer_kind: tuple[int, ...]
+    options: tuple[tuple[dict[str, int], ...], ...]  # per kind, per operator
+
+
+@lru_cache(maxsize=64)
+def _layer_index(model: Model) -> _LayerIndex:
+    classes = {c: i for i, c in enumerate(layer_classes_of(model))}
+    kinds = {c: i for i, c in enumerate(model.kinds)}
+    pairs = zip(model.layer_kinds, model.attention_layers, strict=True)
+    return _LayerIndex(
+        layer_class=tuple(classes[c] for c in pairs),
+        layer_kind=tuple(kinds[k] for k in model.layer_kinds),
+        options=tuple(
+            tuple({o.name: i for i, o in enumerate(op.options)} for op in layer_ops(model, k))
+            for k in model.kinds
+        ),
+    )
+
+
+_HEAD_OPTIONS = tuple({o.name: i for i, o in enumerate(op.options)} for op in HEAD_OPS)
+
+
 def units_of_plan(problem: Problem, plan: Plan) -> Units:
     """One plan as units: layers with the same class and options form one."""
     m = problem.model
     stack = stack_of(problem)
     k = stack.layout.n_ops
-    classes = {c: i for i, c in enumerate(layer_classes_of(m))}
-    kinds = {c: i for i, c in enumerate(m.kinds)}
+    index = _layer_index(m)
     ids: dict[tuple, int] = {}
     rows: list[list[int]] = []
     layer_unit, unit_class, unit_kind = [], [], []
     for layer, names in enumerate(plan.layer_options):
-        kind = m.layer_kinds[layer]
-        ci = classes[(kind, m.attention_layers[layer])]
+        ci = index.layer_class[layer]
         key = (ci, names)
         if key not in ids:
             ids[key] = len(rows)
-            ops = layer_ops(m, kind)
-            row = [op.option_names.index(n) for op, n in zip(ops, names, strict=True)]
+            kind = index.layer_kind[layer]
+            ops = index.options[kind]
+            row = [of[n] for of, n in zip(ops, names, strict=True)]
             rows.append(row + [0] * (k - len(row)))
             unit_class.append(ci)
-            unit_kind.append(kinds[kind])
+            unit_kind.append(kind)
         layer_unit.append(ids[key])
-    head = [op.option_names.index(n) for op, n in zip(HEAD_OPS, plan.head_options, strict=True)]
+    head = [of[n] for of, n in zip(_HEAD_OPTIONS, plan.head_options, strict=True)]
     ends = np.cumsum(plan.stage_layers)[None, :]
     return Units(
         layout=UnitLayout(tuple(layer_unit), tuple(unit_class), tuple(unit_kind)),
@@ -395,17 +424,30 @@ def _capacity(
     top: np.ndarray,
 ) -> np.ndarray:
     """``(n,)``: the most requests per dp rank (at most ``top``; 0 for none) whose memory
-    fits on every stage. Memory grows with the requests, so a bisection finds it."""
-    lo = np.zeros(len(base), dtype=np.int64)
-    hi = top.astype(np.int64)
-    tp = tp[:, None]
-    while (active := lo < hi).any():
-        mid = (lo + hi + 1) // 2
-        mem = base + kv_full * mid[:, None] + kv_split * (-(-mid[:, None] // tp))
-        ok = (mem <= hbm).all(axis=1)
-        lo = np.where(active & ok, mid, lo)
-        hi = np.where(active & ~ok, mid - 1, hi)
-    return lo
+    fits on every stage.
+
+    A stage holding ``c`` requests needs ``base + kv_full c + kv_split ceil(c / tp)``,
+    so ``c <= (hbm - base) / (kv_full + kv_split / tp)``, and the ceiling costs at most
+    one more ``kv_split``: the answer lies within ``tp + 2`` below that bound. Only that
+    window is checked, with memory summed as everywhere else, so the answer is the one
+    a search over every ``c`` would find (memory grows with ``c``)."""
+    n = len(base)
+    per_request = kv_full + kv_split / tp[:, None]
+    room = hbm - base
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bound = np.where(
+            per_request > 0, room / per_request, np.where(room >= 0, np.inf, -np.inf)
+        ).min(axis=1)
+    hi = np.clip(np.floor(bound) + 1, 0, top).astype(np.int64)
+    c = hi[:, None] - np.arange(int(tp.max()) + 3)  # (n, J): from the bound down
+    splits = -(-c // tp[:, None])
+    mem = (
+        base[:, None, :]
+        + kv_full[:, None, :] * c[:, :, None]
+        + kv_split[:, None, :] * splits[:, :, None]
+    )
+    ok = (mem <= hbm).all(axis=2) & (c >= 1)
+    return np.where(ok.any(axis=1), c[np.arange(n), ok.argmax(axis=1)], 0)
 
 
 # Entries (stage rows x table entries, or x b columns) one sparse product handles at a
