@@ -653,6 +653,9 @@ def plot_convergence(path: Path, results: list[dict[str, Any]], rows: list[dict[
         # early (CP-SAT, the one-plan Megatron baseline) shows where it ended.
         right = max([2, *(r["n_evals"] for r in runs_here)])
         for mi, method in enumerate(methods):
+            # one legend entry per method: its runs (seeds, and budgets of methods run
+            # once per budget) share its colour
+            labelled = False
             for run in (r for r in runs_here if r["method"] == method):
                 pts = [(e, quality(v, best[inst])) for e, _, v in run["history"]]
                 if not pts:
@@ -664,8 +667,9 @@ def plot_convergence(path: Path, results: list[dict[str, Any]], rows: list[dict[
                     color=colors[mi % len(colors)],
                     alpha=0.8,
                     linestyle="--" if method == "megatron" else "-",
-                    label=method if run["seed"] == 0 else None,
+                    label=None if labelled else method,
                 )
+                labelled = True
         ax.set_xscale("log")
         ax.set_title(inst, fontsize=9)
         ax.set_xlabel("evaluations")
@@ -673,10 +677,20 @@ def plot_convergence(path: Path, results: list[dict[str, Any]], rows: list[dict[
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(instances) :]:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(methods))
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, format="png", dpi=90)
+    entries: dict[str, Any] = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    fig.tight_layout()
+    # below the panels, and the figure grown to hold it (not drawn over the axes' labels)
+    legend = fig.legend(
+        list(entries.values()),
+        list(entries),
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=min(len(entries), 6),
+    )
+    fig.savefig(path, format="png", dpi=90, bbox_inches="tight", bbox_extra_artists=(legend,))
     plt.close(fig)
 
 
