@@ -426,28 +426,31 @@ def _capacity(
     """``(n,)``: the most requests per dp rank (at most ``top``; 0 for none) whose memory
     fits on every stage.
 
-    A stage holding ``c`` requests needs ``base + kv_full c + kv_split ceil(c / tp)``,
-    so ``c <= (hbm - base) / (kv_full + kv_split / tp)``, and the ceiling costs at most
-    one more ``kv_split``: the answer lies within ``tp + 2`` below that bound. Only that
-    window is checked, with memory summed as everywhere else, so the answer is the one
-    a search over every ``c`` would find (memory grows with ``c``)."""
-    n = len(base)
-    per_request = kv_full + kv_split / tp[:, None]
+    A stage holding ``c`` requests needs ``base + kv_full c + kv_split q`` with ``q =
+    ceil(c / tp)``. Memory grows with ``c``, so each stage fits a prefix of
+    concurrencies and the plan fits the shortest. A stage's is found in closed form: the
+    most ``q`` whose first concurrency fits, then the most ``c`` of that ``q``. Floating
+    point can put that a request off the sum as computed everywhere else, so the answer
+    is then moved until the sum itself agrees."""
+    tp2 = tp[:, None]
     room = hbm - base
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bound = np.where(
-            per_request > 0, room / per_request, np.where(room >= 0, np.inf, -np.inf)
-        ).min(axis=1)
-    hi = np.clip(np.floor(bound) + 1, 0, top).astype(np.int64)
-    c = hi[:, None] - np.arange(int(tp.max()) + 3)  # (n, J): from the bound down
-    splits = -(-c // tp[:, None])
-    mem = (
-        base[:, None, :]
-        + kv_full[:, None, :] * c[:, :, None]
-        + kv_split[:, None, :] * splits[:, :, None]
-    )
-    ok = (mem <= hbm).all(axis=2) & (c >= 1)
-    return np.where(ok.any(axis=1), c[np.arange(n), ok.argmax(axis=1)], 0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = np.floor((room + kv_full * (tp2 - 1)) / (kv_full * tp2 + kv_split))
+        in_q = np.where(kv_full > 0, np.floor((room - kv_split * q) / kv_full), q * tp2)
+        per_stage = np.where(q >= 1, np.minimum(q * tp2, in_q), 0.0)
+        # a stage that holds no cache fits any concurrency, or none
+        per_stage = np.where(kv_full + kv_split > 0, per_stage, np.where(room >= 0, np.inf, 0))
+    c = np.clip(per_stage.min(axis=1), 0, top).astype(np.int64)
+
+    def fits(c: np.ndarray) -> np.ndarray:
+        mem = base + kv_full * c[:, None] + kv_split * (-(-c[:, None] // tp2))
+        return (mem <= hbm).all(axis=1)
+
+    while (up := (c < top) & fits(c + 1)).any():
+        c = c + up
+    while (down := (c >= 1) & ~fits(c)).any():
+        c = c - down
+    return c
 
 
 # Entries (stage rows x table entries, or x b columns) one sparse product handles at a
