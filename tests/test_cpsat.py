@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from shardlab import Problem
 from shardlab.costmodel import evaluate
+from shardlab.costmodel.decompose import integer_tables, price
+from shardlab.costmodel.handoff import handoff_ns
+from shardlab.problems.operators import layer_ops
 from shardlab.problems.suite import get_instance, get_suite
 from shardlab.solvers import Budget, available_solvers, solve
+from shardlab.solvers.chain import chain_plan, memory_bound, pipeline_plan
+from shardlab.solvers.cpsat import SubproblemModel, _step_weights, _valid_options, regime_time
 
 SMALL = [i.name for i in get_suite("small")]
 MEDIUM = [i.name for i in get_suite("medium")]
@@ -130,3 +137,100 @@ def test_a_subproblem_presolve_once_called_infeasible_is_solved() -> None:
     result = SubproblemModel(problem, di, 256).solve(60.0, 1, 0, lambda plan: None)
     assert result.status == "optimal" and result.plan is not None
     assert evaluate(problem, result.plan).feasible
+
+
+def _layer_subproblem(model: str, degrees: str, per_dp: int):
+    """A chat problem with options per layer on 4 H100, and the index of ``degrees``."""
+    p = Problem.build(model, "h100x4", "chat", tie="layer", batch=256)
+    di = next(i for i, d in enumerate(p.space.degree_tuples) if d.short() == degrees)
+    return p, di, integer_tables(p, p.space.degree_tuples[di], per_dp)
+
+
+@pytest.mark.parametrize(
+    "model,degrees,per_dp",
+    [
+        ("llama-3.1-8b", "replicas=2 pp=2 tp=1 dp_attn=1 ep=1 etp=1", 128),
+        ("llama-3.1-70b", "replicas=1 pp=4 tp=1 dp_attn=1 ep=1 etp=1", 256),
+    ],
+)
+def test_pipeline_shortest_path_is_the_cp_sat_optimum(
+    model: str, degrees: str, per_dp: int
+) -> None:
+    """With stages, the shortest path per stage over every partition finds the time
+    CP-SAT's model proves optimal (its plan fits and meets the SLOs here)."""
+    p, di, t = _layer_subproblem(model, degrees, per_dp)
+    d = p.space.degree_tuples[di]
+    kinds = [s.kind for s in t.steps]
+    m, handoff = min(d.pp, per_dp), handoff_ns(p, d.pp, d.tp)
+
+    def time_of(sums, maxes):
+        return regime_time(p, kinds, m, sums, maxes, np.maximum, handoff)[0]
+
+    found = pipeline_plan(p, t, _valid_options(p.space, di), per_dp, time_of)
+    assert found is not None
+    plan, time_ns = found
+    cost = price(p, t, plan)
+    # the plan's own time, summed from the tables, is the time the search reports
+    sums, maxes = cost.stage_ns.sum(1, keepdims=True), cost.stage_ns.max(1, keepdims=True)
+    assert cost.fits and time_ns == int(time_of(list(sums), list(maxes))[0])
+    exact = SubproblemModel(p, di, per_dp).solve(120, 2, 0, lambda _: None)
+    assert exact.status == "optimal" and exact.time_ns == time_ns
+
+
+def test_pipeline_shortest_path_switches_the_residual_stream_at_a_boundary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tables changed so that the residual option A the plan ends stage 0 with is dear
+    to send, cheaper than the other option B in every layer and dear to change into,
+    and the last stage the slower unless stage 0 sends A: the best plan ends stage 0 on
+    B and hops back into A as stage 1 starts. The search finds CP-SAT's optimum of
+    those tables."""
+    p, di, t = _layer_subproblem("llama-3.1-8b", "replicas=1 pp=2 tp=2 dp_attn=1 ep=1 etp=2", 256)
+    d = p.space.degree_tuples[di]
+    kinds = [s.kind for s in t.steps]
+    m, handoff = min(d.pp, 256), handoff_ns(p, d.pp, d.tp)
+
+    def time_of(sums, maxes):
+        return regime_time(p, kinds, m, sums, maxes, np.maximum, handoff)[0]
+
+    valid = _valid_options(p.space, di)
+    residual = layer_ops(p.model, p.model.layer_kinds[0])[0]
+
+    def stream(plan) -> list[int]:
+        return [residual.option_names.index(options[0]) for options in plan.layer_options]
+
+    before = pipeline_plan(p, t, valid, 256, time_of)
+    assert before is not None
+    a = stream(before[0])[before[0].stage_layers[0] - 1]
+    b = next(o for o in valid[(p.model.layer_kinds[0], residual.name)] if o != a)
+    op_ns, inter, p2p, head = t.op_ns.copy(), t.inter_ns.copy(), t.p2p_ns.copy(), t.head_ns.copy()
+    p2p[:, 0, a] += 10**9  # 1 s to send A: stage 0 would be the slower
+    op_ns[:, :, 0, b] += 200_000  # 0.2 ms a layer on B
+    inter[:, b, a] += 50_000  # 50 us from B into A
+    head[:, 2, :] += 2 * 10**7  # a 20 ms LM head: the last stage is the slower
+    dear = dataclasses.replace(t, op_ns=op_ns, inter_ns=inter, p2p_ns=p2p, head_ns=head)
+    found = pipeline_plan(p, dear, valid, 256, time_of)
+    assert found is not None
+    plan, time_ns = found
+    end = plan.stage_layers[0]
+    assert stream(plan)[end - 1 : end + 1] == [b, a]
+    cost = price(p, dear, plan)
+    sums, maxes = cost.stage_ns.sum(1, keepdims=True), cost.stage_ns.max(1, keepdims=True)
+    assert time_ns == int(time_of(list(sums), list(maxes))[0])
+    monkeypatch.setattr("shardlab.solvers.cpsat.integer_tables", lambda *_, **__: dear)
+    exact = SubproblemModel(p, di, 256).solve(120, 2, 0, lambda _: None)
+    assert exact.status == "optimal" and exact.time_ns == time_ns
+
+
+def test_memory_bound_is_below_the_fastest_plan_that_fits() -> None:
+    """Llama-3.1-70B on 2 x TP 2 H100 at 26 requests: the fastest plan does not fit;
+    the Lagrangian bound lies between it and CP-SAT's optimum of the plans that do."""
+    p, di, t = _layer_subproblem("llama-3.1-70b", "replicas=2 pp=1 tp=2 dp_attn=1 ep=1 etp=2", 26)
+    weights = np.array(_step_weights(p, [s.kind for s in t.steps]))
+    valid = _valid_options(p.space, di)
+    fastest = chain_plan(p, t, weights, valid, 26)
+    assert fastest is not None and not price(p, t, fastest[0]).fits
+    low = memory_bound(p, t, weights, valid)
+    exact = SubproblemModel(p, di, 26).solve(120, 2, 0, lambda _: None)
+    assert exact.status == "optimal" and exact.time_ns is not None
+    assert fastest[1] < low <= exact.time_ns

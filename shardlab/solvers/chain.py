@@ -15,6 +15,9 @@ model of hundreds of layers.
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,6 +25,7 @@ from shardlab.costmodel.decompose import IntegerTables
 from shardlab.problems.operators import HEAD_OPS, layer_ops
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
+from shardlab.problems.space import balanced_boundaries, max_shift
 from shardlab.solvers.minsum import Factor, argmin_sum
 
 
@@ -36,42 +40,37 @@ def _layer_factors(
     return factors
 
 
-def chain_plan(
+@dataclass(frozen=True)
+class _Layers:
+    """A degree tuple's layers under weighted tables, reduced to the residual stream:
+    each layer's least cost per residual option (its other operators eliminated), the
+    hop between consecutive layers' residual options, and the model's two ends."""
+
+    res: list[int]  # the residual stream's options (indices into its operator's)
+    layer_class: list[int]
+    best: dict[tuple[int, int], tuple[int, list[int]]]  # (class, residual) -> cost, options
+    layer_cost: np.ndarray  # (layers, residual)
+    inter: np.ndarray  # (residual of layer l - 1, residual of layer l)
+    heads: list[list[int]]  # valid options of each head operator
+    tail_cost: np.ndarray  # (residual of the last layer,): the output end's least cost
+    tail_pick: list[tuple[int, int, int]]  # its head options (final norm, LM head, sampler)
+
+
+def _layers(
     problem: Problem,
     t: IntegerTables,
-    weights: np.ndarray,
+    w: dict[str, np.ndarray],
     valid: dict[tuple[str, str], list[int]],
-    concurrency: int | None,
-) -> tuple[Plan, int] | None:
-    """The one-stage plan of least weighted time under ``t`` (degrees with pp = 1), and
-    that time in ns (None: layer kinds whose residual streams differ, not a chain of
-    one state). ``weights`` weigh the steps; ``valid`` holds the options the degrees
-    allow per (layer kind or 'head', operator)."""
+) -> _Layers | None:
+    """None: layer kinds whose residual streams allow different options."""
     m = problem.model
-    d = t.degrees
-    assert d.pp == 1
-
-    def weigh(name: str) -> np.ndarray:
-        return np.tensordot(weights, getattr(t, name), axes=1).astype(np.int64)
-
-    w = {
-        "op": weigh("op_ns"),
-        "edge": weigh("edge_ns"),
-        "inter": weigh("inter_ns"),
-        "head": weigh("head_ns"),
-        "emb_first": weigh("emb_first_ns"),
-        "last_fnorm": weigh("last_fnorm_ns"),
-        "fnorm_lm": weigh("fnorm_lm_ns"),
-        "lm_sampler": weigh("lm_sampler_ns"),
-    }
     classes = {c: i for i, c in enumerate(t.classes)}
     layer_class = [classes[c] for c in zip(m.layer_kinds, m.attention_layers, strict=True)]
     # the residual stream's options ("residual" is every kind's first operator)
     per_kind = {tuple(valid[(k, layer_ops(m, k)[0].name)]) for k in m.kinds}
     if len(per_kind) != 1:
-        return None  # kinds that allow the residual stream different options
+        return None
     res = list(per_kind.pop())
-    # per class and residual option: the layer's least cost and its operators' options
     best: dict[tuple[int, int], tuple[int, list[int]]] = {}
     for ci in set(layer_class):
         kind = t.classes[ci][0]
@@ -83,7 +82,6 @@ def chain_plan(
             cost, choice = argmin_sum([len(o) for o in opts], [*base, ((0,), pin)])
             best[(ci, j)] = (cost, [o[x] for o, x in zip(opts, choice, strict=True)])
     layer_cost = np.array([[best[(ci, j)][0] for j in range(len(res))] for ci in layer_class])
-    inter = w["inter"][np.ix_(res, res)]
     heads = [valid[("head", op.name)] for op in HEAD_OPS]
     # the output end for each residual option of the last layer: its best head options
     tail_cost = np.full(len(res), np.iinfo(np.int64).max, dtype=np.int64)
@@ -97,6 +95,82 @@ def chain_plan(
         better = cost < tail_cost
         tail_cost = np.where(better, cost, tail_cost)
         tail_pick = [p if not b else (h1, h2, h3) for p, b in zip(tail_pick, better, strict=True)]
+    return _Layers(
+        res=res,
+        layer_class=layer_class,
+        best=best,
+        layer_cost=layer_cost,
+        inter=w["inter"][np.ix_(res, res)],
+        heads=heads,
+        tail_cost=tail_cost,
+        tail_pick=tail_pick,
+    )
+
+
+def _weighted(t: IntegerTables, weights: np.ndarray) -> dict[str, np.ndarray]:
+    def weigh(name: str) -> np.ndarray:
+        return np.tensordot(weights, getattr(t, name), axes=1).astype(np.int64)
+
+    names = ("op", "edge", "inter", "head", "emb_first", "last_fnorm", "fnorm_lm", "lm_sampler")
+    return {name: weigh(f"{name}_ns") for name in names} | {"p2p": weigh("p2p_ns")}
+
+
+def _plan(
+    problem: Problem,
+    t: IntegerTables,
+    ly: _Layers,
+    stage_layers: tuple[int, ...],
+    path: list[int],
+    h0: int,
+    concurrency: int | None,
+) -> Plan:
+    """The plan of residual options ``path`` (one per layer), each layer's other
+    operators at their best for it, the embedding at ``h0`` and the output end at its
+    best for the last layer."""
+    m = problem.model
+    layer_options = []
+    for layer, j in enumerate(path):
+        kind = m.layer_kinds[layer]
+        chosen = ly.best[(ly.layer_class[layer], j)][1]
+        layer_options.append(
+            tuple(op.options[o].name for op, o in zip(layer_ops(m, kind), chosen, strict=True))
+        )
+    head = (h0, *ly.tail_pick[path[-1]])
+    return Plan(
+        degrees=t.degrees,
+        stage_layers=stage_layers,
+        layer_options=tuple(layer_options),
+        head_options=tuple(op.options[o].name for op, o in zip(HEAD_OPS, head, strict=True)),
+        concurrency=concurrency,
+    )
+
+
+def chain_plan(
+    problem: Problem,
+    t: IntegerTables,
+    weights: np.ndarray,
+    valid: dict[tuple[str, str], list[int]],
+    concurrency: int | None,
+    *,
+    price: float = 0.0,
+) -> tuple[Plan, int] | None:
+    """The one-stage plan of least weighted time under ``t`` (degrees with pp = 1), and
+    that time in ns (None: layer kinds whose residual streams differ, not a chain of
+    one state). ``weights`` weigh the steps; ``valid`` holds the options the degrees
+    allow per (layer kind or 'head', operator). ``price`` (ns per byte) adds each
+    option's memory (weights and KV cache), rounded down, to its time: the plan then
+    least in time plus priced memory, and that sum."""
+    m = problem.model
+    assert t.degrees.pp == 1
+    w = _weighted(t, weights)
+    if price:
+        w["op"] = w["op"] + np.floor(price * (t.weight_bytes + t.kv_bytes)).astype(np.int64)
+        w["head"] = w["head"] + np.floor(price * t.head_weight_bytes).astype(np.int64)
+    ly = _layers(problem, t, w, valid)
+    if ly is None:
+        return None
+    layer_cost, inter, tail_cost = ly.layer_cost, ly.inter, ly.tail_cost
+    res, heads = ly.res, ly.heads
     top: tuple[int, int, list[int]] | None = None  # (cost, embedding option, path)
     for h0 in heads[0]:
         value = w["head"][0, h0] + w["emb_first"][h0, res] + layer_cost[0]
@@ -114,19 +188,168 @@ def chain_plan(
             top = (int(total[end]), h0, path[::-1])
     assert top is not None
     cost, h0, path = top
-    layer_options = []
-    for layer, j in enumerate(path):
-        kind = m.layer_kinds[layer]
-        chosen = best[(layer_class[layer], j)][1]
-        layer_options.append(
-            tuple(op.options[o].name for op, o in zip(layer_ops(m, kind), chosen, strict=True))
+    return _plan(problem, t, ly, (m.num_layers,), path, h0, concurrency), cost
+
+
+# Memory prices (ns per byte) the memory bound tries, relative to the fastest plan's
+# time over the memory there is: a grid, then a golden-section search around its best.
+PRICE_GRID = np.geomspace(1e-3, 1e2, 16)
+PRICE_REFINE = 12
+
+
+def memory_bound(
+    problem: Problem,
+    t: IntegerTables,
+    weights: np.ndarray,
+    valid: dict[tuple[str, str], list[int]],
+) -> float | None:
+    """A lower bound (ns) on the weighted time of every one-stage plan under ``t`` whose
+    memory fits (None: not a chain, as :func:`chain_plan`).
+
+    Memory is a sum over the options (weights, KV cache, the head's weights; plus the
+    workspace, at least 0, and the reserve), so pricing it at ``p`` ns per byte gives
+    the Lagrangian bound ``min over plans of (time + p memory) - p room``: no plan that
+    fits is faster, whatever ``p`` (rounding the prices down keeps it a bound). Each
+    ``p`` costs one shortest path; the best found is returned."""
+    room = t.hbm_bytes - t.reserve_bytes
+    fastest = chain_plan(problem, t, weights, valid, None)
+    if fastest is None:
+        return None
+    scale = max(fastest[1], 1) / room
+
+    def bound(log_price: float) -> float:
+        p = scale * math.exp(log_price)
+        found = chain_plan(problem, t, weights, valid, None, price=p)
+        assert found is not None
+        return found[1] - p * room
+
+    grid = np.log(PRICE_GRID)
+    values = [bound(x) for x in grid]
+    i = int(np.argmax(values))
+    best = max(float(fastest[1]), values[i])
+    # the dual is concave in the price: narrow the bracket around the grid's best
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    golden = (math.sqrt(5) - 1) / 2
+    for _ in range(PRICE_REFINE):
+        a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
+        fa, fb = bound(a), bound(b)
+        best = max(best, fa, fb)
+        lo, hi = (lo, b) if fa >= fb else (a, hi)
+    return best
+
+
+# Partitions x residual options at stage boundaries a pipeline's search enumerates at
+# most (beyond: CP-SAT's model).
+MAX_PIPELINE_COMBOS = 200_000
+
+
+def pipeline_plan(
+    problem: Problem,
+    t: IntegerTables,
+    valid: dict[tuple[str, str], list[int]],
+    concurrency: int | None,
+    time_of: Callable[[list[np.ndarray], list[np.ndarray]], np.ndarray],
+) -> tuple[Plan, int] | None:
+    """The plan of least time under ``t`` with ``pp > 1`` stages, over the space's
+    partitions, and that time in ns; ``time_of(sums, maxes)`` is the regime's time from
+    each step's sum and maximum over the stages.
+
+    When that time depends on one step's stage times only (throughput in flight: the
+    decode step; one-step workloads), it grows with each stage's time. Once the
+    partition and the residual option of each stage's last layer are fixed, the stages
+    no longer interact (a stage's time holds the hop into its first layer from the
+    previous stage's last, and the send after its own last), so each stage at its
+    least time is the least time of the plan: a shortest path per stage, then every
+    partition and boundary option compared. None: the time depends on several steps
+    (their stage maxima do not add up), residual streams that differ by layer kind, or
+    more than :data:`MAX_PIPELINE_COMBOS` combinations."""
+    m = problem.model
+    d = t.degrees
+    pp, n_layers = d.pp, m.num_layers
+    assert pp > 1
+    n_steps = len(t.steps)
+    zero = [np.zeros(1, dtype=np.int64)] * n_steps
+    rest = time_of(zero, zero)
+    depends = []
+    for k in range(n_steps):
+        one = [np.full(1, 1 if i == k else 0, dtype=np.int64) for i in range(n_steps)]
+        if time_of(one, one)[0] != rest[0]:
+            depends.append(k)
+    if len(depends) != 1:
+        return None
+    step = depends[0]
+    w = _weighted(t, np.eye(n_steps, dtype=np.int64)[step])
+    ly = _layers(problem, t, w, valid)
+    if ly is None:
+        return None
+    n_res = len(ly.res)
+    base = balanced_boundaries(n_layers, pp)
+    shift = max_shift(n_layers, pp)
+    cuts = [range(b - shift, b + shift + 1) for b in base]
+    if math.prod(len(c) for c in cuts) * n_res ** (pp - 1) > MAX_PIPELINE_COMBOS:
+        return None
+    # the input end: for each residual option of layer 0, its best embedding
+    entry = np.stack([w["head"][0, h0] + w["emb_first"][h0, ly.res] for h0 in ly.heads[0]])
+    entry_pick = [ly.heads[0][i] for i in entry.argmin(axis=0)]
+    p2p = w["p2p"][:, ly.res]  # (boundary, residual of the stage's last layer)
+
+    # stage s from layer a: (entering option, last option) costs at each possible end,
+    # with the back pointers of its shortest paths
+    starts = [[0], *cuts]
+    ends = [*cuts, [n_layers]]
+    paths: dict[tuple[int, int], tuple[dict[int, np.ndarray], list[np.ndarray]]] = {}
+    for s in range(pp):
+        for a in starts[s]:
+            value = (entry.min(axis=0)[None, :] if s == 0 else ly.inter) + ly.layer_cost[a]
+            back: list[np.ndarray] = []
+            at_end: dict[int, np.ndarray] = {}
+            exit_cost = p2p[s] if s < pp - 1 else ly.tail_cost
+            for layer in range(a, max(ends[s])):
+                if layer > a:
+                    through = value[:, :, None] + ly.inter[None]  # (in, previous, this)
+                    back.append(through.argmin(axis=1))
+                    value = through.min(axis=1) + ly.layer_cost[layer]
+                if layer + 1 in ends[s]:
+                    at_end[layer + 1] = value + exit_cost[None, :]
+            paths[(s, a)] = (at_end, back)
+
+    top: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
+    for bounds in itertools.product(*cuts):
+        edges = (0, *bounds, n_layers)
+        # time of each stage over the boundary options (e_0 .. e_{pp-2}) as a grid
+        grid = [n_res] * (pp - 1)
+        stage_times = []
+        for s in range(pp):
+            cost = paths[(s, edges[s])][0][edges[s + 1]]  # (in, last)
+            if s == pp - 1:
+                cost = cost.min(axis=1, keepdims=True)  # the last stage's own end is free
+            shape = [1] * (pp - 1)
+            if s > 0:
+                shape[s - 1] = n_res
+            if s < pp - 1:
+                shape[s] = n_res
+            stage_times.append(cost.reshape(shape) if s else cost[0].reshape(shape))
+        sums = sum(np.broadcast_to(x, grid) for x in stage_times)
+        maxes = np.maximum.reduce([np.broadcast_to(x, grid) for x in stage_times])
+        total = time_of(
+            [sums if k == step else np.zeros(grid, np.int64) for k in range(n_steps)],
+            [maxes if k == step else np.zeros(grid, np.int64) for k in range(n_steps)],
         )
-    head = (h0, *tail_pick[path[-1]])
-    plan = Plan(
-        degrees=d,
-        stage_layers=(m.num_layers,),
-        layer_options=tuple(layer_options),
-        head_options=tuple(op.options[o].name for op, o in zip(HEAD_OPS, head, strict=True)),
-        concurrency=concurrency,
-    )
-    return plan, cost
+        i = int(np.argmin(total))
+        if top is None or int(total.flat[i]) < top[0]:
+            top = (int(total.flat[i]), bounds, np.unravel_index(i, grid))
+    assert top is not None
+    cost, bounds, states = top
+    edges = (0, *bounds, n_layers)
+    path: list[int] = []
+    for s in range(pp):
+        at_end, back = paths[(s, edges[s])]
+        final = at_end[edges[s + 1]]
+        enter = 0 if s == 0 else int(states[s - 1])
+        last = int(states[s]) if s < pp - 1 else int(final[enter].argmin())
+        stage = [last]
+        for pointers in reversed(back[: edges[s + 1] - edges[s] - 1]):
+            stage.append(int(pointers[enter, stage[-1]]))
+        path += stage[::-1]
+    stage_layers = tuple(int(b - a) for a, b in itertools.pairwise(edges))
+    return _plan(problem, t, ly, stage_layers, path, entry_pick[path[0]], concurrency), cost

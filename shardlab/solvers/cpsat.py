@@ -91,7 +91,7 @@ from shardlab.problems.space import (
     max_shift,
 )
 from shardlab.solvers.base import Budget, Outcome, SearchContext, Solver
-from shardlab.solvers.chain import chain_plan
+from shardlab.solvers.chain import chain_plan, memory_bound, pipeline_plan
 from shardlab.solvers.evaluator import BudgetExhausted
 from shardlab.solvers.front import dominated_by
 from shardlab.solvers.megatron import megatron_candidates, megatron_rule
@@ -900,6 +900,7 @@ class _Solves:
         self.feasible = _Feasibility(ctx.problem)
         self.count = 0
         self.chained = 0  # subproblems the layers' shortest path solved
+        self.memory_bounded = 0  # subproblems its memory bound pruned
 
     def solve(
         self,
@@ -938,35 +939,52 @@ class _Solves:
                 ev.evaluate_plan(result.plan)  # the solution callback prices each
         return result
 
-    def by_chain(self, sub: Subproblem, where: str) -> bool:
-        """Solve ``sub`` by the layers' shortest path (:mod:`shardlab.solvers.chain`)
-        when its plans have options per layer and one stage: True when the fastest plan
-        fits and meets the SLOs, so that it is the subproblem's proven optimum."""
+    def by_chain(self, sub: Subproblem, where: str, best: float) -> str | None:
+        """Settle ``sub`` by the layers' shortest path (:mod:`shardlab.solvers.chain`;
+        with a pipeline, one per stage over the partitions) when its plans have options
+        per layer: ``solved`` when the fastest plan fits and meets the SLOs (it is then
+        the subproblem's proven optimum); ``pruned`` when, with one stage, the least
+        time of the plans that fit (a Lagrangian bound on memory) leaves no plan better
+        than ``best``; None: CP-SAT's model is needed."""
         problem, space, ev = self.ctx.problem, self.ctx.space, self.ctx.evaluator
         d = space.degree_tuples[sub.degree_index]
-        if problem.tie != "layer" or d.pp != 1:
-            return False
+        if problem.tie != "layer":
+            return None
         ev.enter(f"{where}: the layers' shortest path")
         t = integer_tables(problem, d, sub.per_dp)
-        weights = np.array(_step_weights(problem, [s.kind for s in t.steps]))
-        inflight = problem.workload.schedule == "inflight"
-        found = chain_plan(
-            problem,
-            t,
-            weights,
-            _valid_options(space, sub.degree_index),
-            sub.per_dp if inflight else None,
-        )
+        kinds = [s.kind for s in t.steps]
+        valid = _valid_options(space, sub.degree_index)
+        concurrency = sub.per_dp if problem.workload.schedule == "inflight" else None
+        weights = np.array(_step_weights(problem, kinds))  # the time with one stage
+        if d.pp == 1:
+            found = chain_plan(problem, t, weights, valid, concurrency)
+        else:
+            m, handoff = min(d.pp, sub.per_dp), handoff_ns(problem, d.pp, d.tp)
+
+            def time_of(sums: list[np.ndarray], maxes: list[np.ndarray]) -> np.ndarray:
+                return regime_time(problem, kinds, m, sums, maxes, np.maximum, handoff)[0]
+
+            found = pipeline_plan(problem, t, valid, concurrency, time_of)
         if found is None:
-            return False
+            return None
         plan = found[0]
         cost = price(problem, t, plan)
-        if not judge(problem, cost.timing, np.array([cost.fits])).feasible[0]:
-            return False  # memory or an SLO binds: CP-SAT's model weighs them
-        self.chained += 1
-        self.feasible.found(sub.degree_index, plan)
-        ev.evaluate_plan(plan)
-        return True
+        if judge(problem, cost.timing, np.array([cost.fits])).feasible[0]:
+            self.chained += 1
+            self.feasible.found(sub.degree_index, plan)
+            ev.evaluate_plan(plan)
+            return "solved"
+        # memory or an SLO binds: CP-SAT's model weighs them, unless no plan that fits
+        # can beat the best
+        if d.pp == 1 and math.isfinite(best):
+            ev.enter(f"{where}: bounding the plans that fit")
+            low = memory_bound(problem, t, weights, valid)
+            if low is not None:
+                bound = objective_of(problem, d, sub.per_dp, max(low, 1.0))
+                if bound <= best + ROUNDING * abs(best):
+                    self.memory_bounded += 1
+                    return "pruned"
+        return None
 
     def settle(self, sub: Subproblem, where: str) -> None:
         """After ``sub`` proved infeasible: bisect with floor models for the fewest
@@ -1037,8 +1055,8 @@ class CpSatSolver(Solver):
                     counts["infeasible"] += 1  # its degrees' floor model failed at fewer
                     done = i + 1
                     continue
-                if solves.by_chain(sub, where):
-                    counts["solved"] += 1
+                if (settled := solves.by_chain(sub, where, best)) is not None:
+                    counts[settled] += 1
                     done = i + 1
                     best = max(best, ev.best_objective)
                     continue
@@ -1097,6 +1115,7 @@ class CpSatSolver(Solver):
                 "gap": gap,
                 "solves": solves.count,
                 "by_shortest_path": solves.chained,
+                "by_memory_bound": solves.memory_bounded,
                 "workers": self.workers,
                 "seconds": time.perf_counter() - start,
             },
