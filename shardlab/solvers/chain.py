@@ -1,4 +1,4 @@
-"""The fastest one-stage plan with options per layer, exactly, by dynamic programming.
+"""The fastest plan with options per layer, exactly, by dynamic programming.
 
 With one pipeline stage a subproblem's time (the regime's weighted sum of its steps,
 :mod:`shardlab.solvers.cpsat`) is a sum over the layers of each layer's operators and
@@ -10,6 +10,12 @@ residual option is the least sum over its other operators (variable elimination,
 in order. What it ignores (memory, the SLOs) is checked afterwards: when the fastest
 plan also fits and meets them it is the subproblem's optimum, proven, without a CP-SAT
 model of hundreds of layers.
+
+With a pipeline (:func:`pipeline_plan`) each stage is such a path, once the partition
+and the residual option at each stage boundary are fixed; every partition the space
+allows and every boundary option are compared. When the fastest one-stage plan does
+not fit, :func:`memory_bound` prices memory into the path (a Lagrangian bound): no plan
+that fits is faster, and a subproblem whose bound cannot beat the best plan is pruned.
 """
 
 from __future__ import annotations
