@@ -41,7 +41,7 @@ from shardlab.costmodel.evaluate import forget_tables
 from shardlab.errors import ShardlabError
 from shardlab.executors import Executor, run_all
 from shardlab.files import make_dir, replacing
-from shardlab.journal import Journal
+from shardlab.journal import Journal, is_whole_run
 from shardlab.problems.problem import Problem
 from shardlab.problems.suite import Instance
 from shardlab.solvers import Budget
@@ -286,10 +286,9 @@ def run_comparison(
     keys = [task_key(t) for t in tasks]
     finished: dict[int, dict[str, Any]] = {}
     if journal is not None:
-        # a run that failed (an exception) is run again; records journaled before they
-        # carried their key are given it, so that results.json can start a journal
+        # a run that failed (an exception) is run again
         finished = {
-            i: {**journal.runs[k], "key": k}
+            i: journal.runs[k]
             for i, k in enumerate(keys)
             if k in journal and journal.runs[k].get("status") != "error"
         }
@@ -297,7 +296,6 @@ def run_comparison(
         on_resume(len(finished), len(tasks))
 
     def done(i: int, record: dict[str, Any]) -> None:
-        record = {**record, "key": keys[i]}
         if journal is not None:
             journal.add(keys[i], record)
         finished[i] = record
@@ -306,7 +304,8 @@ def run_comparison(
 
     todo = [(i, t) for i, t in enumerate(tasks) if i not in finished]
     run_all(run_task, todo, executor=executor, jobs=jobs, address=address, done=done)
-    results = [finished[i] for i in range(len(tasks))]
+    # each carries its key, so that results.json can start a journal (Journal.start_from)
+    results = [{**finished[i], "key": keys[i]} for i in range(len(tasks))]
     if not budgets:
         return results
     return [rec for r in results for rec in _at_budgets(r, budgets)]
@@ -639,8 +638,7 @@ def plot_convergence(path: Path, results: list[dict[str, Any]], rows: list[dict[
     import matplotlib.pyplot as plt
 
     best = {r["instance"]: r["best_known"] for r in rows}
-    # One curve per run: of the records a run stands for, the one at its own budget.
-    results = [r for r in results if r.get("budget") in (None, r.get("task_max_evals"))]
+    results = [r for r in results if is_whole_run(r)]  # one curve per run
     instances = list(dict.fromkeys(r["instance"] for r in results))
     methods = list(dict.fromkeys(r["method"] for r in results))
     cols = min(3, len(instances))

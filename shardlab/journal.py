@@ -7,7 +7,7 @@ holds the run's key (everything that defines the run: instance, method and its
 options, seed, budgets, kernel timing, engine, space) and its record.
 
 A comparison's ``results.json`` holds the same records, each with its key (a run read
-at several budgets appears once per budget; its whole record is the one timed):
+at several budgets appears once per budget, :func:`is_whole_run` telling its own):
 :meth:`Journal.start_from` fills an absent journal from it.
 """
 
@@ -23,6 +23,12 @@ from shardlab.errors import ShardlabError
 from shardlab.files import make_dir, write_text
 
 JOURNAL = "runs.jsonl"
+
+
+def is_whole_run(record: dict[str, Any]) -> bool:
+    """Whether a comparison's record is its run's own, not the run read at a smaller
+    budget than it ran (:func:`shardlab.compare.run_comparison`)."""
+    return record.get("budget") in (None, record.get("task_max_evals"))
 
 
 class Journal:
@@ -73,15 +79,14 @@ class Journal:
             raise ShardlabError(
                 f"{results}: not a comparison's results.json; delete it or pass --fresh"
             ) from None
-        whole: dict[str, dict[str, Any]] = {}
+        taken = 0
         for r in runs:
             if not isinstance(r, dict) or "key" not in r or r.get("status") == "error":
                 continue
-            if r.get("wall_s") is not None:  # (a run read at a smaller budget is untimed)
-                whole.setdefault(r["key"], {k: v for k, v in r.items() if k != "budget"})
-        for key, record in whole.items():
-            self.add(key, record)
-        return len(whole)
+            if is_whole_run(r):
+                self.add(r["key"], {k: v for k, v in r.items() if k not in ("key", "budget")})
+                taken += 1
+        return taken
 
     def add(self, key: str, record: dict[str, Any]) -> None:
         line = json.dumps({"key": key, "run": record}, default=str) + "\n"

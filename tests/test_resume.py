@@ -164,7 +164,8 @@ def test_a_run_that_failed_is_run_again(tmp_path: Path) -> None:
         on_done=seen.append,
     )  # fmt: skip
     assert [(r["method"], r["seed"]) for r in seen] == [("random", 0)]
-    assert again[0]["status"] != "error" and Journal(path).runs[entry["key"]] == again[0]
+    rerun = Journal(path).runs[entry["key"]]
+    assert again[0]["status"] != "error" and again[0] == {**rerun, "key": entry["key"]}
 
 
 def test_runs_in_the_journal_are_not_run_again(tmp_path: Path) -> None:

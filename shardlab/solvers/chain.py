@@ -157,44 +157,71 @@ def chain_plan(
     weights: np.ndarray,
     valid: dict[tuple[str, str], list[int]],
     concurrency: int | None,
-    *,
-    price: float = 0.0,
 ) -> tuple[Plan, int] | None:
     """The one-stage plan of least weighted time under ``t`` (degrees with pp = 1), and
     that time in ns (None: layer kinds whose residual streams differ, not a chain of
     one state). ``weights`` weigh the steps; ``valid`` holds the options the degrees
-    allow per (layer kind or 'head', operator). ``price`` (ns per byte) adds each
-    option's memory (weights and KV cache), rounded down, to its time: the plan then
-    least in time plus priced memory, and that sum."""
-    m = problem.model
+    allow per (layer kind or 'head', operator)."""
     assert t.degrees.pp == 1
-    w = _weighted(t, weights)
-    if price:
-        w["op"] = w["op"] + np.floor(price * (t.weight_bytes + t.kv_bytes)).astype(np.int64)
-        w["head"] = w["head"] + np.floor(price * t.head_weight_bytes).astype(np.int64)
+    return _one_stage(problem, t, _weighted(t, weights), valid, concurrency)
+
+
+def _one_stage(
+    problem: Problem,
+    t: IntegerTables,
+    w: dict[str, np.ndarray],
+    valid: dict[tuple[str, str], list[int]],
+    concurrency: int | None,
+) -> tuple[Plan, int] | None:
+    """:func:`chain_plan` under the weighted tables ``w``."""
+    m = problem.model
     ly = _layers(problem, t, w, valid)
     if ly is None:
         return None
-    layer_cost, inter, tail_cost = ly.layer_cost, ly.inter, ly.tail_cost
-    res, heads = ly.res, ly.heads
-    top: tuple[int, int, list[int]] | None = None  # (cost, embedding option, path)
-    for h0 in heads[0]:
-        value = w["head"][0, h0] + w["emb_first"][h0, res] + layer_cost[0]
-        back = []
-        for layer in range(1, m.num_layers):
-            through = value[:, None] + inter  # (previous residual, this residual)
-            back.append(through.argmin(axis=0))
-            value = through.min(axis=0) + layer_cost[layer]
-        total = value + tail_cost
-        end = int(total.argmin())
-        if top is None or int(total[end]) < top[0]:
-            path = [end]
-            for step in reversed(back):
-                path.append(int(step[path[-1]]))
-            top = (int(total[end]), h0, path[::-1])
-    assert top is not None
-    cost, h0, path = top
-    return _plan(problem, t, ly, (m.num_layers,), path, h0, concurrency), cost
+    entry, entry_pick = _input_end(w, ly)
+    at_end, back = _stage_paths(ly, entry[None, :], 0, [m.num_layers], ly.tail_cost)
+    final = at_end[m.num_layers][0]
+    last = int(final.argmin())
+    path = _trace(back, 0, last, m.num_layers)
+    plan = _plan(problem, t, ly, (m.num_layers,), path, entry_pick[path[0]], concurrency)
+    return plan, int(final[last])
+
+
+def _input_end(w: dict[str, np.ndarray], ly: _Layers) -> tuple[np.ndarray, list[int]]:
+    """For each residual option of layer 0: the input end's least cost (embedding and
+    its hop into the layer), and the embedding option reaching it."""
+    costs = np.stack([w["head"][0, h0] + w["emb_first"][h0, ly.res] for h0 in ly.heads[0]])
+    return costs.min(axis=0), [ly.heads[0][i] for i in costs.argmin(axis=0)]
+
+
+def _stage_paths(
+    ly: _Layers, entry: np.ndarray, start: int, ends: list[int], exit_cost: np.ndarray
+) -> tuple[dict[int, np.ndarray], list[np.ndarray]]:
+    """Shortest paths through layers ``start`` .. ``end - 1`` for every ``end`` in
+    ``ends``: ``entry`` (entering state, residual option of layer ``start``) is the cost
+    of entering, ``exit_cost`` (residual option of the last layer) that of leaving.
+    Returns each end's (entering state, last option) costs, and back pointers (per
+    layer after ``start``: (entering state, option) -> the previous layer's option)."""
+    value = entry + ly.layer_cost[start]
+    back: list[np.ndarray] = []
+    at_end: dict[int, np.ndarray] = {}
+    for layer in range(start, max(ends)):
+        if layer > start:
+            through = value[:, :, None] + ly.inter[None]  # (in, previous, this)
+            back.append(through.argmin(axis=1))
+            value = through.min(axis=1) + ly.layer_cost[layer]
+        if layer + 1 in ends:
+            at_end[layer + 1] = value + exit_cost[None, :]
+    return at_end, back
+
+
+def _trace(back: list[np.ndarray], enter: int, last: int, layers: int) -> list[int]:
+    """The residual options of a stage of ``layers`` layers ending on ``last``, from
+    :func:`_stage_paths`'s back pointers."""
+    path = [last]
+    for pointers in reversed(back[: layers - 1]):
+        path.append(int(pointers[enter, path[-1]]))
+    return path[::-1]
 
 
 # Memory prices (ns per byte) the memory bound tries, relative to the fastest plan's
@@ -218,14 +245,20 @@ def memory_bound(
     fits is faster, whatever ``p`` (rounding the prices down keeps it a bound). Each
     ``p`` costs one shortest path; the best found is returned."""
     room = t.hbm_bytes - t.reserve_bytes
-    fastest = chain_plan(problem, t, weights, valid, None)
+    w = _weighted(t, weights)
+    fastest = _one_stage(problem, t, w, valid, None)
     if fastest is None:
         return None
     scale = max(fastest[1], 1) / room
+    memory = t.weight_bytes + t.kv_bytes
 
     def bound(log_price: float) -> float:
         p = scale * math.exp(log_price)
-        found = chain_plan(problem, t, weights, valid, None, price=p)
+        priced = w | {
+            "op": w["op"] + np.floor(p * memory).astype(np.int64),
+            "head": w["head"] + np.floor(p * t.head_weight_bytes).astype(np.int64),
+        }
+        found = _one_stage(problem, t, priced, valid, None)
         assert found is not None
         return found[1] - p * room
 
@@ -233,14 +266,23 @@ def memory_bound(
     values = [bound(x) for x in grid]
     i = int(np.argmax(values))
     best = max(float(fastest[1]), values[i])
-    # the dual is concave in the price: narrow the bracket around the grid's best
-    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    # the dual is concave in the price: golden-section search in the grid's bracket,
+    # each step pricing one new point
     golden = (math.sqrt(5) - 1) / 2
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
+    fa, fb = bound(a), bound(b)
+    best = max(best, fa, fb)
     for _ in range(PRICE_REFINE):
-        a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
-        fa, fb = bound(a), bound(b)
+        if fa >= fb:
+            hi, b, fb = b, a, fa
+            a = hi - golden * (hi - lo)
+            fa = bound(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + golden * (hi - lo)
+            fb = bound(b)
         best = max(best, fa, fb)
-        lo, hi = (lo, b) if fa >= fb else (a, hi)
     return best
 
 
@@ -294,9 +336,7 @@ def pipeline_plan(
     cuts = [range(b - shift, b + shift + 1) for b in base]
     if math.prod(len(c) for c in cuts) * n_res ** (pp - 1) > MAX_PIPELINE_COMBOS:
         return None
-    # the input end: for each residual option of layer 0, its best embedding
-    entry = np.stack([w["head"][0, h0] + w["emb_first"][h0, ly.res] for h0 in ly.heads[0]])
-    entry_pick = [ly.heads[0][i] for i in entry.argmin(axis=0)]
+    entry, entry_pick = _input_end(w, ly)
     p2p = w["p2p"][:, ly.res]  # (boundary, residual of the stage's last layer)
 
     # stage s from layer a: (entering option, last option) costs at each possible end,
@@ -305,19 +345,10 @@ def pipeline_plan(
     ends = [*cuts, [n_layers]]
     paths: dict[tuple[int, int], tuple[dict[int, np.ndarray], list[np.ndarray]]] = {}
     for s in range(pp):
+        exit_cost = p2p[s] if s < pp - 1 else ly.tail_cost
         for a in starts[s]:
-            value = (entry.min(axis=0)[None, :] if s == 0 else ly.inter) + ly.layer_cost[a]
-            back: list[np.ndarray] = []
-            at_end: dict[int, np.ndarray] = {}
-            exit_cost = p2p[s] if s < pp - 1 else ly.tail_cost
-            for layer in range(a, max(ends[s])):
-                if layer > a:
-                    through = value[:, :, None] + ly.inter[None]  # (in, previous, this)
-                    back.append(through.argmin(axis=1))
-                    value = through.min(axis=1) + ly.layer_cost[layer]
-                if layer + 1 in ends[s]:
-                    at_end[layer + 1] = value + exit_cost[None, :]
-            paths[(s, a)] = (at_end, back)
+            into = entry[None, :] if s == 0 else ly.inter  # from the previous stage's last
+            paths[(s, a)] = _stage_paths(ly, into, a, list(ends[s]), exit_cost)
 
     top: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
     for bounds in itertools.product(*cuts):
@@ -353,9 +384,6 @@ def pipeline_plan(
         final = at_end[edges[s + 1]]
         enter = 0 if s == 0 else int(states[s - 1])
         last = int(states[s]) if s < pp - 1 else int(final[enter].argmin())
-        stage = [last]
-        for pointers in reversed(back[: edges[s + 1] - edges[s] - 1]):
-            stage.append(int(pointers[enter, stage[-1]]))
-        path += stage[::-1]
+        path += _trace(back, enter, last, edges[s + 1] - edges[s])
     stage_layers = tuple(int(b - a) for a, b in itertools.pairwise(edges))
     return _plan(problem, t, ly, stage_layers, path, entry_pick[path[0]], concurrency), cost
