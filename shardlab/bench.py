@@ -83,12 +83,12 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, numpy {np.__version__}"
 
 
-def evaluator_markdown(command: str, rows: list[EvaluatorSpeed]) -> str:
+def evaluator_markdown(command: str, rows: list[EvaluatorSpeed], repeats: int) -> str:
     lines = [
         "# Evaluator speed",
         "",
         f"Produced by `{command}`; numbers are written by the code, never by hand. "
-        f"Machine: {machine()}. Best of 3 repeats, one thread.",
+        f"Machine: {machine()}. Best of {repeats} repeats, one thread.",
         "",
         "Plans are random samples of each instance's space (every degree tuple mixed in "
         "one call). *warm*: 20,000 plans in one call with the tables built; *first*: the "

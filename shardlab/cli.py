@@ -1208,6 +1208,12 @@ def bench(
     time_limit: Annotated[
         float, typer.Option("--time-limit", min=1.0, help="cpsat: seconds per run.")
     ] = 600.0,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            min=1, help="evaluator: best of this many repeats (more: less of other load)."
+        ),
+    ] = 3,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Measure speed on this machine; --out writes the table with its command."""
@@ -1226,9 +1232,9 @@ def bench(
             else list(b.EVALUATOR_INSTANCES)
         )
         for name in names:
-            rows.append(b.evaluator_speed(name))
+            rows.append(b.evaluator_speed(name, repeats=repeats))
             err.print(f"  {name}: {rows[-1].warm_plans_s:,.0f} plans/s warm")
-        text = b.evaluator_markdown(command, rows)
+        text = b.evaluator_markdown(command, rows, repeats)
     elif what == "cpsat":
         if instances:
             raise ShardlabError("bench cpsat runs a fixed set of problems; drop --instances")

@@ -265,3 +265,18 @@ def test_train_policy_then_solve_from_it(tmp_path: Path, capsys, monkeypatch) ->
         ["solve", "--method", "rl", "--policy", str(tmp_path / "missing.pt")], capsys, monkeypatch
     )
     assert code == 2 and "missing.pt" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bench_evaluator_writes_its_table_with_its_command(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    out_file = tmp_path / "speed.md"
+    args = ["bench", "evaluator", "--instances", "llama8b-h100x2-chat", "--repeats", "2"]
+    code, _, err = run_cli([*args, "--out", str(out_file)], capsys, monkeypatch)
+    assert code == 0 and "llama8b-h100x2-chat" in err
+    text = out_file.read_text()
+    assert f"`shardlab {' '.join(args)} --out {out_file}`" in text
+    assert "Best of 2 repeats" in text
+    row = next(line for line in text.splitlines() if line.startswith("| llama8b-h100x2-chat"))
+    cells = [c.strip().replace(",", "") for c in row.strip("|").split("|")[1:]]
+    assert len(cells) == 7 and all(float(c) > 0 for c in cells)

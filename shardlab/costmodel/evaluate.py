@@ -453,8 +453,8 @@ def _capacity(
     return c
 
 
-# Entries (stage rows x table entries, or x b columns) one sparse product handles at a
-# time: keeps its arrays to tens of MB.
+# Entries (a plan's terms, and its stage rows' units and fixed entries) one pass
+# prices: keeps its arrays to tens of MB.
 GATHER_CHUNK = 1 << 22
 
 # Batches this small are priced at powers of four columns, larger ones at powers of two.
@@ -500,31 +500,12 @@ def _stages(u: Units, terms: _Terms, pp: np.ndarray) -> _Stages:
     )
 
 
-@dataclass(frozen=True)
-class _Entries:
-    """Each stage row's time as a weighted sum of table rows, in compressed rows: row
-    ``r``'s entries are ``indptr[r]:indptr[r + 1]`` of ``rid`` (a slot's row, before the
-    slot's offset) and ``weight``; ``plan`` is the plan of each entry."""
-
-    indptr: np.ndarray
-    rid: np.ndarray
-    weight: np.ndarray
-    plan: np.ndarray
-
-    def take(self, rows: np.ndarray) -> _Entries:
-        """The entries of stage rows ``rows``, in that order."""
-        lengths = np.diff(self.indptr)[rows]
-        at = _ranges(self.indptr[rows], lengths)
-        indptr = np.concatenate([[0], np.cumsum(lengths)])
-        return _Entries(indptr, self.rid[at], self.weight[at], self.plan[at])
-
-
-def _entries(problem: Problem, u: Units, terms: _Terms, sr: _Stages, rid: np.ndarray) -> _Entries:
-    """The table rows whose weighted sum is each stage row's time: the terms of the
-    units with layers in the stage (weighted by those layers), the residual hops
-    between its layers, the model's ends on the first and last stage, the send to the
-    next. A unit's terms appear only on the stages holding its layers (options per
-    layer: one stage each)."""
+def _fixed_entries(
+    problem: Problem, u: Units, terms: _Terms, sr: _Stages
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(R, F)`` table rows (before the slot's offset) and weights of what each stage row
+    adds besides its units' terms: the residual hops between its layers, the model's
+    ends on the first and last stage, the send to the next."""
     lay = stack_of(problem).layout
     o = lay.n_opts
     res = u.opts[:, :, 0]  # (n, U): the residual stream's option ("residual" is op 0)
@@ -549,30 +530,20 @@ def _entries(problem: Problem, u: Units, terms: _Terms, sr: _Stages, rid: np.nda
     p2p_rid = lay.p2p0 + hop * o + res[sr.plan, terms.layer_unit[last_layer]]
     first = sr.is_first[:, None].astype(float)
     last = sr.is_last[:, None].astype(float)
-    fixed_rid = np.concatenate([pair_rid[sr.plan], ends_x[sr.plan], p2p_rid[:, None]], axis=1)
-    fixed_w = np.concatenate(
+    rid = np.concatenate([pair_rid[sr.plan], ends_x[sr.plan], p2p_rid[:, None]], axis=1)
+    weight = np.concatenate(
         [sr.pair_count, np.repeat(first, 2, axis=1), np.repeat(last, 6, axis=1), 1.0 - last],
         axis=1,
     )
-    # the units' terms, stage row by stage row: every (row, unit) with layers there
-    row_of, unit_of = np.nonzero(sr.unit_count)
-    n_terms = terms.unit_len[unit_of]
-    entry_row = np.repeat(row_of, n_terms)
-    unit_rid = rid[sr.plan[entry_row], _ranges(terms.unit_first[unit_of], n_terms)]
-    unit_w = np.repeat(sr.unit_count[row_of, unit_of], n_terms)
-    n_rows, width = fixed_rid.shape
-    per_row = np.bincount(entry_row, minlength=n_rows)
-    indptr = np.concatenate([[0], np.cumsum(per_row + width)])
-    total = int(indptr[-1])
-    out_rid = np.empty(total, dtype=np.int64)
-    out_w = np.empty(total)
-    # a row holds its unit entries, then its fixed ones
-    unit_start = np.cumsum(per_row) - per_row
-    at = indptr[entry_row] + np.arange(len(entry_row)) - unit_start[entry_row]
-    out_rid[at], out_w[at] = unit_rid, unit_w
-    at = (indptr[:-1] + per_row)[:, None] + np.arange(width)
-    out_rid[at], out_w[at] = fixed_rid, fixed_w
-    return _Entries(indptr, out_rid, out_w, np.repeat(sr.plan, per_row + width))
+    return rid, weight
+
+
+def _compressed(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Compressed rows of a dense ``(rows, columns)`` weight matrix, its zeros dropped:
+    (indptr, row, column) of the entries kept, in order."""
+    row, col = np.nonzero(weight)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=len(weight)))])
+    return indptr, row, col
 
 
 def _stage_times(
@@ -580,7 +551,9 @@ def _stage_times(
     slot: np.ndarray,
     sr: _Stages,
     pp: np.ndarray,
-    entries: _Entries,
+    terms: _Terms,
+    rid: np.ndarray,
+    fixed: tuple[np.ndarray, np.ndarray],
     need: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Sum and maximum over its stages of each plan's stage times, every step side by
@@ -588,8 +561,10 @@ def _stage_times(
     plan ``i``'s columns start at ``offset[i]``. Returns (sum, max, offset, width).
 
     Plans are priced at a power-of-two (few plans: power-of-four) number of columns
-    just above the ones they read, each width as one sparse product of their stage
-    rows' table entries with the slots' rows."""
+    just above the ones they read, plans of one width together. Each unit's terms are
+    summed once per plan (one sparse product of its table rows with the slots' rows);
+    a stage row is then its units' sums weighted by their layers in the stage, plus its
+    ``fixed`` entries (:func:`_fixed_entries`)."""
     n = len(slot)
     bits = 2 if n <= FEW_PLANS else 1  # few plans: fewer products (each has a fixed cost)
     width = 1 << (bits * np.ceil(np.log2(need) / bits)).astype(np.int64)
@@ -599,36 +574,70 @@ def _stage_times(
     offset = np.cumsum(span) - span
     total = np.empty(int(span.sum()))
     peak = np.empty_like(total)
-    block_of = np.empty(n, dtype=np.int64)
-    for wb in np.unique(width).tolist():
-        plans = np.flatnonzero(width == wb)
-        arena, block_of[plans] = stack.arena(wb, slot[plans])
+    # plans by width, and their stage rows in that order: each width's are contiguous
+    order = np.argsort(width, kind="stable")
+    widths, group_start = np.unique(width[order], return_index=True)
+    group_end = np.append(group_start[1:], n)
+    row_end = np.cumsum(pp[order])
+    rows = _ranges(sr.first_row[order], pp[order])
+    row_plan = sr.plan[rows]
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n)
+    fixed_rid, fixed_w = fixed[0][rows], fixed[1][rows]
+    f_ptr, f_row, f_col = _compressed(fixed_w)
+    f_rid, f_w, f_plan = fixed_rid[f_row, f_col], fixed_w[f_row, f_col], row_plan[f_row]
+    counts = sr.unit_count[rows]
+    c_ptr, c_row, c_unit = _compressed(counts)
+    c_w, c_plan = counts[c_row, c_unit], row_plan[c_row]
+    n_units, n_terms = len(terms.unit_first), rid.shape[1]
+    unit_ptr = np.append(terms.unit_first, n_terms)
+    for wb, g0, g1 in zip(widths.tolist(), group_start.tolist(), group_end.tolist(), strict=True):
+        plans = order[g0:g1]
+        arena, block = stack.arena(wb, slot[plans])
         cols = arena.shape[1]
-        srows = _ranges(sr.first_row[plans], pp[plans])
-        st = np.empty((len(srows), cols))
-        step = max(1, GATHER_CHUNK // cols)
-        for i in range(0, len(srows), step):
-            e = entries.take(srows[i : i + step])
-            idx = e.rid + block_of[e.plan]
-            st[i : i + len(e.indptr) - 1] = _sparse_product(e.indptr, idx, e.weight, arena)
-        starts = np.cumsum(pp[plans]) - pp[plans]
-        at = _ranges(offset[plans], np.full(len(plans), cols))
+        # every unit's terms summed, plan by plan: (plans x units, cols)
+        k = g1 - g0
+        ptr = (np.arange(k)[:, None] * n_terms + unit_ptr[None, :-1]).ravel()
+        unit_sum = _sparse_product(
+            np.append(ptr, k * n_terms),
+            (rid[plans] + block[:, None]).ravel(),
+            np.ones(k * n_terms),
+            arena,
+        )
+        r0, r1 = (row_end[g0 - 1] if g0 else 0), row_end[g1 - 1]
+        st = np.zeros((r1 - r0, cols))
+        e0, e1 = f_ptr[r0], f_ptr[r1]
+        whose = position[f_plan[e0:e1]] - g0
+        _sparse_product(
+            f_ptr[r0 : r1 + 1] - e0, f_rid[e0:e1] + block[whose], f_w[e0:e1], arena, out=st
+        )
+        e0, e1 = c_ptr[r0], c_ptr[r1]
+        at = (position[c_plan[e0:e1]] - g0) * n_units + c_unit[e0:e1]
+        _sparse_product(c_ptr[r0 : r1 + 1] - e0, at, c_w[e0:e1], unit_sum, out=st)
+        starts = row_end[g0:g1] - pp[plans] - r0
+        at = _ranges(offset[plans], np.full(k, cols))
         total[at] = np.add.reduceat(st, starts, axis=0).ravel()
         peak[at] = np.maximum.reduceat(st, starts, axis=0).ravel()
     return total, peak, offset, width
 
 
 def _sparse_product(
-    indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, dense: np.ndarray
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    data: np.ndarray,
+    dense: np.ndarray,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``csr_matrix((data, indices, indptr)) @ dense``, through the kernel scipy's
-    product calls: a batch of a search is small, and the matrix object's checks cost
-    more than the product."""
+    """``csr_matrix((data, indices, indptr)) @ dense`` (added to ``out`` when given),
+    through the kernel scipy's product calls: a batch of a search is small, and the
+    matrix object's checks cost more than the product."""
     rows = len(indptr) - 1
-    out = np.zeros((rows, dense.shape[1]))
+    if out is None:
+        out = np.zeros((rows, dense.shape[1]))
     if _csr_matvecs is None:
         mat = sparse.csr_matrix((data, indices, indptr), shape=(rows, len(dense)))
-        return mat @ dense
+        out += mat @ dense
+        return out
     index = indices.astype(np.int32) if len(dense) < 2**31 else indices
     _csr_matvecs(rows, len(dense), dense.shape[1], indptr.astype(index.dtype), index,
                  data, dense.ravel(), out.ravel())  # fmt: skip
@@ -754,9 +763,8 @@ def _assemble(problem: Problem, u: Units, per_dp: np.ndarray | None = None) -> _
     cp = cs.plan
 
     # -- stage times per step at those columns, then the regimes -------------------------
-    entries = _entries(problem, u, terms, sr, rid)
-    need = cs.need
-    total, peak, offset, width = _stage_times(stack, slot, sr, pp, entries, need)
+    fixed = _fixed_entries(problem, u, terms, sr)
+    total, peak, offset, width = _stage_times(stack, slot, sr, pp, terms, rid, fixed, cs.need)
     steps = stack.steps
     sums, maxes = [], []
     start = offset[cp]
@@ -902,7 +910,9 @@ def _evaluate(
             raise ValueError(f"row {bad} is not a valid encoding; use SearchSpace.repair()")
     units = units_of_codes(problem, codes)
     # plans per pass: keeps the per-plan arrays (terms, stage rows) to tens of MB
-    per_pass = max(64, GATHER_CHUNK // (len(_terms(problem, units.layout).unit) * space.max_pp))
+    terms = _terms(problem, units.layout)
+    per_stage = len(terms.unit_first) + len(terms.pair_a) + 9  # units, hops, ends, send
+    per_pass = max(64, GATHER_CHUNK // (len(terms.unit) + space.max_pp * per_stage))
     parts: list[BatchMetrics] = []
     found: list[tuple[np.ndarray, ...]] = []
     point_fields = [f for f in ConcurrencyPoints.__dataclass_fields__ if f != "row"]

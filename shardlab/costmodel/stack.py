@@ -12,9 +12,9 @@ index arithmetic whatever its degrees:
   per head operator and option, per head edge and per pipeline send;
 - per-request-count time rows: for every step, each slot's rows over its ``b``
   columns (requests per micro-batch) are copied into an arena of width ``w`` (a power
-  of two), one per width a plan may need, so that a stage's time at every ``b`` is
-  one sparse product (:func:`scipy.sparse.csr_matrix` rows of table entries times the
-  arena) and the columns computed are close to the columns needed;
+  of two), one per width a plan may need, so that the time of a plan's stages at
+  every ``b`` is a few sparse products (:func:`scipy.sparse.csr_matrix` rows of table
+  entries times the arena) and the columns computed are close to the columns needed;
 - per-slot scalars (pipeline and parallel degrees, what the workload offers a rank,
   the engine's memory budget) and ``b``-independent rows (weights, KV cache,
   activation workspace).
