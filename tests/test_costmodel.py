@@ -278,6 +278,24 @@ def test_plans_priced_together_or_alone_agree(data: st.DataObject) -> None:
     assert alone.objective[0] == pytest.approx(whole.objective[part[0]], rel=1e-12)
 
 
+@pytest.mark.parametrize("key", ["ds-chat-kind", "ds-prefill-layer", "gemma4-static-layer"])
+def test_pricing_in_pieces_prices_the_same(key: str, monkeypatch) -> None:
+    # how plans are split into passes, widths and chunks is bookkeeping: each plan's
+    # sums are its own, so pricing one plan at a time at powers of two gives the same bits
+    import importlib
+
+    # the module (shardlab.costmodel exports a function of the same name)
+    ev = importlib.import_module("shardlab.costmodel.evaluate")
+    problem = PROBLEMS[key]
+    codes = problem.space.sample(150, seed=5)
+    whole = evaluate_batch(problem, codes)
+    monkeypatch.setattr(ev, "GATHER_CHUNK", 1)
+    monkeypatch.setattr(ev, "FEW_PLANS", 0)
+    pieces = evaluate_batch(problem, codes)
+    for name in whole.__dataclass_fields__:
+        np.testing.assert_array_equal(getattr(pieces, name), getattr(whole, name), err_msg=name)
+
+
 def test_pricing_survives_its_tables_being_dropped() -> None:
     # the stack of a problem's tables is a bounded cache: a long run that prices more
     # problems than it keeps rebuilds it, and what was cached about the space still holds

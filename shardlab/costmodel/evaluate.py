@@ -592,32 +592,36 @@ def _stage_times(
     n_units, n_terms = len(terms.unit_first), rid.shape[1]
     unit_ptr = np.append(terms.unit_first, n_terms)
     for wb, g0, g1 in zip(widths.tolist(), group_start.tolist(), group_end.tolist(), strict=True):
-        plans = order[g0:g1]
-        arena, block = stack.arena(wb, slot[plans])
+        arena, blocks = stack.arena(wb, slot[order[g0:g1]])
         cols = arena.shape[1]
-        # every unit's terms summed, plan by plan: (plans x units, cols)
-        k = g1 - g0
-        ptr = (np.arange(k)[:, None] * n_terms + unit_ptr[None, :-1]).ravel()
-        unit_sum = _sparse_product(
-            np.append(ptr, k * n_terms),
-            (rid[plans] + block[:, None]).ravel(),
-            np.ones(k * n_terms),
-            arena,
-        )
-        r0, r1 = (row_end[g0 - 1] if g0 else 0), row_end[g1 - 1]
-        st = np.zeros((r1 - r0, cols))
-        e0, e1 = f_ptr[r0], f_ptr[r1]
-        whose = position[f_plan[e0:e1]] - g0
-        _sparse_product(
-            f_ptr[r0 : r1 + 1] - e0, f_rid[e0:e1] + block[whose], f_w[e0:e1], arena, out=st
-        )
-        e0, e1 = c_ptr[r0], c_ptr[r1]
-        at = (position[c_plan[e0:e1]] - g0) * n_units + c_unit[e0:e1]
-        _sparse_product(c_ptr[r0 : r1 + 1] - e0, at, c_w[e0:e1], unit_sum, out=st)
-        starts = row_end[g0:g1] - pp[plans] - r0
-        at = _ranges(offset[plans], np.full(k, cols))
-        total[at] = np.add.reduceat(st, starts, axis=0).ravel()
-        peak[at] = np.maximum.reduceat(st, starts, axis=0).ravel()
+        # plans at a time: keeps their units' sums to tens of MB
+        step = max(1, GATHER_CHUNK // (n_units * cols))
+        for p0 in range(g0, g1, step):
+            p1 = min(p0 + step, g1)
+            plans, block = order[p0:p1], blocks[p0 - g0 : p1 - g0]
+            # every unit's terms summed, plan by plan: (plans x units, cols)
+            k = p1 - p0
+            ptr = (np.arange(k)[:, None] * n_terms + unit_ptr[None, :-1]).ravel()
+            unit_sum = _sparse_product(
+                np.append(ptr, k * n_terms),
+                (rid[plans] + block[:, None]).ravel(),
+                np.ones(k * n_terms),
+                arena,
+            )
+            r0, r1 = (row_end[p0 - 1] if p0 else 0), row_end[p1 - 1]
+            st = np.zeros((r1 - r0, cols))
+            e0, e1 = f_ptr[r0], f_ptr[r1]
+            whose = position[f_plan[e0:e1]] - p0
+            _sparse_product(
+                f_ptr[r0 : r1 + 1] - e0, f_rid[e0:e1] + block[whose], f_w[e0:e1], arena, out=st
+            )
+            e0, e1 = c_ptr[r0], c_ptr[r1]
+            at = (position[c_plan[e0:e1]] - p0) * n_units + c_unit[e0:e1]
+            _sparse_product(c_ptr[r0 : r1 + 1] - e0, at, c_w[e0:e1], unit_sum, out=st)
+            starts = row_end[p0:p1] - pp[plans] - r0
+            at = _ranges(offset[plans], np.full(k, cols))
+            total[at] = np.add.reduceat(st, starts, axis=0).ravel()
+            peak[at] = np.maximum.reduceat(st, starts, axis=0).ravel()
     return total, peak, offset, width
 
 
@@ -638,8 +642,8 @@ def _sparse_product(
         mat = sparse.csr_matrix((data, indices, indptr), shape=(rows, len(dense)))
         out += mat @ dense
         return out
-    index = indices.astype(np.int32) if len(dense) < 2**31 else indices
-    _csr_matvecs(rows, len(dense), dense.shape[1], indptr.astype(index.dtype), index,
+    index = indices.astype(np.int32, copy=False) if len(dense) < 2**31 else indices
+    _csr_matvecs(rows, len(dense), dense.shape[1], indptr.astype(index.dtype, copy=False), index,
                  data, dense.ravel(), out.ravel())  # fmt: skip
     return out
 
@@ -718,16 +722,20 @@ def _assemble(problem: Problem, u: Units, per_dp: np.ndarray | None = None) -> _
     per_dp_max = scalar("per_dp_max").astype(np.int64)
     n_stages = u.starts.shape[1]
     sr = _stages(u, terms, pp)
+    # gathers by flat index (np.take): several times faster than by two index arrays
+    flat_opts = u.opts.reshape(n, -1)
+    k_ops = u.opts.shape[2]
     rid = (
         terms.base
-        + u.opts[:, terms.unit, terms.ka] * terms.ma
-        + u.opts[:, terms.unit, terms.kb] * terms.mb
+        + np.take(flat_opts, terms.unit * k_ops + terms.ka, axis=1) * terms.ma
+        + np.take(flat_opts, terms.unit * k_ops + terms.kb, axis=1) * terms.mb
     )  # (n, T) the table row of every term of every unit
 
     # -- memory ------------------------------------------------------------------------
-    op_rid = rid[:, terms.op_terms]
-    srow = slot[:, None]
+    # each b-free array holds a slot's rows in a row of lay.rows entries
+    at_op = slot[:, None] * lay.rows + np.take(rid, terms.op_terms, axis=1)
     hrid = lay.head0 + np.arange(len(HEAD_OPS)) * lay.n_opts + u.head  # (n, 4)
+    at_head = slot[:, None] * lay.rows + hrid
 
     def stage_sum(per_op: np.ndarray) -> np.ndarray:
         per_unit = np.add.reduceat(per_op, terms.op_unit_starts, axis=1)
@@ -735,16 +743,16 @@ def _assemble(problem: Problem, u: Units, per_dp: np.ndarray | None = None) -> _
         out[sr.plan, sr.stage] = (sr.unit_count * per_unit[sr.plan]).sum(axis=1)
         return out
 
-    split = stack.kv_split.data[srow, op_rid]
-    kv = stack.kv.data[srow, op_rid]
-    head_w = stack.weight.data[srow, hrid]
-    w_stage = stage_sum(stack.weight.data[srow, op_rid])
+    split = np.take(stack.kv_split.data, at_op)
+    kv = np.take(stack.kv.data, at_op)
+    head_w = np.take(stack.weight.data, at_head)
+    w_stage = stage_sum(np.take(stack.weight.data, at_op))
     w_stage[rows, 0] += head_w[:, 0]
     w_stage[rows, pp - 1] += head_w[:, 1:].sum(axis=1)
     kvf_stage = stage_sum(np.where(split, 0.0, kv))
     kvs_stage = stage_sum(np.where(split, kv, 0.0))
     act = np.maximum(
-        stack.act.data[srow, op_rid].max(axis=1), stack.act.data[srow, hrid].max(axis=1)
+        np.take(stack.act.data, at_op).max(axis=1), np.take(stack.act.data, at_head).max(axis=1)
     )
     hbm = problem.cluster.accelerator.hbm_gb * 1e9
     # as the engine budgets it (shardlab.costmodel.engines)
