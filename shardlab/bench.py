@@ -125,6 +125,7 @@ class ExactSpeed:
     degrees: str | None
     cpsat_solves: int
     by_shortest_path: int
+    by_memory_bound: int
 
 
 # moe-1.6t (the Learning to Shard scale) on 256 to 2,048 H100 with 4,096 requests offered
@@ -162,6 +163,7 @@ def exact_speed(model: str, cluster: str, tie: str, batch: int, seconds: float) 
         degrees=r.plan.degrees.short() if r.plan is not None else None,
         cpsat_solves=int(r.facts.get("solves") or 0),
         by_shortest_path=int(r.facts.get("by_shortest_path") or 0),
+        by_memory_bound=int(r.facts.get("by_memory_bound") or 0),
     )
 
 
@@ -174,12 +176,14 @@ def exact_markdown(command: str, rows: list[ExactSpeed], seconds: float) -> str:
         f"its concurrency), silicon timing, a {seconds:g} s limit per run. *tie*: options "
         "tied per layer kind, or chosen per layer; *subproblems*: (degrees, requests) "
         "pairs bounded; *CP-SAT solves*: models built and solved (the rest pruned by "
-        "their bounds); *shortest path*: one-stage subproblems with options per layer "
-        "solved by the layers' dynamic program instead.",
+        "their bounds); *shortest path*: subproblems with options per layer solved by "
+        "the layers' dynamic program instead; *memory bound*: subproblems with options "
+        "per layer whose fastest plan does not fit, pruned by the bound on the plans "
+        "that do.",
         "",
         "| model | cluster | offered | tie | layers | degree tuples | subproblems | status "
-        "| seconds | tok/s | degrees | CP-SAT solves | shortest path |",
-        "|---|---|---:|---|---:|---:|---:|---|---:|---:|---|---:|---:|",
+        "| seconds | tok/s | degrees | CP-SAT solves | shortest path | memory bound |",
+        "|---|---|---:|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
         thr = f"{r.throughput_tok_s:,.0f}" if r.throughput_tok_s is not None else "-"
@@ -188,6 +192,6 @@ def exact_markdown(command: str, rows: list[ExactSpeed], seconds: float) -> str:
             f"{r.degree_tuples} | "
             f"{r.subproblems if r.subproblems is not None else '-'} | {r.status} | "
             f"{r.seconds:.1f} | {thr} | {r.degrees or '-'} | {r.cpsat_solves} | "
-            f"{r.by_shortest_path} |"
+            f"{r.by_shortest_path} | {r.by_memory_bound} |"
         )
     return "\n".join(lines) + "\n"
