@@ -933,11 +933,15 @@ def _evaluate(
         if points:
             ok = a.curves["feasible"]
             found.append((rows[a.curves["plan"][ok]], *(a.curves[f][ok] for f in point_fields)))
-    metrics = BatchMetrics(
-        **{
-            name: np.concatenate([getattr(part, name) for part in parts])
-            for name in BatchMetrics.__dataclass_fields__
-        }
+    metrics = (
+        parts[0]
+        if len(parts) == 1
+        else BatchMetrics(
+            **{
+                name: np.concatenate([getattr(part, name) for part in parts])
+                for name in BatchMetrics.__dataclass_fields__
+            }
+        )
     )
     if not points:
         return metrics, None

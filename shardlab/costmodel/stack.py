@@ -254,7 +254,8 @@ class Stack:
         if len(blocks) < len(self.degrees):
             blocks = np.concatenate([blocks, np.full(len(self.degrees) - len(blocks), -1)])
             self.blocks[width] = blocks
-        for s in np.unique(slots[blocks[slots] < 0]).tolist():
+        missing = blocks[slots] < 0
+        for s in np.unique(slots[missing]).tolist() if missing.any() else ():
             t = self.table(s)
             parts = []
             for si, cols in enumerate(self.columns(width)):
