@@ -294,6 +294,8 @@ def test_pricing_in_pieces_prices_the_same(key: str, monkeypatch) -> None:
     pieces = evaluate_batch(problem, codes)
     for name in whole.__dataclass_fields__:
         np.testing.assert_array_equal(getattr(pieces, name), getattr(whole, name), err_msg=name)
+    # and no plans, no pieces
+    assert len(evaluate_batch(problem, codes[:0])) == 0
 
 
 def test_pricing_survives_its_tables_being_dropped() -> None:

@@ -577,7 +577,7 @@ def _stage_times(
     # plans by width, and their stage rows in that order: each width's are contiguous
     order = np.argsort(width, kind="stable")
     widths, group_start = np.unique(width[order], return_index=True)
-    group_end = np.append(group_start[1:], n)
+    group_end = np.append(group_start[1:], n)[: len(widths)]
     row_end = np.cumsum(pp[order])
     rows = _ranges(sr.first_row[order], pp[order])
     row_plan = sr.plan[rows]
@@ -723,8 +723,8 @@ def _assemble(problem: Problem, u: Units, per_dp: np.ndarray | None = None) -> _
     n_stages = u.starts.shape[1]
     sr = _stages(u, terms, pp)
     # gathers by flat index (np.take): several times faster than by two index arrays
-    flat_opts = u.opts.reshape(n, -1)
     k_ops = u.opts.shape[2]
+    flat_opts = u.opts.reshape(n, u.opts.shape[1] * k_ops)
     rid = (
         terms.base
         + np.take(flat_opts, terms.unit * k_ops + terms.ka, axis=1) * terms.ma
