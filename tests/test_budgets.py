@@ -98,22 +98,10 @@ def test_cli_without_a_plan_in_time_says_so_in_one_line() -> None:
 
 def test_cli_time_limit_counts_for_the_whole_command_and_shows_progress() -> None:
     limit = 12.0
-    done, wall = _cli(
-        "solve",
-        "--method",
-        "cpsat",
-        "--model",
-        "llama-3.1-405b",
-        "--cluster",
-        "h100x32",
-        "--tie",
-        "layer",
-        "--schedule",
-        "static",
-        "--time-limit",
-        "12",
-        timeout=120,
-    )  # fmt: skip  (HARD from the command line)
+    done, wall = _cli(  # HARD, from the command line
+        "solve", "--method", "cpsat", "--model", "llama-3.1-405b", "--cluster", "h100x32",
+        "--tie", "layer", "--schedule", "static", "--time-limit", "12", timeout=120,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert within_limit(wall, limit), wall
     assert "feasible after" in done.stdout and "time limit ran out in" in done.stdout

@@ -453,8 +453,8 @@ def _capacity(
     return c
 
 
-# Entries (a plan's terms, and its stage rows' units and fixed entries) one pass
-# prices: keeps its arrays to tens of MB.
+# Entries one pass prices (a plan's terms, and its stage rows' units and fixed entries),
+# and floats one product of units' sums writes: keeps arrays to tens of MB.
 GATHER_CHUNK = 1 << 22
 
 # Batches this small are priced at powers of four columns, larger ones at powers of two.
@@ -577,21 +577,19 @@ def _stage_times(
     # plans by width, and their stage rows in that order: each width's are contiguous
     order = np.argsort(width, kind="stable")
     widths, group_start = np.unique(width[order], return_index=True)
-    group_end = np.append(group_start[1:], n)[: len(widths)]
+    group_bounds = np.append(group_start, n).tolist()
     row_end = np.cumsum(pp[order])
     rows = _ranges(sr.first_row[order], pp[order])
-    row_plan = sr.plan[rows]
-    position = np.empty(n, dtype=np.int64)
-    position[order] = np.arange(n)
+    row_pos = np.repeat(np.arange(n), pp[order])  # each row's plan, as its place in order
     fixed_rid, fixed_w = fixed[0][rows], fixed[1][rows]
     f_ptr, f_row, f_col = _compressed(fixed_w)
-    f_rid, f_w, f_plan = fixed_rid[f_row, f_col], fixed_w[f_row, f_col], row_plan[f_row]
+    f_rid, f_w, f_pos = fixed_rid[f_row, f_col], fixed_w[f_row, f_col], row_pos[f_row]
     counts = sr.unit_count[rows]
     c_ptr, c_row, c_unit = _compressed(counts)
-    c_w, c_plan = counts[c_row, c_unit], row_plan[c_row]
+    c_w, c_pos = counts[c_row, c_unit], row_pos[c_row]
     n_units, n_terms = len(terms.unit_first), rid.shape[1]
     unit_ptr = np.append(terms.unit_first, n_terms)
-    for wb, g0, g1 in zip(widths.tolist(), group_start.tolist(), group_end.tolist(), strict=True):
+    for wb, g0, g1 in zip(widths.tolist(), group_bounds[:-1], group_bounds[1:], strict=True):
         arena, blocks = stack.arena(wb, slot[order[g0:g1]])
         cols = arena.shape[1]
         # plans at a time: keeps their units' sums to tens of MB
@@ -611,12 +609,12 @@ def _stage_times(
             r0, r1 = (row_end[p0 - 1] if p0 else 0), row_end[p1 - 1]
             st = np.zeros((r1 - r0, cols))
             e0, e1 = f_ptr[r0], f_ptr[r1]
-            whose = position[f_plan[e0:e1]] - p0
+            whose = f_pos[e0:e1] - p0
             _sparse_product(
                 f_ptr[r0 : r1 + 1] - e0, f_rid[e0:e1] + block[whose], f_w[e0:e1], arena, out=st
             )
             e0, e1 = c_ptr[r0], c_ptr[r1]
-            at = (position[c_plan[e0:e1]] - p0) * n_units + c_unit[e0:e1]
+            at = (c_pos[e0:e1] - p0) * n_units + c_unit[e0:e1]
             _sparse_product(c_ptr[r0 : r1 + 1] - e0, at, c_w[e0:e1], unit_sum, out=st)
             starts = row_end[p0:p1] - pp[plans] - r0
             at = _ranges(offset[plans], np.full(k, cols))

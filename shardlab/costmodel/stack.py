@@ -254,8 +254,7 @@ class Stack:
         if len(blocks) < len(self.degrees):
             blocks = np.concatenate([blocks, np.full(len(self.degrees) - len(blocks), -1)])
             self.blocks[width] = blocks
-        missing = blocks[slots] < 0
-        for s in np.unique(slots[missing]).tolist() if missing.any() else ():
+        for s in np.unique(slots[blocks[slots] < 0]).tolist():
             t = self.table(s)
             parts = []
             for si, cols in enumerate(self.columns(width)):
