@@ -1,14 +1,29 @@
-"""Fitting per-kernel-class corrections to measurements, judged by cross-validation.
+"""Fitting corrections to measurements, judged on rows the fit did not see.
 
-Each measured row is priced once; its step times split by kernel class (GEMMs,
-attention, routed experts, communication, the rest) from the per-operator breakdown.
-A calibration multiplies each class and adds a cost per step, so the row's prediction
-under any calibration is the scheduling regime's formula over those sums
-(:func:`shardlab.costmodel.regimes.timing`): exact for plans of one pipeline stage,
-with the stages' balance kept as priced otherwise. The fit minimizes the squared log
-errors plus a small pull of each factor towards 1 (:data:`RIDGE`), with factors in
-``[1/5, 5]``; classes no row exercises stay at 1. Leave-one-out cross-validation
-(each row predicted by a fit on the others) says how well it generalizes.
+What can be fitted: one factor per kernel class (GEMMs, attention, routed experts,
+communication: every kernel of the class is multiplied by it) and the engine's fixed
+costs, per request (in TTFT) and per iteration (in every round)
+(:mod:`shardlab.costmodel.engines`). ``shardlab calibrate`` fits all of them into a
+calibration file; ``shardlab calibrate --engines`` fits only the fixed costs, one pair
+per engine, into the file shardlab ships (the kernel factors stay 1: those are the
+measured kernel tables' to get right).
+
+Each measured row is priced once (:func:`linearize`); its step times split by kernel
+class from the per-operator breakdown, and the serving regime's form
+(:func:`shardlab.costmodel.regimes.forms`) says how its metric follows from the round,
+the prompt and the fixed costs. A row's prediction under any corrections is then a
+few multiplications: exact for plans of one pipeline stage, with the stages' balance
+kept as priced otherwise.
+
+The fit minimizes a robust loss of the log errors (soft L1 with a scale of 0.2: a row
+off by more than about 1.2x counts linearly, so that a few rows whose TTFT is seconds
+at a handful of clients cannot set the constants) plus a small pull of each factor
+towards 1 (:data:`RIDGE`), with factors in ``[1/5, 5]``; classes no row exercises stay
+at 1.
+
+Judged on held-out rows: every report gives the error of the fit on its own rows
+(in-sample) and of each row predicted by a fit that did not see its group, for each
+grouping asked for (by model family, by GPU, or each row alone: leave-one-out).
 """
 
 from __future__ import annotations
@@ -16,131 +31,380 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shardlab.costmodel import evaluate
-from shardlab.costmodel.decompose import requests_per_rank
-from shardlab.costmodel.evaluate import at_capacity
-from shardlab.costmodel.regimes import timing as regime_timing
-from shardlab.costmodel.steps import steps_of
+from shardlab.costmodel.disagg import evaluate_disagg, pool_problems
+from shardlab.costmodel.engines import ServingCosts, serving_costs
+from shardlab.costmodel.evaluate import Metrics, assemble_plan, evaluate
+from shardlab.costmodel.handoff import handoff_seconds
+from shardlab.costmodel.regimes import Forms, clients_per_rank, forms, tokens
+from shardlab.costmodel.tables import degree_tables
 from shardlab.errors import ShardlabError
+from shardlab.files import write_text
 from shardlab.problems.calibration import KERNEL_CLASSES, Calibration
+from shardlab.problems.plan import Plan
+from shardlab.problems.problem import Problem
 from shardlab.validation import (
-    MODEL_METRICS,
     Measurement,
     collective_seconds,
     collective_value,
+    measured_disagg,
+    measured_plan,
     problem_of,
 )
 
-RIDGE = 0.05  # weight of (log factor)^2 against a row's (log error)^2
+RIDGE = 0.05  # weight of (log factor)^2 against a row's loss
 FACTOR_RANGE = (0.2, 5.0)
+REQUEST_MS_MAX = 2000.0
 ITERATION_MS_MAX = 50.0
+LOSS_SCALE = 0.2  # soft L1 on log errors: linear beyond about 1.2x
 CLASSES = (*KERNEL_CLASSES, "other")
+NO_COSTS = ServingCosts(request_ns=0, iteration_ns=0, prefill_first=False)
+ENGINES = ("trtllm", "vllm", "sglang")
 
 
 @dataclass(frozen=True)
 class Linearized:
-    """One measured row's prediction as a function of a calibration."""
+    """One measured row's prediction as a function of the corrections.
+
+    A latency is ``a_round * (R + i) + a_prompt * S + const + request * r + iteration
+    * i`` seconds, with ``R`` and ``S`` the round's and prompt's kernel times (each a
+    sum over kernel classes of factor times part), ``r`` and ``i`` the engine's costs
+    per request and per iteration; a throughput is ``tokens`` over such a time."""
 
     measurement: Measurement
-    parts: np.ndarray  # (step, class) seconds at no calibration; collectives: (1, class)
-    base: Any  # what the regime formula needs: (problem, degrees, steps, per_dp, shares)
+    engine: str
+    round_parts: np.ndarray  # (class,) seconds at no correction
+    prompt_parts: np.ndarray
+    a_round: float
+    a_prompt: float
+    const: float
+    request: float
+    iteration: float
+    tokens: float  # 0: a latency in ms; else the metric is tokens / time
+    collective: bool = False
 
     def predict(self, cal: Calibration) -> float:
-        factors = np.array([*(cal.factor(k) for k in KERNEL_CLASSES), 1.0])
-        m = self.measurement
-        if m.problem is None:  # one collective: time scales with communication
-            return collective_value(m, float(self.parts[0] @ factors))
-        problem, degrees, steps, per_dp, shares = self.base
-        sums = self.parts @ factors + cal.iteration_ms * 1e-3
-        per_replica = -(-problem.workload.batch // degrees.replicas)
-        t = regime_timing(
-            problem,
-            degrees,
-            steps,
-            per_replica,
-            per_dp,
-            [np.array([s]) for s in sums],
-            [np.array([s * share]) for s, share in zip(sums, shares, strict=True)],
-        )
-        gpus = problem.cluster.num_gpus
-        metrics = SimpleNamespace(
-            throughput_tok_s=float(t.throughput[0]),
-            throughput_tok_s_per_gpu=float(t.throughput[0]) / gpus,
-            ttft_ms=float(t.ttft_s[0]) * 1e3,
-            tpot_ms=float(t.tpot_s[0]) * 1e3,
-        )
-        return float(MODEL_METRICS[m.metric][0](metrics, problem))
+        return float(Rows([self]).predict(cal)[0])
 
 
 def linearize(m: Measurement, timing: str, engine: str) -> Linearized:
-    """Price ``m`` once and split its step times by kernel class."""
+    """Price ``m`` once and split its times by kernel class."""
     if m.problem is None:
-        parts = np.zeros((1, len(CLASSES)))
-        parts[0, CLASSES.index("communication")] = collective_seconds(m, timing, engine)
-        return Linearized(m, parts, None)
+        parts = np.zeros(len(CLASSES))
+        parts[CLASSES.index("communication")] = collective_seconds(m, timing, engine)
+        zero = np.zeros(len(CLASSES))
+        return Linearized(m, engine, parts, zero, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, True)
     problem, _ = problem_of(m, timing, engine)
-    assert m.degrees is not None
-    plan = at_capacity(problem, problem.space.megatron_plan(m.degrees))
-    metrics = evaluate(problem, plan)
-    steps = steps_of(problem.workload)
-    parts = np.zeros((len(steps), len(CLASSES)))
-    for si, step in enumerate(steps):  # the steps of a workload are of distinct kinds
+    if m.disagg is not None:
+        plan = measured_disagg(problem, m.disagg)
+        prefill, decode = pool_problems(problem, plan)
+        both = evaluate_disagg(problem, plan)
+        if m.metric == "ttft_ms":
+            return _linearized(m, prefill, plan.prefill, both.prefill)
+        if m.metric == "tpot_ms":
+            return _linearized(m, decode, plan.decode, both.decode)
+        raise ShardlabError(f"{m.id}: a disaggregated row's {m.metric} is not calibrated")
+    plan = measured_plan(problem, m)
+    return _linearized(m, problem, plan, evaluate(problem, plan))
+
+
+def _linearized(m: Measurement, problem: Problem, plan: Plan, metrics: Metrics) -> Linearized:
+    """``metrics`` (with its breakdown) of ``plan`` on ``problem`` as a linear form."""
+    d = plan.degrees
+    per_dp = np.array([int(assemble_plan(problem, plan)[1].per_dp[0])])
+    t = degree_tables(problem, d)
+    kinds = [s.kind for s in t.steps]
+    parts = np.zeros((len(kinds), len(CLASSES)))
+    for si, kind in enumerate(kinds):  # the steps of a workload are of distinct kinds
         for b in metrics.breakdown:
-            if b.step != step.kind:
+            if b.step != kind:
                 continue
             comm = b.comm_ms * 1e-3
             parts[si, CLASSES.index("communication")] += comm
             parts[si, CLASSES.index(b.kernel_class or "other")] += b.time_ms * 1e-3 - comm
-    # the bottleneck stage's share of a step: balanced stages (exact with one stage)
-    shares = np.full(len(steps), 1.0 / plan.degrees.pp)
-    per_dp = np.array([requests_per_rank(problem, plan)])
-    return Linearized(m, parts, (problem, plan.degrees, steps, per_dp, shares))
+    handoff = float(handoff_seconds(problem, d.pp, d.tp))
+    prefill_first = serving_costs(problem).prefill_first
+
+    def regime(request_s: float, iteration_s: float) -> Forms:
+        costs = ServingCosts(round(request_s * 1e9), round(iteration_s * 1e9), prefill_first)
+        clients = clients_per_rank(problem, d, per_dp)
+        budget = np.array([t.engine.max_tokens])
+        return forms(problem, kinds, per_dp, clients, budget, handoff, exact=False, costs=costs)
+
+    # the fixed costs' coefficients: the forms are affine in them (1 s of each apart)
+    f, with_request, with_iteration = regime(0, 0), regime(1, 0), regime(0, 1)
+    if m.metric in ("ttft_ms", "tpot_ms"):
+        name = m.metric.removesuffix("_ms")
+        pick: Callable[[Forms], Any] = lambda x: getattr(x, name)  # noqa: E731
+        served = 0.0
+    else:
+        pick = lambda x: x.rate  # noqa: E731
+        served = float(tokens(problem, d, t.batching.per_replica, per_dp)[0]) / _per(m, problem)
+    form = pick(f)
+    if form is None:
+        raise ShardlabError(f"{m.id}: {m.metric} is not a latency of its workload")
+    zero = np.zeros(len(CLASSES))
+    round_parts = parts[f.round_step] if f.round_step is not None else zero
+    prompt_parts = parts[f.prompt_step] if f.prompt_step is not None else zero
+    if f.prompt_batches:  # balanced stages: the fill and drain of m micro-batches
+        m_batches = min(d.pp, int(per_dp[0]))
+        prompt_parts = prompt_parts * (1 + (m_batches - 1) / d.pp)
+    a_round = _scalar(form.round) if f.round_step is not None else 0.0
+    const = _scalar(form.const)
+    return Linearized(
+        m,
+        problem.engine,
+        round_parts,
+        prompt_parts,
+        a_round,
+        _scalar(form.prompt),
+        const,
+        _scalar(pick(with_request).const) - const,
+        a_round + _scalar(pick(with_iteration).const) - const,
+        served,
+    )
 
 
-def _error(lin: Linearized, cal: Calibration) -> float:
-    return math.log(lin.predict(cal) / lin.measurement.value)
+def _scalar(x: Any) -> float:
+    return float(np.asarray(x, dtype=float).reshape(-1)[0])
 
 
-def fit(rows: list[Linearized], timing: str, fitted_on: str = "") -> Calibration:
-    """The calibration that best explains ``rows`` (see the module docstring)."""
+def _per(m: Measurement, problem: Problem) -> float:
+    """What a throughput metric divides the cluster's tokens/s by."""
+    if m.metric == "throughput_tok_s_per_gpu":
+        return float(problem.cluster.num_gpus)
+    if m.metric == "throughput_tok_s_per_node":
+        return float(problem.cluster.num_nodes)
+    return 1.0
+
+
+class Rows:
+    """Linearized rows as arrays, predicted together."""
+
+    def __init__(self, rows: Sequence[Linearized]) -> None:
+        self.rows = list(rows)
+        self.round_parts = np.array([r.round_parts for r in rows]).reshape(-1, len(CLASSES))
+        self.prompt_parts = np.array([r.prompt_parts for r in rows]).reshape(-1, len(CLASSES))
+        for name in ("a_round", "a_prompt", "const", "request", "iteration", "tokens"):
+            setattr(self, name, np.array([getattr(r, name) for r in rows], dtype=float))
+        self.collective = np.array([r.collective for r in rows], dtype=bool)
+        self.measured = np.array([r.measurement.value for r in rows], dtype=float)
+        self.engine = np.array([ENGINES.index(r.engine) for r in rows], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def take(self, index: np.ndarray) -> Rows:
+        return Rows([self.rows[i] for i in index])
+
+    def values(
+        self, factors: np.ndarray, request_s: np.ndarray, iteration_s: np.ndarray
+    ) -> np.ndarray:
+        """Each row's metric under kernel ``factors`` (one per :data:`CLASSES`) and
+        the fixed costs of each engine (one per :data:`ENGINES`), in seconds."""
+        rnd = self.round_parts @ factors
+        prompt = self.prompt_parts @ factors
+        time = (
+            self.a_round * rnd
+            + self.a_prompt * prompt
+            + self.const
+            + self.request * request_s[self.engine]
+            + self.iteration * iteration_s[self.engine]
+        )
+        out = np.where(self.tokens > 0, self.tokens / np.maximum(time, 1e-12), time * 1e3)
+        if self.collective.any():
+            seconds = self.round_parts[self.collective] @ factors
+            out[self.collective] = [
+                collective_value(r.measurement, s)
+                for r, s in zip(
+                    (r for r, c in zip(self.rows, self.collective, strict=True) if c),
+                    seconds,
+                    strict=True,
+                )
+            ]
+        return out
+
+    def predict(self, cal: Calibration) -> np.ndarray:
+        """Each row's metric under a calibration (the shipped fixed costs where it has
+        none)."""
+        return self.values(*_parameters(cal))
+
+
+def _parameters(cal: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    from shardlab.costmodel.engines import serving_constants
+
+    factors = np.array([*(cal.factor(k) for k in KERNEL_CLASSES), 1.0])
+    shipped = serving_constants()
+    request = np.array(
+        [shipped[e]["request_ms"] if cal.request_ms is None else cal.request_ms for e in ENGINES]
+    )
+    iteration = np.array(
+        [
+            shipped[e]["iteration_ms"] if cal.iteration_ms is None else cal.iteration_ms
+            for e in ENGINES
+        ]
+    )
+    return factors, request * 1e-3, iteration * 1e-3
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """Corrections found by a fit: kernel factors, and fixed costs per engine (ms)."""
+
+    factors: dict[str, float]
+    request_ms: dict[str, float]
+    iteration_ms: dict[str, float]
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        factors = np.array([*(self.factors.get(k, 1.0) for k in KERNEL_CLASSES), 1.0])
+        request = np.array([self.request_ms.get(e, 0.0) for e in ENGINES]) * 1e-3
+        iteration = np.array([self.iteration_ms.get(e, 0.0) for e in ENGINES]) * 1e-3
+        return factors, request, iteration
+
+    def values(self, rows: Rows) -> np.ndarray:
+        return rows.values(*self.arrays())
+
+
+def fit(rows: Rows, *, factors: bool = True, per_engine: bool = False) -> Fitted:
+    """The corrections that best explain ``rows`` (see the module docstring):
+    ``factors``: kernel factors too (else 1); ``per_engine``: fixed costs per engine
+    (else one pair for every row's engine)."""
     from scipy.optimize import least_squares
 
-    if not rows:
+    if not len(rows):
         raise ShardlabError("calibrate: no rows to fit")
-    used = [
-        k for i, k in enumerate(KERNEL_CLASSES) if any(float(r.parts[:, i].sum()) > 0 for r in rows)
-    ]
-    lo, hi = math.log(FACTOR_RANGE[0]), math.log(FACTOR_RANGE[1])
+    used = (
+        [
+            k
+            for i, k in enumerate(KERNEL_CLASSES)
+            if (rows.round_parts[:, i] + rows.prompt_parts[:, i]).any()
+        ]
+        if factors
+        else []
+    )
+    engines = sorted({ENGINES[e] for e in rows.engine}) if per_engine else ["all"]
+    request_on = bool(rows.request.any())
+    iteration_on = bool(rows.iteration.any())
+    n_f, n_e = len(used), len(engines)
 
-    def calibration(theta: np.ndarray) -> Calibration:
-        factors = {k: math.exp(float(x)) for k, x in zip(used, theta, strict=False)}
-        return Calibration(**factors, iteration_ms=float(theta[-1]), timing=timing)
+    def unpack(theta: np.ndarray) -> Fitted:
+        factor = {k: math.exp(float(x)) for k, x in zip(used, theta[:n_f], strict=True)}
+        at = n_f
+        req = np.zeros(n_e)
+        if request_on:
+            req, at = theta[at : at + n_e], at + n_e
+        it = theta[at : at + n_e] if iteration_on else np.zeros(n_e)
+        names = ENGINES if engines == ["all"] else engines
+        index = [0] * len(names) if engines == ["all"] else list(range(n_e))
+        return Fitted(
+            factor,
+            {e: float(req[i]) for e, i in zip(names, index, strict=True)},
+            {e: float(it[i]) for e, i in zip(names, index, strict=True)},
+        )
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        cal = calibration(theta)
-        errors = [_error(r, cal) for r in rows]
-        pull = [math.sqrt(RIDGE) * float(x) for x in theta[:-1]]
-        return np.array(errors + pull)
+        errors = np.log(np.maximum(unpack(theta).values(rows), 1e-12) / rows.measured)
+        return np.concatenate([errors, math.sqrt(RIDGE) * theta[:n_f]])
 
-    start = np.zeros(len(used) + 1)
-    start[-1] = 0.1  # inside its bounds: a start on a bound stalls the reflective method
-    bounds = ([lo] * len(used) + [0.0], [hi] * len(used) + [ITERATION_MS_MAX])
-    result = least_squares(residuals, start, bounds=bounds, method="trf")
-    return dataclasses.replace(calibration(result.x), fitted_on=fitted_on)
+    lo, hi = math.log(FACTOR_RANGE[0]), math.log(FACTOR_RANGE[1])
+    start = [0.0] * n_f
+    low, high = [lo] * n_f, [hi] * n_f
+    if request_on:  # starts inside the bounds: a start on a bound stalls the method
+        start += [1.0] * n_e
+        low, high = low + [0.0] * n_e, high + [REQUEST_MS_MAX] * n_e
+    if iteration_on:
+        start += [0.1] * n_e
+        low, high = low + [0.0] * n_e, high + [ITERATION_MS_MAX] * n_e
+    result = least_squares(
+        residuals,
+        np.array(start),
+        bounds=(low, high),
+        method="trf",
+        loss="soft_l1",
+        f_scale=LOSS_SCALE,
+    )
+    return unpack(result.x)
+
+
+def held_out(rows: Rows, groups: Sequence[str], fitter: Callable[[Rows], Fitted]) -> np.ndarray:
+    """Each row predicted by a fit on the rows of every other group."""
+    labels = np.asarray(groups)
+    out = np.empty(len(rows))
+    for g in dict.fromkeys(labels.tolist()):
+        test = np.flatnonzero(labels == g)
+        train = np.flatnonzero(labels != g)
+        if not len(train):
+            raise ShardlabError(f"calibrate: every row is in group {g!r}; nothing to fit on")
+        out[test] = fitter(rows.take(train)).values(rows.take(test))
+    return out
+
+
+# -- what a fit is judged by ---------------------------------------------------------------
+
+GROUPINGS: dict[str, Callable[[Measurement], str]] = {
+    "row": lambda m: f"{m.id}/{m.metric}",
+    "family": lambda m: m.family or (m.problem.model.name if m.problem is not None else m.id),
+    "gpu": lambda m: m.gpu,
+    "engine": lambda m: m.engine or "",
+}
+
+
+def groups_of(rows: Rows, grouping: str) -> list[str]:
+    if grouping not in GROUPINGS:
+        raise ShardlabError(f"--hold-out {grouping!r} is not one of {', '.join(GROUPINGS)}")
+    return [GROUPINGS[grouping](r.measurement) for r in rows.rows]
+
+
+def errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
+    """How far predictions are from measurements: median |predicted / measured - 1|,
+    the median ratio, and the shares off by 1.5x and 2x or more."""
+    ratio = np.asarray(predicted, dtype=float) / np.asarray(measured, dtype=float)
+    off = np.maximum(ratio, 1 / ratio)
+    n = len(ratio)
+    return {
+        "rows": n,
+        "median_abs_error": float(np.median(np.abs(ratio - 1))) if n else math.nan,
+        "median_ratio": float(np.median(ratio)) if n else math.nan,
+        "within_15pct": int((np.abs(ratio - 1) <= 0.15).sum()),
+        "beyond_1_5x": int((off >= 1.5).sum()),
+        "beyond_2x": int((off >= 2).sum()),
+    }
 
 
 @dataclass(frozen=True)
 class Report:
+    """A fit and how well it explains its rows and the rows it did not see."""
+
     calibration: Calibration
-    before: list[float]  # |predicted / measured - 1| per row, uncalibrated
-    after: list[float]  # with the calibration fitted on all rows
-    held_out: list[float]  # each row predicted by a fit on the others
+    fitted: Fitted
+    rows: Rows
+    before: list[float]  # |predicted / measured - 1| per row: the shipped model
+    after: list[float]  # with the corrections fitted on all rows (in-sample)
+    held_out: list[float]  # each row by a fit without its group (the first grouping)
+    held_out_by: Mapping[str, list[float]]  # per grouping
+
+    @property
+    def held_out_name(self) -> str:
+        first = next(iter(self.held_out_by))
+        return "leave-one-out" if first == "row" else f"each {first} held out"
+
+    def by_metric(self, relative: Sequence[float]) -> dict[str, dict[str, float]]:
+        """Errors (relative, one per row) summarized per metric."""
+        metrics = np.array([lin.measurement.metric for lin in self.rows.rows])
+        ratio = 1.0 + np.asarray(relative, dtype=float)
+        return {
+            metric: errors(ratio[metrics == metric], np.ones(int((metrics == metric).sum())))
+            for metric in dict.fromkeys(metrics.tolist())
+        }
+
+    def held_out_summary(self, grouping: str) -> dict[str, dict[str, float]]:
+        return self.by_metric(self.held_out_by[grouping])
 
     def summary(self) -> dict[str, float]:
         def worst(errors: list[float]) -> float:
@@ -158,33 +422,128 @@ class Report:
 
 
 def calibrate(
-    measurements: list[Measurement], timing: str, engine: str, source: str = "measurements"
+    measurements: list[Measurement],
+    timing: str,
+    engine: str,
+    source: str = "measurements",
+    *,
+    hold_out: Sequence[str] = ("row",),
+    factors: bool = True,
+    per_engine: bool = False,
+    linearized: Rows | None = None,
 ) -> Report:
-    """Fit on every row, and cross-validate by leaving each row out."""
-    rows = [linearize(m, timing, engine) for m in measurements]
+    """Fit on every row, and judge each row by a fit on the groups it is not in (each
+    grouping of ``hold_out``; ``row``: leave-one-out)."""
+    rows = (
+        linearized
+        if linearized is not None
+        else Rows([linearize(m, timing, engine) for m in measurements])
+    )
     if len(rows) < 3:
         raise ShardlabError(
             f"calibrate: {len(rows)} row(s) in {source}; give at least 3 to fit and check"
         )
-    identity = Calibration(timing=timing)
 
-    def rel(lin: Linearized, cal: Calibration) -> float:
-        return lin.predict(cal) / lin.measurement.value - 1.0
+    def fitter(part: Rows) -> Fitted:
+        return fit(part, factors=factors, per_engine=per_engine)
 
-    cal = fit(rows, timing)
-    held_out = []
-    for i, row in enumerate(rows):
-        held_out.append(rel(row, fit(rows[:i] + rows[i + 1 :], timing)))
+    fitted = fitter(rows)
+    shipped = rows.predict(Calibration(timing=timing))
+    by: dict[str, list[float]] = {}
+    for grouping in hold_out:
+        predicted = held_out(rows, groups_of(rows, grouping), fitter)
+        by[grouping] = list(predicted / rows.measured - 1.0)
+    after = fitted.values(rows)
     report = Report(
-        calibration=cal,
-        before=[rel(r, identity) for r in rows],
-        after=[rel(r, cal) for r in rows],
-        held_out=held_out,
+        calibration=Calibration(timing=timing),
+        fitted=fitted,
+        rows=rows,
+        before=list(shipped / rows.measured - 1.0),
+        after=list(after / rows.measured - 1.0),
+        held_out=by[hold_out[0]],
+        held_out_by=by,
     )
     s = report.summary()
+    name = {"row": "leave-one-out"}.get(hold_out[0], f"each {hold_out[0]} held out")
     note = (
         f"{source}: {s['rows']} rows, {timing} timing, {engine}; median |error| "
         f"{s['median_before']:.1%} before, {s['median_after']:.1%} fitted, "
-        f"{s['median_cross_validated']:.1%} leave-one-out"
+        f"{s['median_cross_validated']:.1%} {name}"
     )
-    return dataclasses.replace(report, calibration=dataclasses.replace(cal, fitted_on=note))
+    request = set(fitted.request_ms.values())
+    iteration = set(fitted.iteration_ms.values())
+    cal = Calibration(
+        **fitted.factors,
+        request_ms=request.pop() if rows.request.any() and len(request) == 1 else None,
+        iteration_ms=iteration.pop() if rows.iteration.any() and len(iteration) == 1 else None,
+        timing=timing,
+        fitted_on=note,
+    )
+    return dataclasses.replace(report, calibration=cal)
+
+
+def write_fit_report(path: Path, report: Report, command: str, source: str) -> None:
+    """A fit's corrections and its errors per metric: before, fitted (in-sample) and on
+    rows held out of the fit, per grouping and per group."""
+    f = report.fitted
+    lines = [
+        "# A fit and the rows it did not see",
+        "",
+        f"Produced by `{command}` from {source}; do not edit by hand.",
+        "",
+        "| engine | per request (ms) | per iteration (ms) |",
+        "|---|---:|---:|",
+        *(
+            f"| {e} | {f.request_ms[e]:.2f} | {f.iteration_ms[e]:.3f} |"
+            for e in sorted(f.request_ms)
+        ),
+        "",
+    ]
+    if f.factors:
+        lines += [
+            "Kernel factors: " + ", ".join(f"{k} {v:.3f}" for k, v in f.factors.items()),
+            "",
+        ]
+    head = (
+        "| metric | rows | median \\|error\\| | median predicted/measured | within 15% "
+        "| off 1.5x+ | off 2x+ |"
+    )
+    sets = {
+        "shipped before this fit": report.before,
+        "fitted on every row (in-sample)": report.after,
+        **{
+            ("leave-one-out" if g == "row" else f"each {g} held out"): e
+            for g, e in report.held_out_by.items()
+        },
+    }
+    lines += ["| predicted by " + head, "|---|---|" + "---:|" * 6]
+    for name, rel in sets.items():
+        for metric, s in report.by_metric(rel).items():
+            lines.append(
+                f"| {name} | {metric} | {s['rows']:,} | {s['median_abs_error']:.1%} | "
+                f"{s['median_ratio']:.2f} | {s['within_15pct'] / max(s['rows'], 1):.0%} | "
+                f"{s['beyond_1_5x'] / max(s['rows'], 1):.0%} | "
+                f"{s['beyond_2x'] / max(s['rows'], 1):.0%} |"
+            )
+    for grouping, rel in report.held_out_by.items():
+        if grouping == "row":
+            continue
+        labels = groups_of(report.rows, grouping)
+        lines += ["", f"## Each {grouping} held out, one at a time", "", head.replace(
+            "| metric |", f"| {grouping} | metric |"), "|---|---|" + "---:|" * 6]  # fmt: skip
+        ratio = 1.0 + np.asarray(rel)
+        metrics = np.array([lin.measurement.metric for lin in report.rows.rows])
+        for g in sorted(set(labels)):
+            mask = np.array(labels) == g
+            for metric in dict.fromkeys(metrics.tolist()):
+                sel = mask & (metrics == metric)
+                s = errors(ratio[sel], np.ones(int(sel.sum())))
+                if not s["rows"]:
+                    continue
+                lines.append(
+                    f"| {g} | {metric} | {s['rows']:,} | {s['median_abs_error']:.1%} | "
+                    f"{s['median_ratio']:.2f} | {s['within_15pct'] / s['rows']:.0%} | "
+                    f"{s['beyond_1_5x'] / s['rows']:.0%} | {s['beyond_2x'] / s['rows']:.0%} |"
+                )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, "\n".join(lines) + "\n")

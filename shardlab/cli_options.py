@@ -77,6 +77,22 @@ PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         float | None,
         typer.Option(None, "--acceptance", help="Probability a draft token is accepted."),
     ),
+    (
+        "prompts_per_client",
+        int | None,
+        typer.Option(
+            None,
+            "--prompts-per-client",
+            help="In flight: requests each client of the closed loop sends (default 10).",
+        ),
+    ),
+    (
+        "clients",
+        int | None,
+        typer.Option(
+            None, help="In flight: clients in all (default: as many as the plan runs at once)."
+        ),
+    ),
     ("tie", str, typer.Option("kind", help="'kind': options per layer kind; 'layer': per layer.")),
     (
         "timing",

@@ -17,7 +17,11 @@ rows, each with its source):
 
 Each row is predicted under the scheduling regime it states (in-flight batching with
 thousands of queued requests is ``inflight``, capped by the KV cache; a static batch
-is ``static``). Approximations of the published rows' mapping, stated once:
+is ``static``). A file of thousands of rows does not stop at its first bad row: each
+row that cannot be read is refused with its reason (:class:`MeasurementSet`), and the
+rest are predicted. Measured serving at a fixed concurrency (TTFT and TPOT of a
+benchmark's closed loop) comes from :mod:`shardlab.serving_sample`. Approximations of
+the published rows' mapping, stated once:
 Llama-3.3-70B has Llama-3.1-70B's shapes and DeepSeek-R1 DeepSeek-V3's; LLaMA-2-70B
 and the GPT-13B of kipp.ly's arithmetic are config files next to the CSV (GPT-13B's
 GELU MLP as a SwiGLU MLP of the same parameter count); FP8 and FP4 runs use an FP8 KV
@@ -31,7 +35,8 @@ import csv
 import dataclasses
 import statistics
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -40,13 +45,16 @@ import numpy as np
 
 from shardlab.costmodel import Metrics, evaluate, silicon
 from shardlab.costmodel.collectives import Span, collective_time
+from shardlab.costmodel.disagg import DisaggMetrics, evaluate_disagg, pool_problems
 from shardlab.costmodel.evaluate import at_capacity
+from shardlab.costmodel.tables import degree_tables
 from shardlab.errors import ShardlabError
 from shardlab.files import write_text
 from shardlab.problems.calibration import Calibration
 from shardlab.problems.catalog import load_model
 from shardlab.problems.cluster import Cluster, parse_cluster
-from shardlab.problems.plan import Degrees
+from shardlab.problems.disagg import DisaggPlan
+from shardlab.problems.plan import Degrees, Plan
 from shardlab.problems.problem import Problem
 from shardlab.problems.workload import Workload
 
@@ -90,6 +98,47 @@ class Measurement:
     degrees: Degrees | None
     message_bytes: int | None
     engine: str | None = None  # the engine measured (None: the one asked for)
+    # a disaggregated deployment's plan (each pool's degrees, instances and requests
+    # per rank); ``degrees`` is then the decode pool's
+    disagg: DisaggPlan | None = None
+    # what the reports group by: the model's family (catalog name), the benchmark's
+    # clients per attention-DP rank, the serving mode and the source's protocol
+    family: str = ""
+    per_rank: int | None = None
+    mode: str = "agg"
+    protocol: str = ""
+
+    @property
+    def gpu(self) -> str:
+        return self.cluster.accelerator.key
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A row that could not be read, and why."""
+
+    id: str
+    line: int | None  # the file's line (None: not a line of a file)
+    reason: str
+
+
+@dataclass(frozen=True)
+class MeasurementSet:
+    """The rows of a source that could be read, and the ones refused."""
+
+    source: str
+    rows: list[Measurement]
+    refused: list[Refusal] = field(default_factory=list)
+    duplicates: int = 0  # rows that repeat another's setup and measurement, counted once
+    serving: bool = False  # benchmark rows of measured serving (TTFT and TPOT each)
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            first = f"; the first: {self.refused[0].reason}" if self.refused else ""
+            raise ShardlabError(
+                f"measurements {self.source!r}: no row could be read "
+                f"({len(self.refused)} refused{first})"
+            )
 
 
 def _int(row: Mapping[str, str], key: str, where: str, default: int | None = None) -> int | None:
@@ -111,27 +160,58 @@ def _resolve(text: str, base: Path) -> str:
     return str(candidate) if text.endswith((".json", ".yaml", ".yml")) else text
 
 
-def load_measurements(path: str | Path | None = None) -> list[Measurement]:
-    """Read a measurements CSV (see the module docstring); the built-in one by default."""
-    path = Path(path) if path is not None else builtin_measurements()
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV file, refused in one line when it cannot be read."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ShardlabError(f"measurements {str(path)!r}: cannot read it ({exc})") from None
-    reader = csv.DictReader(text.splitlines())
+    try:
+        return list(csv.DictReader(text.splitlines()))
+    except csv.Error as exc:
+        raise ShardlabError(f"measurements {str(path)!r}: not a CSV file ({exc})") from None
+
+
+def load_measurements(
+    path: str | Path | None = None, filters: Mapping[str, list[str]] | None = None
+) -> MeasurementSet:
+    """Read measurements: shardlab's CSV (see the module docstring; the built-in one
+    by default), aiconfigurator-core's measured serving sample (``path`` =
+    ``aiconfigurator-sample``) or a CSV in its columns (:mod:`shardlab.serving_sample`;
+    ``filters`` keeps some of its rows: gpu, backend, family, mode, protocol). Rows
+    that cannot be read are refused, each with its reason; the others are returned."""
+    from shardlab.serving_sample import SAMPLE, SAMPLE_COLUMNS, read_sample, sample_rows
+
+    filters = {k: v for k, v in (filters or {}).items() if v}
+    if path is not None and str(path) == SAMPLE:
+        return read_sample(**filters)
+    path = Path(path) if path is not None else builtin_measurements()
+    rows = read_csv(path)
+    columns = set(rows[0]) if rows else set()
+    if rows and columns >= SAMPLE_COLUMNS:
+        return sample_rows(rows, str(path), **filters)
+    if filters:
+        flags = ", ".join(f"--{k}" for k in filters)
+        raise ShardlabError(
+            f"{flags}: filters rows of measured serving (the sample's columns); "
+            f"{str(path)!r} is in shardlab's own columns"
+        )
+    if not rows:
+        raise ShardlabError(f"measurements {str(path)!r}: no rows")
     required = {"id", "metric", "value", "cluster"}
-    missing = required - set(reader.fieldnames or ())
+    missing = required - columns
     if missing:
         raise ShardlabError(
             f"measurements {str(path)!r}: missing column(s) {', '.join(sorted(missing))}"
         )
-    out = []
-    for n, row in enumerate(reader, start=2):
-        where = f"measurements {str(path)!r}, line {n} ({row.get('id') or 'no id'})"
-        out.append(_measurement(row, path.parent, where))
-    if not out:
-        raise ShardlabError(f"measurements {str(path)!r}: no rows")
-    return out
+    out, refused = [], []
+    for n, row in enumerate(rows, start=2):
+        where = f"line {n} ({row.get('id') or 'no id'})"
+        try:
+            out.append(_measurement(row, path.parent, where))
+        except ShardlabError as exc:
+            refused.append(Refusal((row.get("id") or "").strip(), n, str(exc)))
+    return MeasurementSet(str(path), out, refused)
 
 
 def _measurement(row: Mapping[str, str], base: Path, where: str) -> Measurement:
@@ -201,6 +281,7 @@ class Row:
     measured: float
     note: str
     source: str
+    measurement: Measurement | None = field(default=None, compare=False, repr=False)
 
     @property
     def ratio(self) -> float:
@@ -222,6 +303,25 @@ def problem_of(
     return problem, note
 
 
+def measured_plan(problem: Problem, m: Measurement) -> Plan:
+    """The plan a measured row ran: Megatron's options on its degrees, at the requests
+    per rank its engine ran (its own, within what the KV cache holds; else every
+    offered request the cache holds: "max-throughput" serving)."""
+    assert m.degrees is not None
+    plan = at_capacity(problem, problem.space.megatron_plan(m.degrees))
+    if m.per_rank is not None and plan.concurrency is not None:
+        plan = dataclasses.replace(plan, concurrency=min(m.per_rank, plan.concurrency))
+    return plan
+
+
+@lru_cache(maxsize=256)
+def _priced(problem: Problem, plan: Plan | DisaggPlan) -> Metrics | DisaggMetrics:
+    """A measured setup's metrics (its rows, one per metric, share them)."""
+    if isinstance(plan, DisaggPlan):
+        return evaluate_disagg(problem, plan, breakdown=False)
+    return evaluate(problem, plan, breakdown=False)
+
+
 def predict(
     m: Measurement,
     timing: str = "roofline",
@@ -233,16 +333,39 @@ def predict(
         return _collective_row(m, timing, engine, calibration)
     problem, used_note = problem_of(m, timing, engine, calibration)
     assert m.degrees is not None
-    # measured serving runs what its KV cache holds, not the best concurrency
-    metrics = evaluate(problem, at_capacity(problem, problem.space.megatron_plan(m.degrees)))
     notes = [x for x in (m.note, used_note) if x]
-    if not metrics.feasible:
-        notes.append("predicted infeasible: " + ", ".join(metrics.violations))
     w = problem.workload
     desc = m.setup or f"{problem.model.name} on {m.cluster.name}"
-    desc += f" ({m.degrees.short()}), {w.schedule} batch {w.batch}, {w.input_len}/{w.output_len}"
+    if m.disagg is not None:
+        metrics = _priced(problem, measured_disagg(problem, m.disagg))
+        desc += f" ({m.disagg.label()})"
+    else:
+        # measured serving runs what its KV cache holds, not the best concurrency
+        metrics = _priced(problem, measured_plan(problem, m))
+        desc += f" ({m.degrees.short()})"
+    desc += f", {w.schedule} batch {w.batch}, {w.input_len}/{w.output_len}"
+    if not metrics.feasible:
+        notes.append("predicted infeasible: " + ", ".join(metrics.violations))
     value = MODEL_METRICS[m.metric][0](metrics, problem)
-    return Row(m.id, desc, m.metric, m.unit, value, m.value, "; ".join(notes), m.source)
+    return Row(m.id, desc, m.metric, m.unit, value, m.value, "; ".join(notes), m.source, m)
+
+
+def measured_disagg(problem: Problem, plan: DisaggPlan) -> DisaggPlan:
+    """A measured disaggregated deployment's plan, each pool within what its KV cache
+    holds."""
+    prefill, decode = pool_problems(problem, plan)
+    return dataclasses.replace(
+        plan,
+        prefill=_within_capacity(prefill, plan.prefill),
+        decode=_within_capacity(decode, plan.decode),
+    )
+
+
+def _within_capacity(problem: Problem, plan: Plan) -> Plan:
+    held = at_capacity(problem, dataclasses.replace(plan, concurrency=None)).concurrency
+    if plan.concurrency is None or held is None:
+        return plan
+    return dataclasses.replace(plan, concurrency=min(plan.concurrency, held))
 
 
 def collective_seconds(m: Measurement, timing: str, engine: str) -> float:
@@ -251,7 +374,7 @@ def collective_seconds(m: Measurement, timing: str, engine: str) -> float:
     nbytes = np.array(float(m.message_bytes or 0))
     measured = None
     if timing == "silicon" and silicon.covers(key):
-        measured = silicon.kernels(key, engine).collective("all_reduce", 8, nbytes)
+        measured = silicon.kernels(key, engine).collective("all_reduce", 8, nbytes, nccl=True)
     if measured is None:
         measured = collective_time("all_reduce", Span(8, 8), nbytes, m.cluster)
     return float(measured)
@@ -286,7 +409,7 @@ def predict_all(
 ) -> list[Row]:
     """Every measurement predicted with ``timing``; rows on an accelerator the measured
     tables do not cover are predicted by the roofline (and say so)."""
-    rows = measurements if measurements is not None else load_measurements()
+    rows = measurements if measurements is not None else load_measurements().rows
     return [predict(m, timing, engine, calibration) for m in rows]
 
 
@@ -407,6 +530,8 @@ def against_reference(
             timing=timing,
             engine=engine,
         )
+        if degree_tables(problem, degrees).batching.per_dp_max < b * pp:
+            continue  # the engine takes fewer per iteration (its token budget): not the point
         plan = dataclasses.replace(problem.space.megatron_plan(degrees), concurrency=b * pp)
         m = evaluate(problem, plan)
         if "memory" in m.violations:
@@ -459,8 +584,105 @@ def write_agreement(path: Path, by_timing: dict[str, list[Agreement]], command: 
     lines += [
         "",
         "TTFT is defined differently: AIConfigurator multiplies the prefill iterations by a "
-        "queueing factor of 2 to 4 (its backends' `_ttft_queuing_factor`); shardlab's TTFT "
-        "is one in-flight round plus the prompt's own prefill.",
+        "queueing factor (its backends' `_ttft_queuing_factor`: 2 to 4, vLLM's 1 + "
+        "log2(b) / 8) and adds a dispatch cost per layer for vLLM; shardlab's TTFT is the "
+        "closed loop's mean over a benchmark's requests (its first wave of 10 prompts per "
+        "client prefilled cohort after cohort) plus each engine's fitted cost per request "
+        "(`shardlab/costmodel/regimes.py`, `shardlab/data/serving/engines.yaml`).",
     ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, "\n".join(lines) + "\n")
+
+
+# -- AIConfigurator's default problems, each tool scoring the other's pick --------------
+
+SIDE_BY_SIDE_COLUMNS = frozenset({"problem", "its_tok_s_gpu", "its_tok_s_gpu_of_ours"})
+SIDE_BY_SIDE_PROBLEMS = {  # shardlab's model and cluster of each problem
+    "llama70b-h100x8": ("llama-3.1-70b", "h100x8"),
+    "qwen235b-h200x16": ("qwen3-235b-a22b", "h200x16"),
+    "deepseek-v3-h200x16": ("deepseek-v3", "h200x16"),
+    "deepseek-v3-h100x64": ("deepseek-v3", "h100x64"),
+}
+
+
+def side_by_side(path: str | Path) -> list[dict[str, Any]]:
+    """Each problem of ``path`` (``tests/data/make_aiconfigurator_default.py``): its
+    pick and ours, each scored by both tools (per-GPU output tokens/s, the SLOs)."""
+    from shardlab.problems.plan import Plan, read_plan_file
+
+    path = Path(path)
+    out = []
+    for r in read_csv(path):
+        model, cluster = SIDE_BY_SIDE_PROBLEMS[r["problem"]]
+        problem = Problem.build(
+            model,
+            cluster,
+            "chat",
+            engine="trtllm",
+            space_kind="engine",
+            batch=8192,
+            input_len=1024,
+            output_len=256,
+            ttft_ms=2000.0,
+            tpot_ms=50.0,
+        )
+        ours_file = path.with_suffix("") / f"{r['problem']}.json"
+        ours = Plan.from_dict(read_plan_file(ours_file), problem.model)
+        mine = evaluate(problem, ours, breakdown=False)
+        tp, pp, dp = (int(r[f"its_{k}"]) for k in ("tp", "pp", "dp"))
+        ep, etp = int(r["its_moe_ep"]), int(r["its_moe_tp"])
+        if problem.model.moe is None:
+            ep, etp = 1, tp * dp
+        replicas = problem.cluster.num_gpus // (tp * pp * dp)
+        d = Degrees(replicas=replicas, pp=pp, tp=tp, dp_attn=dp, ep=ep, etp=etp)
+        theirs_plan = dataclasses.replace(
+            problem.space.megatron_plan(d), concurrency=int(r["its_bs"]) * pp
+        )
+        theirs = evaluate(problem, theirs_plan, breakdown=False)
+        out.append(
+            {
+                "problem": r["problem"],
+                "ours": ours.degrees.short(),
+                "ours_per_rank": ours.concurrency,
+                "ours_tok_s_gpu": mine.throughput_tok_s_per_gpu,
+                "ours_by_it": float(r["its_tok_s_gpu_of_ours"]),
+                "ours_it_slo": f"{float(r['its_ttft_ms_of_ours']):,.0f} / "
+                f"{float(r['its_tpot_ms_of_ours']):.1f}",
+                "theirs": d.short(),
+                "theirs_per_rank": theirs_plan.concurrency,
+                "theirs_tok_s_gpu": float(r["its_tok_s_gpu"]),
+                "theirs_by_us": theirs.throughput_tok_s_per_gpu,
+                "theirs_by_us_slo": f"{theirs.ttft_ms:,.0f} / {theirs.tpot_ms:.1f}",
+                "theirs_by_us_feasible": theirs.feasible,
+            }
+        )
+    return out
+
+
+def write_side_by_side(path: Path, rows: list[dict[str, Any]], command: str, source: str) -> None:
+    lines = [
+        "# AIConfigurator's default problems: each tool scores the other's pick",
+        "",
+        f"Produced by `{command}` from `{source}` (its picks and its scores of ours, made by "
+        "`tests/data/make_aiconfigurator_default.py`); do not edit by hand. Each problem: "
+        "1,024 in / 256 out, TTFT <= 2 s, TPOT <= 50 ms, TensorRT-LLM; tokens/s are output "
+        "tokens per GPU; TTFT / TPOT in ms.",
+        "",
+        "| problem | shardlab's pick | its tok/s/GPU by shardlab | by AIConfigurator | "
+        "AIConfigurator's TTFT / TPOT of it | AIConfigurator's pick | its tok/s/GPU by "
+        "AIConfigurator | by shardlab | shardlab's TTFT / TPOT of it | AIConfigurator's score "
+        "of shardlab's pick / its own | shardlab's score of its pick / shardlab's |",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        mark = "" if r["theirs_by_us_feasible"] else " (misses an SLO)"
+        lines.append(
+            f"| {r['problem']} | {r['ours']} at {r['ours_per_rank']} per rank | "
+            f"{r['ours_tok_s_gpu']:,.1f} | {r['ours_by_it']:,.1f} | {r['ours_it_slo']} | "
+            f"{r['theirs']} at {r['theirs_per_rank']} per rank | {r['theirs_tok_s_gpu']:,.1f} | "
+            f"{r['theirs_by_us']:,.1f} | {r['theirs_by_us_slo']}{mark} | "
+            f"{r['ours_by_it'] / r['theirs_tok_s_gpu']:.2f} | "
+            f"{r['theirs_by_us'] / r['ours_tok_s_gpu']:.2f} |"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, "\n".join(lines) + "\n")

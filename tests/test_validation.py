@@ -65,7 +65,7 @@ def _user_file(tmp_path: Path, text: str = USER_CSV) -> Path:
 
 
 def test_a_users_measurements_are_read_with_paths_relative_to_the_file(tmp_path: Path) -> None:
-    rows = load_measurements(_user_file(tmp_path))
+    rows = load_measurements(_user_file(tmp_path)).rows
     assert [m.id for m in rows] == ["a", "b", "c"]
     a, b, c = rows
     assert a.problem is not None and a.problem.workload.weight_dtype == "fp8"
@@ -90,6 +90,7 @@ def test_a_users_measurements_are_read_with_paths_relative_to_the_file(tmp_path:
         ("id,model,cluster,tp,metric,value\na,llama-3.1-8b,h100x1,x,tpot_ms,1\n", "integer"),
         ("id,model,cluster,tp,metric,value\na,,h100x1,1,tpot_ms,1\n", "needs model"),
         ("id,model,cluster,tp,metric,value\n", "no rows"),
+        ("id,model,cluster,tp,metric,value\na,x,h100x1,1,tpot_ms,1\n", "no row could be read"),
     ],
 )
 def test_a_bad_measurements_file_is_refused_in_one_line(
@@ -102,10 +103,31 @@ def test_a_bad_measurements_file_is_refused_in_one_line(
     assert "\n" not in str(info.value)
 
 
+def test_a_file_of_many_rows_reports_the_good_ones_and_refuses_the_bad(tmp_path: Path) -> None:
+    """Bad rows anywhere in a file are refused with their line and reason; the others
+    are read and predicted."""
+    bad = (
+        "d,llama-3.1-8b,h100x1,1,,,request,inflight,64,1024,256,,speed,3\n"
+        "e,llama-3.1-8b,h100x2,1,,,request,inflight,64,1024,256,,tpot_ms,9\n"
+        "f,no-such-model,h100x1,1,,,request,inflight,64,1024,256,,tpot_ms,9\n"
+        "g,llama-3.1-8b,h100x1,1,,,request,inflight,64,1024,256,,tpot_ms,-2\n"
+    )
+    measured = load_measurements(_user_file(tmp_path, USER_CSV + bad))
+    assert [m.id for m in measured.rows] == ["a", "b", "c"]
+    assert [(x.id, x.line) for x in measured.refused] == [("d", 5), ("e", 6), ("f", 7), ("g", 8)]
+    reasons = [x.reason for x in measured.refused]
+    assert "metric 'speed'" in reasons[0] and "the cluster has 2" in reasons[1]
+    assert "no-such-model" in reasons[2] and "positive" in reasons[3]
+    assert all("\n" not in r for r in reasons)
+    assert all(predict(m, "silicon").predicted > 0 for m in measured.rows)
+
+
 def test_the_calibrated_cost_model_is_the_linearized_fit() -> None:
     """Applying a calibration through the cost model gives what the fit optimized."""
-    cal = Calibration(gemm=1.3, attention=0.7, moe=1.5, communication=1.2, iteration_ms=0.8)
-    for m in load_measurements():
+    cal = Calibration(
+        gemm=1.3, attention=0.7, moe=1.5, communication=1.2, iteration_ms=0.8, request_ms=20.0
+    )
+    for m in load_measurements().rows:
         if m.problem is None or m.degrees is None or m.degrees.pp != 1:
             continue
         for timing in ("roofline", "silicon"):
@@ -119,7 +141,9 @@ def test_calibrate_recovers_known_corrections_and_cross_validates() -> None:
     out row is predicted from the others."""
     truth = Calibration(gemm=1.25, attention=0.8, communication=1.1, iteration_ms=1.0)
     published = [
-        m for m in load_measurements() if m.problem is not None and m.problem.model.moe is None
+        m
+        for m in load_measurements().rows
+        if m.problem is not None and m.problem.model.moe is None
     ]
     made = [
         dataclasses.replace(m, value=predict(m, "silicon", "trtllm", truth).predicted)

@@ -230,6 +230,7 @@ def price(problem: Problem, tables: IntegerTables, plan: Plan) -> TableCost:
         np.array([tables.per_dp]),
         [seconds[i : i + 1].sum(1) for i in range(ns)],
         [seconds[i : i + 1].max(1) for i in range(ns)],
+        np.array([degree_tables(problem, d).engine.max_tokens]),
     )
     return TableCost(
         stage_ns=stage_ns, stage_bytes=stage_bytes, hbm_bytes=tables.hbm_bytes, timing=tm

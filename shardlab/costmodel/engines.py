@@ -21,9 +21,17 @@ and SGLang 0.5.14 (``sglang.launch_server``), each with the file it comes from:
   SGLang ``chunked_prefill_size`` = 4096 below 60 GiB, 8192 below 160 GiB, 16384
   above (``server_args.py:3122-3207``), divided over attention-DP ranks.
 
-Not modeled, for want of a published number: a fixed cost per iteration (scheduling,
-sampling; ``shardlab calibrate`` fits one to measurements) and eager decode above the
-CUDA-graph batch sizes (TensorRT-LLM 128, vLLM 512, SGLang 256-512).
+Serving costs no kernel table holds, fitted per engine to measured serving
+(:data:`SERVING_CONSTANTS`, written by ``shardlab calibrate --engines``; each number
+says what it was fitted on and how it generalizes): a fixed cost per request (HTTP,
+tokenization, detokenization and the first streamed chunk, in TTFT) and per
+iteration (scheduling and sampling, in every round). How an engine schedules a new
+prompt (:mod:`shardlab.costmodel.regimes`): TensorRT-LLM and vLLM prefill it in an
+iteration that also decodes the running requests (chunked prefill under the token
+budget); SGLang runs prefill batches of their own, ahead of decoding
+(``python/sglang/srt/managers/scheduler.py``, ``get_next_batch_to_run``: a new
+prefill batch first, unless mixed chunks are turned on). Not modeled: eager decode
+above the CUDA-graph batch sizes (TensorRT-LLM 128, vLLM 512, SGLang 256-512).
 
 Memory is then budgeted as the engine does, as one linear inequality per stage (so
 the tables and CP-SAT keep it exact): ``weights * weight_scale + (activations +
@@ -36,11 +44,50 @@ whose remainder is its own reserve for activations and graphs (``reserve_scale``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+import yaml
 
 from shardlab.problems.problem import Problem
 
 GIB = 1 << 30
 MIB = 1 << 20
+
+# Engines that run a new prompt's prefill as a batch of its own, ahead of decoding.
+PREFILL_FIRST = ("sglang",)
+
+
+def serving_constants_path() -> str:
+    """The fitted per-engine serving costs shipped with shardlab."""
+    return str(resources.files("shardlab") / "data" / "serving" / "engines.yaml")
+
+
+@cache
+def serving_constants() -> dict[str, dict[str, float]]:
+    """Per engine, ``request_ms`` and ``iteration_ms`` (see the module docstring)."""
+    with open(serving_constants_path()) as f:
+        raw = yaml.safe_load(f)
+    return {e: {k: float(v) for k, v in raw["engines"][e].items()} for e in raw["engines"]}
+
+
+def serving_constants_yaml(
+    request_ms: dict[str, float], iteration_ms: dict[str, float], header: list[str]
+) -> str:
+    """The file :func:`serving_constants` reads, with ``header`` as its comments (what
+    it was fitted on, by which command, how well it generalizes)."""
+    engines = {
+        e: {"request_ms": round(request_ms[e], 3), "iteration_ms": round(iteration_ms[e], 3)}
+        for e in sorted(request_ms)
+    }
+    comments = "".join(f"# {line}\n" for line in header)
+    return comments + yaml.safe_dump({"engines": engines}, sort_keys=False)
+
+
+def to_ns(ms: float) -> int:
+    """Milliseconds as whole nanoseconds: the scalar, batched and exact paths add the
+    same constant."""
+    return round(ms * 1e6)
 
 
 @dataclass(frozen=True)
@@ -88,4 +135,29 @@ def engine_limits(problem: Problem, tp: int, pp: int, dp_attn: int) -> EngineLim
         weight_scale=scales[0],
         reserve_scale=scales[1],
         kv_scale=scales[2],
+    )
+
+
+@dataclass(frozen=True)
+class ServingCosts:
+    """What an engine adds to the kernels' times when it serves (the same under every
+    degree tuple)."""
+
+    request_ns: int  # fixed cost per request, in TTFT
+    iteration_ns: int  # fixed cost per iteration, in every round
+    prefill_first: bool  # new prompts run as a prefill batch of their own
+
+
+def serving_costs(problem: Problem) -> ServingCosts:
+    """The engine's fitted costs, or the calibration's where it has its own."""
+    fitted = serving_constants()[problem.engine]
+    cal = problem.calibration
+    request_ms, iteration_ms = fitted["request_ms"], fitted["iteration_ms"]
+    if cal is not None:  # a user's own fit replaces the shipped one
+        request_ms = request_ms if cal.request_ms is None else cal.request_ms
+        iteration_ms = iteration_ms if cal.iteration_ms is None else cal.iteration_ms
+    return ServingCosts(
+        request_ns=to_ns(request_ms),
+        iteration_ns=to_ns(iteration_ms),
+        prefill_first=problem.engine in PREFILL_FIRST,
     )

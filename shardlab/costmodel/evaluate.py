@@ -667,7 +667,9 @@ def _candidates(
 ) -> _Candidates:
     """The static schedule runs its batch; a fixed ``per_dp`` runs itself; in flight
     every concurrency the KV cache holds is a candidate (none: one request), and of the
-    concurrencies sharing a micro-batch size only the one that can be best."""
+    concurrencies sharing a micro-batch size only the one that can be best, unless a
+    TTFT bound or axis tells them apart (their TTFT grows with the requests: the
+    closed loop's first wave, :mod:`shardlab.costmodel.regimes`)."""
     n = len(pp)
     if problem.workload.schedule != "inflight":  # the tables have the batch's b only
         c = per_dp_max if per_dp is None else np.asarray(per_dp, dtype=np.int64)
@@ -679,6 +681,15 @@ def _candidates(
     top = np.maximum(capacity, 1)  # more than the KV cache holds never fits
     small = np.minimum(pp, top)  # c <= pp: one request per micro-batch (b = 1)
     n_b = -(-top // small)
+    w = problem.workload
+    if w.phase == "request" and (
+        w.ttft_ms is not None or (w.objective == "pareto" and "ttft_ms" in w.latency_axes)
+    ):
+        first = np.cumsum(top) - top
+        plan = np.repeat(np.arange(n), top)
+        c = np.arange(int(top.sum())) - first[plan] + 1
+        col = -(-c // np.minimum(pp[plan], c)) - 1
+        return _Candidates(plan, c, col, first, n_b)
     count = small + n_b - 1
     first = np.cumsum(count) - count
     plan = np.repeat(np.arange(n), count)
@@ -780,8 +791,9 @@ def _assemble(problem: Problem, u: Units, per_dp: np.ndarray | None = None) -> _
         maxes.append(peak[at])
         start = start + (1 if step.single else width[cp])
     per_replica = scalar("per_replica").astype(np.int64)[cp]
+    budget = scalar("max_tokens").astype(np.int64)[cp]
     degrees = DegreeArrays(pp=pp[cp], replicas=replicas[cp], dp_attn=dp_attn[cp], tp=tp[cp])
-    tm = timing(problem, degrees, steps, per_replica, cs.per_dp, sums, maxes)
+    tm = timing(problem, degrees, steps, per_replica, cs.per_dp, sums, maxes, budget)
     fits = cs.per_dp <= capacity[cp]
     j = judge(problem, tm, fits)
     if len(cp) == n:

@@ -276,8 +276,8 @@ def option_cost(
     ctx: CostContext, op: OpSpec, opt: OptionSpec, step: Step, attn: LayerAttention | None
 ) -> OptionCost:
     """The cost of one option, with the problem's calibration applied (each kernel
-    class by its factor, the operator's own collectives by the communication factor,
-    and the per-iteration cost on the sampler, which every step runs once). ``attn`` is
+    class by its factor, the operator's own collectives by the communication factor;
+    its fixed costs per iteration and request are the serving regime's). ``attn`` is
     the layer's token mixer (None for the model's ends)."""
     cost = _option_cost(ctx, op, opt, step, attn)
     cal = ctx.problem.calibration
@@ -285,14 +285,11 @@ def option_cost(
         return cost
     cls = kernel_class(op)
     f = cal.factor(cls) if cls is not None else 1.0
-    kernel = cost.kernel_s * f
-    if op.family == "sampler":
-        kernel += cal.iteration_ms * 1e-3
     return replace(
         cost,
         compute_s=cost.compute_s * f,
         memory_s=cost.memory_s * f,
-        kernel_s=kernel,
+        kernel_s=cost.kernel_s * f,
         comm_s=cost.comm_s * cal.communication,
     )
 

@@ -273,9 +273,12 @@ class Kernels:
         curve = self._first(MOE_MODES.get(dtype, ()), build)
         return None if curve is None else self._at(curve, tokens_per_dp)
 
-    def collective(self, kind: str, ranks: int, nbytes: np.ndarray) -> np.ndarray | None:
-        """Seconds of an NCCL collective over ``ranks`` GPUs of one node, with the
-        message as :mod:`shardlab.costmodel.collectives` defines it."""
+    def collective(
+        self, kind: str, ranks: int, nbytes: np.ndarray, *, nccl: bool = False
+    ) -> np.ndarray | None:
+        """Seconds of a collective over ``ranks`` GPUs of one node as the engine runs it,
+        with the message as :mod:`shardlab.costmodel.collectives` defines it (``nccl``:
+        NCCL's own, as its micro-benchmarks measure it)."""
         if ranks not in NCCL_SIZES or kind not in COLLECTIVES:
             return None
         op = COLLECTIVES[kind]
@@ -287,10 +290,24 @@ class Kernels:
             up_to=MEASURED_UP_TO["nccl"],
             grid=MESSAGE_GRID,
         )
-        if curve is None:
-            return None
         elements = np.maximum(np.asarray(nbytes, dtype=float) / 2.0, 1.0)
-        return self._at(curve, elements)
+        measured = None if curve is None else self._at(curve, elements)
+        if kind != "all_reduce" or nccl:
+            return measured
+        # All three engines all-reduce inside a node with their own one-/two-shot
+        # kernels, and hand large messages to NCCL (vLLM and SGLang above
+        # custom_all_reduce's max_size, TensorRT-LLM's AUTO strategy by size): the
+        # faster of the two measured tables stands for that switch.
+        custom = self._curve(
+            ("custom_all_reduce", ranks),
+            lambda: self._ops.CustomAllReduce("custom_all_reduce", 1, 1, ranks),
+            up_to=MEASURED_UP_TO["nccl"],
+            grid=MESSAGE_GRID,
+        )
+        if custom is None:
+            return measured
+        own = self._at(custom, elements)
+        return own if measured is None else np.minimum(own, measured)
 
 
 @lru_cache(maxsize=16)

@@ -2,9 +2,11 @@
 
 ``shardlab calibrate`` fits one factor per kernel class (the time of every GEMM, every
 attention kernel, every routed-expert computation and every collective is multiplied
-by its class's factor) and a fixed cost per engine iteration (scheduling, sampling and
-launch, added to every step) to measured rows; ``--calibration FILE`` applies them to
-any problem. A calibration is a small YAML file that says what it was fitted on.
+by its class's factor) and the engine's fixed costs per iteration (scheduling and
+sampling, in every round) and per request (in TTFT) to measured rows; ``--calibration
+FILE`` applies them to any problem, the fixed costs in place of the engine's shipped
+ones (:mod:`shardlab.costmodel.engines`). A calibration is a small YAML file that says
+what it was fitted on.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ class Calibration:
     attention: float = 1.0
     moe: float = 1.0
     communication: float = 1.0
-    iteration_ms: float = 0.0  # added to every step of every iteration
+    # the engine's fixed costs (None: the ones shardlab ships for it)
+    iteration_ms: float | None = None  # per iteration, in every round
+    request_ms: float | None = None  # per request, in TTFT
     timing: str = "roofline"  # the timing backend the factors correct
     fitted_on: str = ""  # the measurements, and how well the fit generalizes
 
@@ -35,11 +39,17 @@ class Calibration:
             value = getattr(self, key)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ShardlabError(f"calibration: {key} must be a positive factor, got {value!r}")
-        ms = self.iteration_ms
-        if not isinstance(ms, int | float) or not math.isfinite(ms) or ms < 0:
-            raise ShardlabError(
-                f"calibration: iteration_ms must be a non-negative number, got {ms!r}"
-            )
+        for key in ("iteration_ms", "request_ms"):
+            ms = getattr(self, key)
+            if ms is None:
+                continue
+            if (
+                isinstance(ms, bool)
+                or not isinstance(ms, int | float)
+                or not math.isfinite(ms)
+                or ms < 0
+            ):
+                raise ShardlabError(f"calibration: {key} must be a non-negative number, got {ms!r}")
 
     def factor(self, kernel_class: str) -> float:
         return float(getattr(self, kernel_class))

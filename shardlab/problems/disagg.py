@@ -172,6 +172,7 @@ def _instance_problem(problem: Problem, phase: str, gpus: int, instances: int) -
         phase=phase,
         objective="throughput",
         batch=offered(problem, instances),
+        clients=None if w.clients is None else -(-w.clients // instances),
         **slo,
     )
     return dataclasses.replace(

@@ -5,10 +5,14 @@ Scheduling regimes (the cost model prices each as defined here):
 - ``static``: the batch of ``batch`` requests is prefilled together, then decoded
   together to the end. TTFT is the prefill of the whole batch; TPOT is the mean decode
   step while the context grows from ``input_len`` to ``input_len + output_len``.
-- ``inflight``: continuous batching in steady state. Up to ``batch`` requests are in
-  flight (fewer if the KV cache cannot hold them); every step decodes one token for
-  each running request and prefills the prompts of the requests that replace finished
-  ones.
+- ``inflight``: continuous batching. Up to ``batch`` requests are in flight (fewer if
+  the KV cache cannot hold them); every step decodes one token for each running
+  request and prefills the prompts of the requests that replace finished ones. The
+  load is the closed loop serving benchmarks run (:mod:`shardlab.costmodel.regimes`):
+  each client sends ``prompts_per_client`` requests one after the other, all clients
+  starting together, and TTFT and TPOT are means over every request (InferenceX: 10
+  prompts per client). The clients are the requests the plan runs, unless ``clients``
+  says how many there are: the ones the plan cannot run at once wait for a slot.
 
 Phase: ``prefill`` serves prompts only (throughput in input tokens/s), ``decode``
 serves generation only (output tokens/s, prompts already cached), ``request`` serves
@@ -41,6 +45,10 @@ Phase = Literal["prefill", "decode", "request"]
 Schedule = Literal["static", "inflight"]
 Objective = Literal["throughput", "throughput_per_gpu", "latency", "pareto"]
 
+# Requests each client of the closed loop sends by default (InferenceX runs
+# --num-prompts 10 * --max-concurrency).
+PROMPTS_PER_CLIENT = 10
+
 # A request workload is prefill-heavy (its TTFT is a second latency axis of the Pareto
 # front) when its prompts hold at least this many times the tokens it generates.
 PREFILL_HEAVY_RATIO = 8
@@ -61,6 +69,10 @@ class Workload:
     kv_dtype: KVDtype | None = None  # None: bf16
     draft_tokens: int = 0  # speculative decoding: MTP draft tokens per step (0: off)
     acceptance: float | None = None  # probability that one draft token is accepted
+    # the closed loop of in-flight serving: requests each client sends in turn, and the
+    # clients in the whole cluster (None: as many as the plan runs at once)
+    prompts_per_client: int = PROMPTS_PER_CLIENT
+    clients: int | None = None
 
     def __post_init__(self) -> None:
         where = f"workload {self.name!r}"
@@ -75,6 +87,9 @@ class Workload:
                     + ", ".join(get_args(allowed))
                 )
         check_count(self.batch, MAX_BATCH, what=f"{where}: batch")
+        check_count(self.prompts_per_client, MAX_BATCH, what=f"{where}: prompts_per_client")
+        if self.clients is not None:
+            check_count(self.clients, MAX_BATCH, what=f"{where}: clients")
         for key in ("input_len", "output_len"):
             check_count(getattr(self, key), MAX_CONTEXT, what=f"{where}: {key}")
         for key in ("ttft_ms", "tpot_ms"):
@@ -166,6 +181,12 @@ class Workload:
             *(
                 [f"MTP drafts {self.draft_tokens} at acceptance {self.acceptance:g}"]
                 if self.draft_tokens
+                else []
+            ),
+            *([f"{self.clients} clients"] if self.clients is not None else []),
+            *(
+                [f"{self.prompts_per_client} prompts per client"]
+                if self.prompts_per_client != PROMPTS_PER_CLIENT
                 else []
             ),
             goal,

@@ -63,6 +63,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
@@ -79,7 +80,15 @@ from shardlab.costmodel.decompose import (
 )
 from shardlab.costmodel.evaluate import evaluate
 from shardlab.costmodel.handoff import handoff_ns
-from shardlab.costmodel.regimes import in_flight_requests, judge
+from shardlab.costmodel.regimes import (
+    Form,
+    Forms,
+    basic_times,
+    clients_per_rank,
+    forms,
+    judge,
+    tokens,
+)
 from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.operators import HEAD_OPS
 from shardlab.problems.plan import Degrees, Plan
@@ -114,56 +123,91 @@ CP_STATUS = {
 }
 
 
-# -- regimes as time expressions ----------------------------------------------------
+# -- the regime's forms in a subproblem ------------------------------------------------
 
 
-def regime_time(
-    problem: Problem,
-    kinds: list[str],
-    m: int,
-    sums: list[Any],
-    maxes: list[Any],
-    maximum: Callable[[Any, Any], Any],
-    handoff: int = 0,
-) -> tuple[Any, Any | None, Any | None]:
-    """(time to minimize, TTFT, TPOT) from per-step stage sums and maxima.
-
-    Mirrors :func:`shardlab.costmodel.regimes.timing`; ``maximum`` is ``max`` for
-    numbers and a fresh bounded variable for CP-SAT expressions; ``handoff``: a
-    prefill pool's handoff time (ns), in TTFT only.
-    """
-    w = problem.workload
-    o = w.output_len
-    latency = w.objective == "latency"
-    if kinds == ["prefill"] and w.schedule == "static":
-        prefill = sums[0] + (m - 1) * maxes[0]
-        return prefill, prefill + handoff, None
-    if kinds == ["prefill"]:
-        prefill = maximum(sums[0], m * maxes[0])
-        return prefill, prefill + handoff, None
-    if kinds == ["decode"]:
-        tpot = maximum(sums[0], m * maxes[0])
-        return tpot, None, tpot
-    if kinds == ["prefill", "decode"]:
-        ttft = sums[0] + (m - 1) * maxes[0]
-        tpot = maximum(sums[1], m * maxes[1])
-        return ttft + (o - 1) * tpot, ttft, tpot
-    tpot = maximum(sums[0], m * maxes[0])
-    ttft = tpot + sums[1]
-    return (ttft + (o - 1) * tpot if latency else tpot), ttft, tpot
+def subproblem_forms(problem: Problem, d: Degrees, per_dp: int, *, floor: bool = False) -> Forms:
+    """The regime of subproblem ``(d, per_dp)`` with exact coefficients, times in ns
+    (:func:`shardlab.costmodel.regimes.forms`). ``floor``: the least coefficients of
+    every subproblem with ``per_dp`` requests or more (the wait for a slot, which
+    shrinks as more run, left out; every other coefficient grows with them)."""
+    t = degree_tables(problem, d)
+    kinds = [s.kind for s in t.steps]
+    clients = per_dp if floor else int(clients_per_rank(problem, d, per_dp))
+    return forms(
+        problem,
+        kinds,
+        per_dp,
+        clients,
+        t.engine.max_tokens,
+        handoff_ns(problem, d.pp, d.tp),
+        exact=True,
+    )
 
 
-def _tokens(problem: Problem, d: Degrees, per_dp: np.ndarray) -> np.ndarray:
-    """K with throughput = K / time in this subproblem (see regimes.timing)."""
-    w = problem.workload
-    bt = degree_tables(problem, d).batching
-    in_flight = in_flight_requests(problem, d, bt.per_replica, per_dp)
-    inflight = w.schedule == "inflight"
-    if w.phase == "prefill":
-        return (in_flight if inflight else np.full_like(in_flight, w.batch)) * w.input_len
-    if w.phase == "decode":
-        return in_flight if inflight else np.full_like(in_flight, w.batch)
-    return in_flight if inflight else np.full_like(in_flight, w.batch * w.output_len)
+def bound_forms(problem: Problem, d: Degrees, per_dp: np.ndarray) -> Forms:
+    """The regime's forms for several requests per rank at once (float coefficients,
+    times in ns): for bounds."""
+    t = degree_tables(problem, d)
+    kinds = [s.kind for s in t.steps]
+    return forms(
+        problem,
+        kinds,
+        per_dp,
+        clients_per_rank(problem, d, per_dp),
+        np.full(len(per_dp), t.engine.max_tokens),
+        float(handoff_ns(problem, d.pp, d.tp)),
+        exact=False,
+        ns=True,
+    )
+
+
+def scaled(form: Form, rnd: Any, prompt: Any) -> tuple[Any, int]:
+    """``form`` at CP-SAT expressions as an integer expression, and the factor it is
+    scaled by (the least common denominator of its coefficients)."""
+    coefficients = [Fraction(form.round), Fraction(form.prompt), Fraction(form.const)]
+    scale = math.lcm(*(c.denominator for c in coefficients))
+    a, b, c = (int(x * scale) for x in coefficients)
+    return a * rnd + b * prompt + c, scale
+
+
+def step_weights(f: Forms, form: Form, n_steps: int) -> tuple[list[Any], Any]:
+    """``form`` as a weighted sum of step times plus a constant (exact with one stage,
+    where the round and the prompt are their steps' times)."""
+    weights: list[Any] = [0.0] * n_steps
+    const = form.const
+    if f.round_step is not None:
+        weights[f.round_step] = weights[f.round_step] + form.round
+        const = const + form.round * f.iteration
+    if f.prompt_step is not None:
+        weights[f.prompt_step] = weights[f.prompt_step] + form.prompt
+    return weights, const
+
+
+def chain_weights(problem: Problem, d: Degrees, per_dp: int) -> tuple[np.ndarray, float]:
+    """The objective's time in subproblem ``(d, per_dp)`` as step weights and a
+    constant (exact with one stage): what the layers' shortest path minimizes."""
+    f = subproblem_forms(problem, d, per_dp)
+    n_steps = len(degree_tables(problem, d).steps)
+    listed, const = step_weights(f, f.time(problem.workload.objective), n_steps)
+    return np.array([float(x) for x in listed]), float(const)
+
+
+def time_function(
+    problem: Problem, d: Degrees, per_dp: int
+) -> Callable[[list[np.ndarray], list[np.ndarray]], np.ndarray]:
+    """The objective's time in subproblem ``(d, per_dp)`` from per-step stage sums and
+    maxima (numpy, ns): what a pipeline's shortest path minimizes."""
+    f = subproblem_forms(problem, d, per_dp)
+    objective = f.time(problem.workload.objective)
+    m = min(d.pp, per_dp)
+    a, b, c = float(objective.round), float(objective.prompt), float(objective.const)
+
+    def time_of(sums: list[np.ndarray], maxes: list[np.ndarray]) -> np.ndarray:
+        rnd, prompt = basic_times(f, m, sums, maxes, np.maximum)
+        return a * rnd + b * prompt + c
+
+    return time_of
 
 
 def objectives(problem: Problem, d: Degrees, per_dp: np.ndarray, time_ns: np.ndarray) -> np.ndarray:
@@ -172,8 +216,10 @@ def objectives(problem: Problem, d: Degrees, per_dp: np.ndarray, time_ns: np.nda
     if problem.workload.objective == "latency":
         out = -time_ns / 1e6
     else:
+        per_replica = degree_tables(problem, d).batching.per_replica
+        served = tokens(problem, d, per_replica, np.asarray(per_dp))
         with np.errstate(divide="ignore"):
-            out = _tokens(problem, d, np.asarray(per_dp)) / (time_ns / 1e9)
+            out = served / (time_ns / 1e9)
         if problem.workload.per_gpu:
             out = out / problem.cluster.num_gpus
     return np.where(time_ns <= 0, math.inf, out)
@@ -254,16 +300,6 @@ def _combos(lists: tuple[tuple[int, ...], ...]) -> np.ndarray:
     return np.array(list(itertools.product(*lists)), dtype=np.int64).reshape(-1, len(lists))
 
 
-def _step_weights(problem: Problem, kinds: list[str]) -> list[float]:
-    """The regime's time as a weighted sum of step times (exact with one stage)."""
-    w = problem.workload
-    if kinds == ["prefill", "decode"]:
-        return [1.0, w.output_len - 1.0]
-    if kinds == ["mixed", "prefill"]:
-        return [float(w.output_len), 1.0] if w.objective == "latency" else [1.0, 0.0]
-    return [1.0]
-
-
 def _time_bounds(
     problem: Problem,
     d: Degrees,
@@ -282,9 +318,12 @@ def _time_bounds(
     n_steps = len(kinds)
     tied = problem.tie == "kind"
     pp = d.pp
-    weights = np.array(_step_weights(problem, kinds))
-    ns = time_ns(problem, d, per_dp)  # each table: (step, ..., per_dp)
     n_c = len(per_dp)
+    f = bound_forms(problem, d, per_dp)
+    objective = f.time(problem.workload.objective)
+    listed, const = step_weights(f, objective, n_steps)
+    weights = np.array([np.broadcast_to(w, (n_c,)) for w in listed], dtype=float)
+    ns = time_ns(problem, d, per_dp)  # each table: (step, ..., per_dp)
     layer_units = list(zip(m.layer_kinds, m.attention_layers, strict=True))
     per_step = np.zeros((n_steps, n_c))  # each step at its own best: bounds TTFT and TPOT
     joint = np.zeros(n_c)  # the weighted time at one choice for all steps
@@ -317,10 +356,10 @@ def _time_bounds(
             (factors[0][0], weighted([step[i][1] for step in steps]))
             for i, factors in enumerate(zip(*steps, strict=True))
         ]
-        joint += min_sum(domains, mixed) + weights @ extra
+        joint += min_sum(domains, mixed) + (weights * extra).sum(axis=0)
     changes = sum(1 for a, b in itertools.pairwise(layer_units) if a != b)
     inter = changes * inter_min
-    per_step, joint = per_step + inter, joint + weights @ inter
+    per_step, joint = per_step + inter, joint + (weights * inter).sum(axis=0)
     if pp > 1:  # each stage but the last sends the residual stream on, once
         res = valid[(m.layer_kinds[0], _op_names(problem.space, m.layer_kinds[0])[0])]
         per_step = per_step + ns["p2p_ns"][:, : pp - 1][:, :, res].min(axis=2).sum(axis=1)
@@ -333,20 +372,16 @@ def _time_bounds(
     cost += ns["fnorm_lm_ns"][:, heads[:, 1], heads[:, 2]]
     cost += ns["lm_sampler_ns"][:, heads[:, 2], heads[:, 3]]
     per_step += cost.min(axis=1)
-    joint += np.tensordot(weights, cost, axes=1).min(axis=0)
+    joint += (weights[:, None, :] * cost).sum(axis=0).min(axis=0)
     m_batches = np.minimum(pp, per_dp)
     sums = list(per_step)
-    time_low, ttft, tpot = regime_time(
-        problem,
-        kinds,
-        m_batches,
-        sums,
-        [x / pp for x in sums],
-        np.maximum,
-        handoff_ns(problem, d.pp, d.tp),
-    )
+    # every coefficient of a form is nonnegative: the forms at the least times bound
+    rnd, prompt = basic_times(f, m_batches, sums, [x / pp for x in sums], np.maximum)
+    time_low = objective.at(rnd, prompt)
+    ttft = None if f.ttft is None else f.ttft.at(rnd, prompt)
+    tpot = None if f.tpot is None else f.tpot.at(rnd, prompt)
     if pp == 1:  # one stage: the time is linear in the steps, the joint bound is tighter
-        time_low = np.maximum(time_low, joint)
+        time_low = np.maximum(time_low, joint + const)
     return np.asarray(time_low, dtype=float), ttft, tpot
 
 
@@ -457,6 +492,7 @@ class SubproblemModel:
         self.d = self.space.degree_tuples[degree_index]
         self.per_dp = per_dp
         self.t = integer_tables(problem, self.d, per_dp, floor=floor)
+        self.forms = subproblem_forms(problem, self.d, per_dp, floor=floor)
         self.model = cp_model.CpModel()
         self.steps = len(self.t.steps)
         self._pair_cache: dict[tuple[int, int], dict[tuple[int, int], cp_model.IntVar]] = {}
@@ -685,16 +721,19 @@ class SubproblemModel:
                 self.model.Add(mx >= expr)
             sums.append(sum(self.stage_time[step]))
             maxes.append(mx)
-        kinds = [s.kind for s in self.t.steps]
+        f = self.forms
         m = min(self.d.pp, self.per_dp)
-        handoff = handoff_ns(self.problem, self.d.pp, self.d.tp)
-        time_expr, ttft, tpot = regime_time(self.problem, kinds, m, sums, maxes, maximum, handoff)
+        rnd, prompt = basic_times(f, m, sums, maxes, maximum)
         w = self.problem.workload
-        for name, expr in (("ttft_ms", ttft), ("tpot_ms", tpot)):
+        for name, form in (("ttft_ms", f.ttft), ("tpot_ms", f.tpot)):
+            if form is None:
+                continue
+            expr, scale = scaled(form, rnd, prompt)
             given = [x for x in (getattr(w, name), self.limits.get(name)) if x is not None]
-            if given and expr is not None:
-                self.model.Add(expr <= int(min(given) * 1e6))
-        self.latency = {"ttft_ms": ttft, "tpot_ms": tpot}
+            if given:
+                # scale * latency <= scale * bound, in whole ns (the latency's own are)
+                self.model.Add(expr <= math.floor(min(given) * 1e6 * scale))
+        time_expr, self.time_scale = scaled(f.time(w.objective), rnd, prompt)
         self.model.Minimize(time_expr)
 
     # hints and solutions -------------------------------------------------------------
@@ -756,7 +795,10 @@ class SubproblemModel:
         if status not in ("optimal", "feasible"):
             return SubSolution(status, None, None, math.inf if status == "infeasible" else 0.0)
         plan = self.space.decode(self.row(solver.Value))
-        return SubSolution(status, plan, solver.ObjectiveValue(), solver.BestObjectiveBound())
+        scale = self.time_scale
+        return SubSolution(
+            status, plan, solver.ObjectiveValue() / scale, solver.BestObjectiveBound() / scale
+        )
 
 
 def _solve_interruptibly(
@@ -952,18 +994,13 @@ class _Solves:
             return None
         ev.enter(f"{where}: the layers' shortest path")
         t = integer_tables(problem, d, sub.per_dp)
-        kinds = [s.kind for s in t.steps]
         valid = _valid_options(space, sub.degree_index)
         concurrency = sub.per_dp if problem.workload.schedule == "inflight" else None
-        weights = np.array(_step_weights(problem, kinds))  # the time with one stage
+        weights, const = chain_weights(problem, d, sub.per_dp)  # the time with one stage
         if d.pp == 1:
             found = chain_plan(problem, t, weights, valid, concurrency)
         else:
-            m, handoff = min(d.pp, sub.per_dp), handoff_ns(problem, d.pp, d.tp)
-
-            def time_of(sums: list[np.ndarray], maxes: list[np.ndarray]) -> np.ndarray:
-                return regime_time(problem, kinds, m, sums, maxes, np.maximum, handoff)[0]
-
+            time_of = time_function(problem, d, sub.per_dp)
             found = pipeline_plan(problem, t, valid, concurrency, time_of)
         if found is None:
             return None
@@ -980,7 +1017,7 @@ class _Solves:
             ev.enter(f"{where}: bounding the plans that fit")
             low = memory_bound(problem, t, weights, valid)
             if low is not None:
-                bound = objective_of(problem, d, sub.per_dp, max(low, 1.0))
+                bound = objective_of(problem, d, sub.per_dp, max(low + const, 1.0))
                 if bound <= best + ROUNDING * abs(best):
                     self.memory_bounded += 1
                     return "pruned"

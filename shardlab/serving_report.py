@@ -1,0 +1,231 @@
+"""Reports of predictions against many measured serving rows: errors by protocol and
+mode, by concurrency band, by GPU, engine and model family; the worst rows; every
+refused row with its reason. Markdown for reading, CSV with one line per row."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from shardlab.errors import ShardlabError
+from shardlab.files import write_text
+from shardlab.validation import MeasurementSet, Row
+
+METRICS = ("ttft_ms", "tpot_ms")
+# clients per attention-DP rank
+BANDS = ((1, 8), (9, 32), (33, 128), (129, 512), (513, None))
+
+
+def band(per_rank: int | None) -> str:
+    if per_rank is None:
+        return "-"
+    for lo, hi in BANDS:
+        if hi is None or per_rank <= hi:
+            return f"{lo}+" if hi is None else f"{lo}-{hi}"
+    return "-"
+
+
+def stats(rows: Sequence[Row]) -> dict[str, float]:
+    """How far a set of rows' predictions are from their measurements."""
+    ratio = np.array([r.ratio for r in rows], dtype=float)
+    n = len(ratio)
+    if not n:
+        return {"rows": 0}
+    off = np.maximum(ratio, 1 / ratio)
+    return {
+        "rows": n,
+        "median_abs_error": float(np.median(np.abs(ratio - 1))),
+        "median_ratio": float(np.median(ratio)),
+        "within_15pct": float(np.mean(np.abs(ratio - 1) <= 0.15)),
+        "beyond_1_5x": float(np.mean(off >= 1.5)),
+        "beyond_2x": float(np.mean(off >= 2)),
+    }
+
+
+def _cells(s: Mapping[str, float]) -> str:
+    if not s.get("rows"):
+        return "0 | | | | |"
+    return (
+        f"{s['rows']:,} | {s['median_abs_error']:.1%} | {s['median_ratio']:.2f} | "
+        f"{s['within_15pct']:.0%} | {s['beyond_1_5x']:.0%} | {s['beyond_2x']:.0%}"
+    )
+
+
+HEAD = (
+    "| rows | median \\|error\\| | median predicted/measured | within 15% | off 1.5x+ | off 2x+ |"
+)
+
+
+def _table(
+    title: str,
+    rows: Sequence[Row],
+    key: Callable[[Row], tuple[str, ...]],
+    names: Sequence[str],
+    order: Callable[[tuple[str, ...]], object] | None = None,
+) -> list[str]:
+    """One markdown table: per group of ``key`` and metric, the errors."""
+    groups: dict[tuple[str, ...], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((*key(r), r.metric), []).append(r)
+    lines = [f"### {title}", "", f"| {' | '.join(names)} | metric {HEAD}"]
+    lines.append("|" + "---|" * (len(names) + 1) + "---:|" * 6)
+    for g in sorted(groups, key=order or (lambda g: g)):
+        lines.append(f"| {' | '.join(g[:-1])} | {g[-1]} | {_cells(stats(groups[g]))} |")
+    return [*lines, ""]
+
+
+def peer_section(rows: list[Row], peer: Path) -> list[str]:
+    """Errors side by side with another estimator's predictions of the same rows (a
+    CSV of ``id, status, aic_ttft_ms, aic_tpot_ms``, as
+    ``tests/data/make_aiconfigurator_sample.py`` writes it), on the rows both price."""
+    try:
+        with peer.open() as f:
+            theirs = {r["id"]: r for r in csv.DictReader(f) if r.get("status") == "ok"}
+    except (OSError, KeyError, csv.Error) as exc:
+        raise ShardlabError(f"--peer {str(peer)!r}: cannot read it ({exc})") from None
+    both: dict[tuple[str, str], list[tuple[Row, float]]] = {}
+    for r in rows:
+        m = r.measurement
+        if m is None or m.mode != "agg" or r.id not in theirs:
+            continue
+        value = float(theirs[r.id][f"aic_{r.metric}"])
+        both.setdefault((m.protocol, r.metric), []).append((r, value))
+    lines = [
+        "## Against AIConfigurator's own estimates",
+        "",
+        f"AIConfigurator 0.12.0's `cli_estimate` of the same rows (`{peer}`); on the rows both "
+        "price:",
+        "",
+        "| protocol | metric | rows | shardlab median \\|error\\| | its median \\|error\\| | "
+        "shardlab median ratio | its median ratio | shardlab off 1.5x+ | its off 1.5x+ |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (protocol, metric), pairs in sorted(both.items()):
+        ours = stats([r for r, _ in pairs])
+        ratio = np.array([v / r.measured for r, v in pairs])
+        off = np.maximum(ratio, 1 / ratio)
+        lines.append(
+            f"| {protocol} | {metric} | {len(pairs):,} | {ours['median_abs_error']:.1%} | "
+            f"{float(np.median(np.abs(ratio - 1))):.1%} | {ours['median_ratio']:.2f} | "
+            f"{float(np.median(ratio)):.2f} | {ours['beyond_1_5x']:.0%} | "
+            f"{float(np.mean(off >= 1.5)):.0%} |"
+        )
+    failed = len({r.id for r in rows if r.measurement and r.measurement.mode == "agg"}) - len(
+        {r.id for pairs in both.values() for r, _ in pairs}
+    )
+    lines += ["", f"{failed:,} aggregated rows it could not price (its errors in the CSV).", ""]
+    return lines
+
+
+def write_serving_report(
+    md_path: Path,
+    csv_path: Path,
+    rows: list[Row],
+    measured: MeasurementSet,
+    command: str,
+    extra: Iterable[str] = (),
+    sections: Iterable[str] = (),
+) -> dict[str, dict[str, float]]:
+    """Write the report and the per-row CSV; return the summary per (protocol, mode,
+    metric). ``sections``: more markdown lines after the errors."""
+    summary: dict[str, dict[str, float]] = {}
+    by: dict[tuple[str, str, str], list[Row]] = {}
+    for r in rows:
+        m = r.measurement
+        assert m is not None
+        by.setdefault((m.protocol, m.mode, r.metric), []).append(r)
+    for (protocol, mode, metric), part in sorted(by.items()):
+        summary[f"{protocol}/{mode}/{metric}"] = stats(part)
+    setups = len({(r.id) for r in rows})
+    reasons = Counter(_reason(x.reason) for x in measured.refused)
+    lines = [
+        "# Predicted vs measured serving",
+        "",
+        f"Produced by `{command}` from `{measured.source}`; do not edit by hand. One line per "
+        f"row, refused ones included, in `{csv_path.name}`.",
+        "",
+        f"- {setups:,} measured setups predicted ({len(rows):,} numbers: TTFT and TPOT each); "
+        f"{len(measured.refused):,} refused; {measured.duplicates:,} repeated another row's "
+        "setup and measurement and are counted once.",
+        "- TTFT and TPOT are means over the benchmark's requests; TPOT excludes the first "
+        "token: (end-to-end - TTFT) / (output - 1).",
+        *extra,
+        "",
+        "## Errors",
+        "",
+        *_table(
+            "By source protocol and serving mode",
+            rows,
+            lambda r: (r.measurement.protocol, r.measurement.mode),  # type: ignore[union-attr]
+            ("protocol", "mode"),
+        ),
+        *_table(
+            "By clients per attention-DP rank (aggregated rows)",
+            [r for r in rows if r.measurement and r.measurement.mode == "agg"],
+            lambda r: (r.measurement.protocol, band(r.measurement.per_rank)),  # type: ignore[union-attr]
+            ("protocol", "clients per rank"),
+            order=lambda g: (g[0], _band_order(g[1]), g[2]),
+        ),
+        *_table(
+            "By GPU, engine and model family (aggregated rows)",
+            [r for r in rows if r.measurement and r.measurement.mode == "agg"],
+            lambda r: (r.measurement.gpu, r.measurement.engine or "", r.measurement.family),  # type: ignore[union-attr]
+            ("GPU", "engine", "family"),
+        ),
+        *sections,
+        "## The rows furthest off",
+        "",
+        "| id | metric | measured | predicted | ratio | setup | note |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    worst = sorted(rows, key=lambda r: -abs(math.log(r.ratio)))[:20]
+    for r in worst:
+        lines.append(
+            f"| {r.id} | {r.metric} | {r.measured:,.1f} | {r.predicted:,.1f} | {r.ratio:.2f} | "
+            f"{r.description} | {r.note} |"
+        )
+    lines += ["", "## Refused rows", "", "| reason | rows |", "|---|---:|"]
+    for reason, count in reasons.most_common():
+        lines.append(f"| {reason} | {count:,} |")
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(md_path, "\n".join(lines) + "\n")
+    write_text(csv_path, _csv(rows, measured))
+    return summary
+
+
+def _band_order(label: str) -> int:
+    labels = [band(lo) for lo, _ in BANDS]
+    return labels.index(label) if label in labels else len(BANDS)
+
+
+def _reason(text: str) -> str:
+    """A refusal's reason without what differs from row to row (quoted names and
+    numbers), to count rows refused for the same reason."""
+    return re.sub(r"\d+", "N", re.sub(r"'[^']*'", "'…'", text))
+
+
+def _csv(rows: list[Row], measured: MeasurementSet) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(
+        ["id", "metric", "status", "measured", "predicted", "ratio", "gpu", "engine", "family",
+         "mode", "protocol", "clients_per_rank", "setup", "note"]
+    )  # fmt: skip
+    for r in rows:
+        m = r.measurement
+        assert m is not None
+        w.writerow(
+            [r.id, r.metric, "predicted", f"{r.measured:.4f}", f"{r.predicted:.4f}",
+             f"{r.ratio:.4f}", m.gpu, m.engine or "", m.family, m.mode, m.protocol,
+             m.per_rank or "", r.description, r.note]
+        )  # fmt: skip
+    for x in measured.refused:
+        w.writerow([x.id, "", "refused", "", "", "", "", "", "", "", "", "", "", x.reason])
+    return buf.getvalue()
