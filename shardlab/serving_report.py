@@ -87,9 +87,10 @@ def peer_section(rows: list[Row], peer: Path) -> list[str]:
     ``tests/data/make_aiconfigurator_sample.py`` writes it), on the rows both price."""
     try:
         with peer.open() as f:
-            theirs = {r["id"]: r for r in csv.DictReader(f) if r.get("status") == "ok"}
+            asked = {r["id"]: r for r in csv.DictReader(f)}
     except (OSError, KeyError, csv.Error) as exc:
         raise ShardlabError(f"--peer {str(peer)!r}: cannot read it ({exc})") from None
+    theirs = {k: r for k, r in asked.items() if r.get("status") == "ok"}
     both: dict[tuple[str, str], list[tuple[Row, float]]] = {}
     for r in rows:
         m = r.measurement
@@ -117,10 +118,15 @@ def peer_section(rows: list[Row], peer: Path) -> list[str]:
             f"{float(np.median(ratio)):.2f} | {ours['beyond_1_5x']:.0%} | "
             f"{float(np.mean(off >= 1.5)):.0%} |"
         )
-    failed = len({r.id for r in rows if r.measurement and r.measurement.mode == "agg"}) - len(
-        {r.id for pairs in both.values() for r, _ in pairs}
-    )
-    lines += ["", f"{failed:,} aggregated rows it could not price (its errors in the CSV).", ""]
+    ours = {r.id for r in rows if r.measurement and r.measurement.mode == "agg"}
+    compared = {r.id for pairs in both.values() for r, _ in pairs}
+    lines += [
+        "",
+        f"Of the {len(ours):,} aggregated setups above, {len(ours & set(asked)):,} were asked "
+        f"of it (the selection in `{peer.name}`); it priced {len(compared):,} of them and "
+        f"failed on {len(ours & set(asked)) - len(compared):,} (its errors in the CSV).",
+        "",
+    ]
     return lines
 
 

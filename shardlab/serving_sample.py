@@ -367,6 +367,13 @@ def _workload(row: Mapping[str, str], clients: int, weights: str, kv: str) -> Wo
     )
 
 
+def _problem(
+    row: Mapping[str, str], model: Model, engine: str, workload: Workload, gpus: int
+) -> Problem:
+    cluster = parse_cluster(f"{GPUS[row['system'].strip()]}x{gpus}")
+    return Problem(model=model, cluster=cluster, workload=workload, engine=engine)  # type: ignore[arg-type]
+
+
 def _agg(
     row: Mapping[str, str],
     model: Model,
@@ -381,13 +388,7 @@ def _agg(
     note = ""
     if stated is not None and int(stated.group(1)) != clients:
         note = f"the source states concurrency {stated.group(1)}; batch_size gives {clients}"
-    cluster = parse_cluster(f"{GPUS[row['system'].strip()]}x{d.num_gpus}")
-    problem = Problem(
-        model=model,
-        cluster=cluster,
-        workload=_workload(row, clients, weights, kv),
-        engine=engine,  # type: ignore[arg-type]
-    )
+    problem = _problem(row, model, engine, _workload(row, clients, weights, kv), d.num_gpus)
     problem.space.degree_index(d)  # refused here when the model cannot run the degrees
     return problem, d, None, per_rank, note
 
@@ -412,13 +413,9 @@ def _disagg(
     clients = int(stated.group(1)) if stated is not None else bd * dd.dp_attn * y
     gpus = x * dp_.num_gpus + y * dd.num_gpus
     nodes = -(-gpus // 8)  # the nodes the pools take, some GPUs of the last maybe idle
-    cluster = parse_cluster(f"{GPUS[row['system'].strip()]}x{nodes * 8 if gpus > 8 else gpus}")
-    problem = Problem(
-        model=model,
-        cluster=cluster,
-        workload=_workload(row, clients, weights, kv),
-        engine=engine,  # type: ignore[arg-type]
-    )
+    workload = _workload(row, clients, weights, kv)
+    problem = _problem(row, model, engine, workload, nodes * 8 if gpus > 8 else gpus)
+    cluster = problem.cluster
     prefill = prefill_problem(
         problem,
         dp_.num_gpus,

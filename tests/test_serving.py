@@ -286,3 +286,44 @@ def test_the_shipped_engine_costs_are_the_committed_fit() -> None:
         assert fitted.iteration_ms[engine] == pytest.approx(
             shipped[engine]["iteration_ms"], abs=0.01
         )
+
+
+def test_a_peers_estimates_of_the_same_rows_are_compared_on_the_rows_both_price(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "mine.csv"
+    path.write_text(SAMPLE_HEADER + OWN_ROWS)
+    peer = tmp_path / "peer.csv"
+    peer.write_text(
+        "id,status,aic_ttft_ms,aic_tpot_ms\na,ok,300,10\nb,ok,1,1\nc,failed,,\n"
+    )  # b is disaggregated: not compared
+    done = _cli(
+        "validate", "--measurements", str(path), "--peer", str(peer), "--out", "v.md",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = (tmp_path / "v.md").read_text()
+    section = report.split("## Against AIConfigurator's own estimates")[1]
+    ttft = next(line for line in section.splitlines() if "| ttft_ms |" in line)
+    # a's TTFT was measured 150 ms; the peer's 300 is off by 100%, a ratio of 2
+    assert "| inferencex | ttft_ms | 1 |" in ttft and "| 100.0% |" in ttft and "| 2.00 |" in ttft
+    done = _cli("validate", "--peer", str(peer), cwd=tmp_path)
+    assert done.returncode == 2 and "measured serving" in done.stderr
+
+
+def test_each_tool_scores_the_others_pick_on_aiconfigurators_default_problems(
+    tmp_path: Path,
+) -> None:
+    """tests/data/aiconfigurator_default.csv (tests/data/make_aiconfigurator_default.py):
+    shardlab's picks, re-priced, and AIConfigurator's picks priced by shardlab."""
+    from shardlab.validation import side_by_side, write_side_by_side
+
+    grid = Path(__file__).parent / "data" / "aiconfigurator_default.csv"
+    rows = side_by_side(grid)
+    assert [r["problem"] for r in rows] == [
+        "llama70b-h100x8", "qwen235b-h200x16", "deepseek-v3-h200x16", "deepseek-v3-h100x64",
+    ]  # fmt: skip
+    for r in rows:
+        assert r["ours_tok_s_gpu"] > 0 and r["theirs_by_us"] > 0
+    write_side_by_side(tmp_path / "s.md", rows, "test", str(grid))
+    assert (tmp_path / "s.md").read_text().count("\n| ") == 5

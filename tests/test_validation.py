@@ -141,9 +141,7 @@ def test_calibrate_recovers_known_corrections_and_cross_validates() -> None:
     out row is predicted from the others."""
     truth = Calibration(gemm=1.25, attention=0.8, communication=1.1, iteration_ms=1.0)
     published = [
-        m
-        for m in load_measurements().rows
-        if m.problem is not None and m.problem.model.moe is None
+        m for m in load_measurements().rows if m.problem is not None and m.problem.model.moe is None
     ]
     made = [
         dataclasses.replace(m, value=predict(m, "silicon", "trtllm", truth).predicted)

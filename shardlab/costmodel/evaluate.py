@@ -21,9 +21,10 @@ Definitions:
   tokens). A plan that fixes it (``Plan.concurrency``) runs with it; otherwise every
   ``c`` up to what its KV cache holds is priced and the best one under the SLOs is
   kept (none feasible: ``c = 1``, the least memory and, but for bumps in measured
-  kernel tables, the least latency). TPOT is the mixed round; TTFT is a round plus the prefill of
-  one prompt through the pipeline; throughput is requests in flight / TPOT (prefill
-  phase: input tokens per round).
+  kernel tables, the least latency). TPOT is the mixed round; TTFT the closed loop's
+  (:mod:`shardlab.costmodel.regimes`: the first wave's cohorts, later prompts beside
+  a round, the engine's cost per request); throughput is requests in flight / TPOT
+  (prefill phase: input tokens per round).
 - Memory per GPU: the stage's weights, the KV cache of the stage's layers for the
   requests the GPU holds, the activation workspace of the largest micro-batch step
   (engines reserve it at start-up) and a runtime reserve, as the serving engine

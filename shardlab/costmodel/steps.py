@@ -14,8 +14,9 @@ reads cached KV entries. Steps by workload:
 - inflight mixed step: one decode token per running request plus the prompt tokens
   of the requests that replace finished ones, ``input_len / output_len`` per running
   request on average (chunked prefill at the steady-state token budget); a prompt
-  token attends on average to half its prompt. A new request's TTFT adds one
-  prefill of its prompt (one request per dp rank, ``single`` below) to a round.
+  token attends on average to half its prompt. A new request's TTFT is built from
+  the prefill of its prompt alone (one request per dp rank, ``single`` below) and
+  the round (:mod:`shardlab.costmodel.regimes`).
 - speculative decoding: a decoding request verifies ``draft_tokens + 1`` tokens per
   step (each attends to its context; the cached KV is read once) and advances by
   ``accepted`` of them; the draft passes are priced with the sampler

@@ -41,9 +41,11 @@ The model of one subproblem, one method per family of constraints:
 - ``_memory``: per stage, weights + KV cache of its layers for ``C`` requests + the
   workspace (at least every chosen option's) + reserve <= HBM;
 - (a solution callback hands every improving solution to the evaluator as found);
-- ``_objective``: the regime's time (see :mod:`shardlab.costmodel.regimes`) with
-  ``MX >= T_s`` for the bottleneck stage and ``R >= SUM, R >= m * MX`` for rounds;
-  TTFT and TPOT SLOs bound it; minimized (throughput = tokens / time).
+- ``_objective``: the regime's time (the forms of :mod:`shardlab.costmodel.regimes`,
+  affine in the round and the prompt with coefficients fixed by ``C``; fractions
+  scaled to integers by their least common denominator) with ``MX >= T_s`` for the
+  bottleneck stage and ``R >= SUM, R >= m * MX`` for rounds; TTFT and TPOT SLOs bound
+  it; minimized (throughput = tokens / time).
 
 Integers are nanoseconds and bytes from the decomposition tables, rounded per entry;
 an optimum is exact within that rounding (relative 1e-5 on the suite). Symmetry:
