@@ -184,6 +184,14 @@ def sample_rows(
             continue
         seen.add(key)
         out += pair
+    if not out and not refused:
+        asked = ", ".join(
+            f"--{k} {','.join(sorted(v))}"
+            for k, v in (("gpu", keep["gpu"]), ("backend", keep["engine"]), ("mode", keep["mode"]),
+                         ("protocol", keep["protocol"]), ("family", wanted))
+            if v is not None
+        )  # fmt: skip
+        raise ShardlabError(f"measurements {source!r}: no row matches {asked or 'the file'}")
     return MeasurementSet(source, out, refused, duplicates, serving=True)
 
 

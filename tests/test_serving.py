@@ -192,6 +192,8 @@ def test_filters_keep_the_rows_asked_for_and_refuse_unknown_values(tmp_path: Pat
     assert {m.id for m in kept.rows} == {"b"}
     with pytest.raises(ShardlabError, match="--gpu a100x: not one of"):
         load_measurements(path, {"gpu": ["a100x"]})
+    with pytest.raises(ShardlabError, match="no row matches --gpu b200, --family kimi-k2"):
+        load_measurements(path, {"gpu": ["b200"], "family": ["kimi-k2"]})
     with pytest.raises(ShardlabError, match="filters rows of measured serving"):
         load_measurements(None, {"gpu": ["h100"]})
 
