@@ -1,5 +1,5 @@
 """Benchmarks (pytest-benchmark): speed next to solution quality, never asserted as
-wall-clock limits. ``pytest --benchmark-enable -m slow tests/test_benchmarks.py`` times
+wall-clock limits. ``pytest -n 0 --benchmark-enable -m slow tests/test_benchmarks.py`` times
 them; by default each runs once as a functional check."""
 
 from __future__ import annotations
