@@ -47,6 +47,7 @@ from shardlab.costmodel.tables import degree_tables
 from shardlab.errors import ShardlabError
 from shardlab.files import write_text
 from shardlab.problems.calibration import KERNEL_CLASSES, Calibration
+from shardlab.problems.capability import ENGINES
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.validation import (
@@ -65,7 +66,6 @@ ITERATION_MS_MAX = 50.0
 LOSS_SCALE = 0.2  # soft L1 on log errors: linear beyond about 1.2x
 CLASSES = (*KERNEL_CLASSES, "other")
 NO_COSTS = ServingCosts(request_ns=0, iteration_ns=0, prefill_first=False)
-ENGINES = ("trtllm", "vllm", "sglang")
 
 
 @dataclass(frozen=True)

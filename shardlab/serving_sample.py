@@ -56,6 +56,7 @@ from importlib import resources
 from pathlib import Path
 
 from shardlab.errors import ShardlabError
+from shardlab.problems.capability import ENGINES
 from shardlab.problems.catalog import load_model
 from shardlab.problems.cluster import parse_cluster
 from shardlab.problems.disagg import DisaggPlan, decode_problem, on_one_node, prefill_problem
@@ -82,7 +83,6 @@ SAMPLE_COLUMNS = frozenset(
     }
 )
 GPUS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200"}
-ENGINES = ("trtllm", "vllm", "sglang")
 # Catalog models of the same shapes, for configs shardlab cannot read as shipped.
 SHAPES_OF = {"moonshotai/Kimi-K2.5": "kimi-k2"}
 # The family each model path is reported (and held out) under.
