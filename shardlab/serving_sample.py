@@ -147,30 +147,28 @@ def sample_rows(
 ) -> MeasurementSet:
     """Rows in the sample's columns as measurements (see :func:`read_sample`), kept
     when their GPU, engine, model family, mode and protocol are among the ones given."""
+    # keyed by the filter's name, which is also its CLI flag
     keep = {
-        "gpu": _chosen(gpu, set(GPUS.values()), "--gpu"),
-        "engine": _chosen(backend, set(ENGINES), "--backend"),
-        "mode": _chosen(mode, {"agg", "disagg"}, "--mode"),
-        "protocol": _chosen(protocol, {"inferencex", "gap-analysis"}, "--protocol"),
+        "gpu": _chosen(gpu, set(GPUS.values()), "gpu"),
+        "backend": _chosen(backend, set(ENGINES), "backend"),
+        "family": _chosen(family, set(FAMILIES.values()), "family"),
+        "mode": _chosen(mode, {"agg", "disagg"}, "mode"),
+        "protocol": _chosen(protocol, {"inferencex", "gap-analysis"}, "protocol"),
     }
-    wanted = _chosen(family, set(FAMILIES.values()), "--family")
     out: list[Measurement] = []
     refused: list[Refusal] = []
     seen: set[tuple] = set()
     duplicates = 0
     for line, row in enumerate(rows, start=2):
-        gpu = GPUS.get((row.get("system") or "").strip(), (row.get("system") or "").strip())
-        engine = (row.get("backend") or "").strip()
-        mode = (row.get("mode") or "").strip()
-        family = FAMILIES.get((row.get("model_path") or "").strip(), "")
-        protocol = _protocol(row.get("silicon_data_source") or "")
-        if (
-            (keep["gpu"] is not None and gpu not in keep["gpu"])
-            or (keep["engine"] is not None and engine not in keep["engine"])
-            or (keep["mode"] is not None and mode not in keep["mode"])
-            or (keep["protocol"] is not None and protocol not in keep["protocol"])
-            or (wanted is not None and family not in wanted)
-        ):
+        system = (row.get("system") or "").strip()
+        facts = {
+            "gpu": GPUS.get(system, system),
+            "backend": (row.get("backend") or "").strip(),
+            "family": FAMILIES.get((row.get("model_path") or "").strip(), ""),
+            "mode": (row.get("mode") or "").strip(),
+            "protocol": _protocol(row.get("silicon_data_source") or ""),
+        }
+        if any(v is not None and facts[k] not in v for k, v in keep.items()):
             continue
         rid = (row.get("id") or "").strip() or f"line {line}"
         try:
@@ -185,23 +183,18 @@ def sample_rows(
         seen.add(key)
         out += pair
     if not out and not refused:
-        asked = ", ".join(
-            f"--{k} {','.join(sorted(v))}"
-            for k, v in (("gpu", keep["gpu"]), ("backend", keep["engine"]), ("mode", keep["mode"]),
-                         ("protocol", keep["protocol"]), ("family", wanted))
-            if v is not None
-        )  # fmt: skip
+        asked = ", ".join(f"--{k} {','.join(sorted(v))}" for k, v in keep.items() if v is not None)
         raise ShardlabError(f"measurements {source!r}: no row matches {asked or 'the file'}")
     return MeasurementSet(source, out, refused, duplicates, serving=True)
 
 
-def _chosen(values: Iterable[str] | None, known: set[str], flag: str) -> set[str] | None:
+def _chosen(values: Iterable[str] | None, known: set[str], name: str) -> set[str] | None:
     if values is None:
         return None
     chosen = {v.strip().lower() for v in values}
     unknown = sorted(chosen - known)
     if unknown:
-        raise ShardlabError(f"{flag} {', '.join(unknown)}: not one of {', '.join(sorted(known))}")
+        raise ShardlabError(f"--{name} {', '.join(unknown)}: not one of {', '.join(sorted(known))}")
     return chosen
 
 
@@ -421,16 +414,16 @@ def _disagg(
     clients = int(stated.group(1)) if stated is not None else bd * dd.dp_attn * y
     gpus = x * dp_.num_gpus + y * dd.num_gpus
     nodes = -(-gpus // 8)  # the nodes the pools take, some GPUs of the last maybe idle
-    workload = _workload(row, clients, weights, kv)
-    problem = _problem(row, model, engine, workload, nodes * 8 if gpus > 8 else gpus)
-    cluster = problem.cluster
+    problem = _problem(
+        row, model, engine, _workload(row, clients, weights, kv), nodes * 8 if gpus > 8 else gpus
+    )
     prefill = prefill_problem(
         problem,
         dp_.num_gpus,
         x,
         decode_pp=dd.pp,
         decode_tp=dd.tp,
-        one_node=on_one_node(cluster, gpus),
+        one_node=on_one_node(problem.cluster, gpus),
     )
     decode = decode_problem(problem, dd.num_gpus, y)
     plan = DisaggPlan(
