@@ -420,11 +420,13 @@ class OptunaSolver(Solver):
                         f"study {name!r} already holds trials that shardlab did not make; "
                         "choose another --study"
                     )
-                study.set_user_attr(ATTR_FINGERPRINT, fp)
+                # the fingerprint claims the study, so it is written last: a worker that
+                # sees it also sees the encoding (each write commits on its own)
                 study.set_user_attr(ATTR_PROBLEM, problem.name)
                 study.set_user_attr(ATTR_ENCODING, layout.encoding)
                 if isinstance(layout, ClassLayout):
                     study.set_user_attr(ATTR_CLASSES, layout.class_members)
+                study.set_user_attr(ATTR_FINGERPRINT, fp)
                 attrs = {ATTR_FINGERPRINT: fp, ATTR_ENCODING: layout.encoding}
         if attrs[ATTR_FINGERPRINT] != fp:
             raise ShardlabError(
