@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardlab.costmodel import evaluate, evaluate_batch
-from shardlab.costmodel.evaluate import forget_tables
+from shardlab.costmodel import evaluate, evaluate_batch, forget_tables
 from shardlab.problems.problem import Problem
 from shardlab.problems.suite import get_instance
 

@@ -38,12 +38,21 @@ from typing import Any
 
 import numpy as np
 
-from shardlab.costmodel.disagg import evaluate_disagg, pool_problems
-from shardlab.costmodel.engines import ServingCosts, serving_costs
-from shardlab.costmodel.evaluate import Metrics, assemble_plan, evaluate
-from shardlab.costmodel.handoff import handoff_seconds
-from shardlab.costmodel.regimes import Forms, clients_per_rank, forms, tokens
-from shardlab.costmodel.tables import degree_tables
+from shardlab.costmodel import (
+    Forms,
+    Metrics,
+    ServingCosts,
+    assemble_plan,
+    clients_per_rank,
+    degree_tables,
+    evaluate,
+    evaluate_disagg,
+    forms,
+    handoff_seconds,
+    pool_problems,
+    serving_costs,
+    tokens,
+)
 from shardlab.errors import ShardlabError
 from shardlab.files import write_text
 from shardlab.problems.calibration import KERNEL_CLASSES, Calibration
@@ -237,7 +246,7 @@ class Rows:
 
 
 def _parameters(cal: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    from shardlab.costmodel.engines import serving_constants
+    from shardlab.costmodel import serving_constants
 
     factors = np.array([*(cal.factor(k) for k in KERNEL_CLASSES), 1.0])
     shipped = serving_constants()

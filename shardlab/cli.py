@@ -20,7 +20,7 @@ from rich.table import Table
 
 from shardlab.cli_options import plan_command, problem_command
 from shardlab.costmodel import evaluate as cost_evaluate
-from shardlab.costmodel.evaluate import with_concurrency
+from shardlab.costmodel import with_concurrency
 from shardlab.errors import ShardlabError, interrupted
 from shardlab.files import check_output_dir, check_output_file, folder_name, write_text
 from shardlab.problems.catalog import CATALOG, load_model
@@ -293,7 +293,7 @@ def _report(problem: Problem, plan: Plan | DisaggPlan, fmt: Format, *, top: int 
 
 
 def _report_disagg(problem: Problem, plan: DisaggPlan, fmt: Format, *, top: int | None) -> None:
-    from shardlab.costmodel.disagg import evaluate_disagg, with_concurrencies
+    from shardlab.costmodel import evaluate_disagg, with_concurrencies
 
     metrics = evaluate_disagg(problem, plan, breakdown=top is not None)
     plan = with_concurrencies(problem, plan, metrics)
@@ -1522,7 +1522,7 @@ def calibrate(
 
     from shardlab.calibrate import calibrate as fit_calibration
     from shardlab.calibrate import write_fit_report
-    from shardlab.costmodel.engines import serving_constants_yaml
+    from shardlab.costmodel import serving_constants_yaml
     from shardlab.validation import load_measurements
 
     check_output_file(out_path, flag="--out", parents=True)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardlab.costmodel.evaluate import forget_tables
+from shardlab.costmodel import forget_tables
 from shardlab.errors import ShardlabError
 from shardlab.executors import Executor, run_all
 from shardlab.files import make_dir, replacing

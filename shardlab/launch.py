@@ -296,7 +296,7 @@ def build_disagg_launch(
             "trtllm-serve disaggregated) is not checked against 1.3.0rc3 yet; use --engine "
             "vllm or sglang"
         )
-    from shardlab.costmodel.disagg import pool_problems
+    from shardlab.costmodel import pool_problems
 
     node = problem.cluster.node_size
     pools = dict(zip(POOLS, pool_problems(problem, plan), strict=True))

@@ -22,7 +22,7 @@ from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 
 if TYPE_CHECKING:
-    from shardlab.costmodel.disagg import DisaggMetrics
+    from shardlab.costmodel import DisaggMetrics
     from shardlab.problems.disagg import DisaggPlan
     from shardlab.solvers.evaluator import Progress
     from shardlab.solvers.front import FrontPoint
@@ -216,7 +216,7 @@ def print_disagg(
 ) -> None:
     """Both pools of a disaggregated plan (each instance's plan and metrics, with its
     breakdown when ``top`` is given) and what they serve together."""
-    from shardlab.costmodel.disagg import pool_problems
+    from shardlab.costmodel import pool_problems
 
     pools = dict(zip(("prefill", "decode"), pool_problems(problem, plan), strict=True))
     for name, metrics in (("prefill", m.prefill), ("decode", m.decode)):

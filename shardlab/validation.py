@@ -43,11 +43,18 @@ from typing import Any
 
 import numpy as np
 
-from shardlab.costmodel import Metrics, evaluate, silicon
-from shardlab.costmodel.collectives import Span, collective_time
-from shardlab.costmodel.disagg import DisaggMetrics, evaluate_disagg, pool_problems
-from shardlab.costmodel.evaluate import at_capacity
-from shardlab.costmodel.tables import degree_tables
+from shardlab.costmodel import (
+    DisaggMetrics,
+    Metrics,
+    Span,
+    at_capacity,
+    collective_time,
+    degree_tables,
+    evaluate,
+    evaluate_disagg,
+    pool_problems,
+    silicon,
+)
 from shardlab.errors import ShardlabError
 from shardlab.files import write_text
 from shardlab.problems.calibration import Calibration

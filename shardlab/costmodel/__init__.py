@@ -1,25 +1,108 @@
-"""How good a plan is: time, throughput, memory, feasibility, and where they come from."""
+"""How good a plan is: time, throughput, memory, feasibility, and where they come from.
+
+This package's face is everything a module above it may use: solvers, the CLI and the
+experiments import these names from ``shardlab.costmodel``, never from a submodule,
+so the cost model's files can be reorganized without touching its callers.
+"""
 
 from shardlab.costmodel import silicon
+from shardlab.costmodel.collectives import Span, collective_time
+from shardlab.costmodel.constants import ACT_BYTES
+from shardlab.costmodel.decompose import (
+    IntegerTables,
+    integer_tables,
+    kv_bytes,
+    price,
+    requests_per_rank,
+    time_ns,
+)
+from shardlab.costmodel.disagg import (
+    DisaggMetrics,
+    combine,
+    evaluate_disagg,
+    pool_problems,
+    with_concurrencies,
+)
+from shardlab.costmodel.engines import (
+    ServingCosts,
+    serving_constants,
+    serving_constants_yaml,
+    serving_costs,
+)
 from shardlab.costmodel.evaluate import (
     VIOLATIONS,
     BatchMetrics,
+    ConcurrencyPoints,
     Metrics,
     OpBreakdown,
+    assemble_plan,
+    at_capacity,
     evaluate,
     evaluate_batch,
     evaluate_points,
+    forget_tables,
     prepare,
+    with_concurrency,
 )
+from shardlab.costmodel.handoff import handoff_ns, handoff_seconds
+from shardlab.costmodel.opcosts import COUNT_BYTES, CostContext, dispatch_bytes
+from shardlab.costmodel.regimes import (
+    Form,
+    Forms,
+    basic_times,
+    clients_per_rank,
+    forms,
+    judge,
+    tokens,
+)
+from shardlab.costmodel.tables import degree_tables
+from shardlab.costmodel.trace import collectives_of
 
 __all__ = [
+    "ACT_BYTES",
+    "COUNT_BYTES",
     "VIOLATIONS",
     "BatchMetrics",
+    "ConcurrencyPoints",
+    "CostContext",
+    "DisaggMetrics",
+    "Form",
+    "Forms",
+    "IntegerTables",
     "Metrics",
     "OpBreakdown",
+    "ServingCosts",
+    "Span",
+    "assemble_plan",
+    "at_capacity",
+    "basic_times",
+    "clients_per_rank",
+    "collective_time",
+    "collectives_of",
+    "combine",
+    "degree_tables",
+    "dispatch_bytes",
     "evaluate",
     "evaluate_batch",
+    "evaluate_disagg",
     "evaluate_points",
+    "forget_tables",
+    "forms",
+    "handoff_ns",
+    "handoff_seconds",
+    "integer_tables",
+    "judge",
+    "kv_bytes",
+    "pool_problems",
     "prepare",
+    "price",
+    "requests_per_rank",
+    "serving_constants",
+    "serving_constants_yaml",
+    "serving_costs",
     "silicon",
+    "time_ns",
+    "tokens",
+    "with_concurrencies",
+    "with_concurrency",
 ]

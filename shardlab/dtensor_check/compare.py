@@ -167,9 +167,7 @@ def predicted_calls(problem: Problem, plan: Plan) -> tuple[Call, ...]:
     The MoE dispatch and combine carry the tolerance of :func:`routing_rtol` for the
     workload's ``batch * input_len`` tokens (a static prefill: every token routed once).
     """
-    from shardlab.costmodel.constants import ACT_BYTES
-    from shardlab.costmodel.opcosts import COUNT_BYTES, dispatch_bytes
-    from shardlab.costmodel.trace import collectives_of
+    from shardlab.costmodel import ACT_BYTES, COUNT_BYTES, collectives_of, dispatch_bytes
 
     if COUNT_DTYPE.itemsize != COUNT_BYTES:
         raise ShardlabError(

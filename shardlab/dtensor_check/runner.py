@@ -304,8 +304,7 @@ def check_redistributions(
     Runs in one process on torch's fake process group (collectives are issued and
     recorded but move no data), so any mesh shape can be checked on one CPU.
     """
-    from shardlab.costmodel.constants import ACT_BYTES
-    from shardlab.costmodel.opcosts import CostContext
+    from shardlab.costmodel import ACT_BYTES, CostContext
 
     model = model or tiny_problem("moe").model
     degrees = Degrees(dp_attn=dp, tp=tp, etp=dp * tp)

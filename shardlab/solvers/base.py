@@ -20,8 +20,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from shardlab.costmodel import Metrics, evaluate
-from shardlab.costmodel.evaluate import with_concurrency
+from shardlab.costmodel import Metrics, evaluate, with_concurrency
 from shardlab.errors import ShardlabError
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardlab.costmodel.decompose import IntegerTables
+from shardlab.costmodel import IntegerTables
 from shardlab.problems.operators import HEAD_OPS, layer_ops
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem

@@ -72,26 +72,24 @@ from typing import Any
 import numpy as np
 from ortools.sat.python import cp_model
 
-from shardlab.costmodel.decompose import (
+from shardlab.costmodel import (
+    Form,
+    Forms,
     IntegerTables,
+    basic_times,
+    clients_per_rank,
+    degree_tables,
+    evaluate,
+    forms,
+    handoff_ns,
     integer_tables,
+    judge,
     kv_bytes,
     price,
     requests_per_rank,
     time_ns,
-)
-from shardlab.costmodel.evaluate import evaluate
-from shardlab.costmodel.handoff import handoff_ns
-from shardlab.costmodel.regimes import (
-    Form,
-    Forms,
-    basic_times,
-    clients_per_rank,
-    forms,
-    judge,
     tokens,
 )
-from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.operators import HEAD_OPS
 from shardlab.problems.plan import Degrees, Plan
 from shardlab.problems.problem import Problem

@@ -40,9 +40,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardlab.costmodel.disagg import DisaggMetrics, combine, pool_problems
-from shardlab.costmodel.evaluate import Metrics, evaluate
-from shardlab.costmodel.handoff import handoff_seconds
+from shardlab.costmodel import (
+    DisaggMetrics,
+    Metrics,
+    combine,
+    evaluate,
+    handoff_seconds,
+    pool_problems,
+)
 from shardlab.errors import ShardlabError
 from shardlab.problems.disagg import (
     DisaggPlan,

@@ -21,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from shardlab.costmodel import BatchMetrics, Metrics, evaluate
-from shardlab.costmodel.evaluate import ConcurrencyPoints
+from shardlab.costmodel import BatchMetrics, ConcurrencyPoints, Metrics, evaluate
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 
