@@ -107,11 +107,21 @@ def run_all(
     address: str | None,
     done: Done,
 ) -> None:
+    check_executor(executor)
     if executor == "local":
         if address is not None:
-            raise ShardlabError("--address is the Ray cluster's: add --executor ray")
+            raise ShardlabError(
+                "an address is the Ray cluster's", field="address", fix="run on executor 'ray'"
+            )
         run_local(work, tasks, jobs, done)
-    elif executor == "ray":
-        run_ray(work, tasks, address, done)
     else:
-        raise ShardlabError(f"--executor {executor!r}: use one of {', '.join(EXECUTORS)}")
+        run_ray(work, tasks, address, done)
+
+
+def check_executor(executor: str) -> Executor:
+    """``executor`` if it is one of :data:`EXECUTORS`."""
+    if executor not in EXECUTORS:
+        raise ShardlabError(
+            f"executor {executor!r} is not one of {', '.join(EXECUTORS)}", field="executor"
+        )
+    return executor  # type: ignore[return-value]

@@ -32,6 +32,32 @@ from shardlab.solvers.front import FrontPoint
 Status = Literal["optimal", "feasible", "infeasible", "unknown", "interrupted", "error"]
 
 
+# An exact method's time when its caller sets none: long enough to prove the optima of
+# the benchmark suite, short enough that a forgotten run ends.
+EXACT_SECONDS = 600.0
+
+
+def quality(objective: float | None, best: float) -> float:
+    """``objective`` relative to ``best``: 1 is as good, below 1 worse (``obj / best``
+    for throughputs, ``best / obj`` for latencies, whose objectives are negative)."""
+    if objective is None or not math.isfinite(best) or best == 0:
+        return 0.0
+    return objective / best if best > 0 else best / objective
+
+
+def priced(problem: Problem, plan: Plan, metrics: Metrics | None = None) -> tuple[Plan, Metrics]:
+    """``plan`` at the concurrency its metrics chose, and those metrics: how a solve's
+    best plan is priced at the end (and every baseline beside it). ``metrics``: the
+    plan's, when the caller has them already."""
+    metrics = metrics or evaluate(problem, plan, breakdown=False)
+    chosen = with_concurrency(problem, plan, metrics)
+    if chosen is plan:
+        return plan, metrics
+    # Priced again at the concurrency it now carries, so that evaluate(plan) gives
+    # these metrics to the bit (choosing c sums other shapes: ulps).
+    return chosen, evaluate(problem, chosen, breakdown=False)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Budget:
     """How much a solver may spend: distinct plans evaluated and/or wall seconds.
@@ -47,6 +73,11 @@ class Budget:
     # time.perf_counter() when the clock started, for a caller whose own start-up
     # counts too (the CLI's --time-limit); None: at the call of solve
     started: float | None = None
+
+    @classmethod
+    def exact(cls) -> Budget:
+        """An exact method's default: until it proves its optimum, or 600 s."""
+        return cls(max_evals=None, seconds=EXACT_SECONDS)
 
     def __post_init__(self) -> None:
         if self.max_evals is not None and self.max_evals < 1:
@@ -201,10 +232,7 @@ class Solver(ABC):
                 plan, metrics = ev.least_infeasible_plan(), None
                 metrics = evaluate(ctx.problem, plan, breakdown=False) if plan is not None else None
         if plan is not None and metrics is not None:
-            plan = with_concurrency(ctx.problem, plan, metrics)
-            # Priced again at the concurrency it now carries, so that evaluate(plan)
-            # gives these metrics to the bit (choosing c sums other shapes: ulps).
-            metrics = evaluate(ctx.problem, plan, breakdown=False)
+            plan, metrics = priced(ctx.problem, plan, metrics)
         return SolveResult(
             method=self.name,
             seed=ctx.seed,

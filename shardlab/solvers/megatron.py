@@ -13,8 +13,15 @@ replicas. SLOs play no part in the rule.
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
+
+from shardlab.costmodel import Metrics
 from shardlab.problems.plan import Degrees, Plan
-from shardlab.solvers.base import Outcome, SearchContext, Solver
+from shardlab.problems.problem import Problem
+from shardlab.solvers.base import Budget, Outcome, SearchContext, Solver, priced
+from shardlab.solvers.evaluator import Evaluator
 from shardlab.solvers.registry import register
 
 
@@ -62,6 +69,21 @@ def megatron_rule(ctx: SearchContext) -> tuple[Plan | None, list[Degrees]]:
         if not metrics.memory_violation[0]:
             return plan, tried
     return None, tried
+
+
+def megatron_baseline(problem: Problem) -> tuple[Plan, Metrics] | None:
+    """The rule's plan, priced as a solve prices its best plan; None when no candidate
+    fits in memory. What every other method's ratio to Megatron is taken against."""
+    evaluator = Evaluator(problem, None, None, None, time.perf_counter())
+    ctx = SearchContext(
+        problem=problem,
+        evaluator=evaluator,
+        budget=Budget(max_evals=None),
+        seed=0,
+        rng=np.random.default_rng(0),
+    )
+    plan, _ = megatron_rule(ctx)
+    return priced(problem, plan) if plan is not None else None
 
 
 @register("megatron")

@@ -33,6 +33,7 @@ from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Budget, SolveResult, Status
 from shardlab.solvers.evaluator import Progress
 from shardlab.solvers.front import FrontPoint, merge
+from shardlab.solvers.megatron import megatron_baseline
 from shardlab.solvers.registry import get_solver
 
 
@@ -137,9 +138,9 @@ def solve_front(
         runs.append((batch, r))
         spent += r.n_evals
         points += r.front
-        base = get_solver("megatron").solve(sub, seed=seed)
-        if base.plan is not None and base.metrics is not None and base.metrics.feasible:
-            megatron.append(FrontPoint(base.plan, base.metrics, batch))
+        base = megatron_baseline(sub)
+        if base is not None and base[1].feasible:
+            megatron.append(FrontPoint(base[0], base[1], batch))
         if r.status == "interrupted":
             status = "interrupted"
             break

@@ -312,3 +312,45 @@ def print_front(
                 p.plan.degrees.short(),
             )
         out.print(table)
+
+
+def print_pairs(
+    problem: Problem, pairs: tuple[tuple[int, int, int, int, float, float], ...]
+) -> None:
+    """Why this pair of pools: the pairs evaluated, best first, in tokens/s."""
+    o = problem.workload.output_len
+    table = Table(title="pairs of pools evaluated (the rest pruned by their bounds), tok/s")
+    for col in ("prefill", "decode", "GPUs", "bound", "value"):
+        table.add_column(col, justify="left" if col in ("prefill", "decode") else "right")
+    for gp, x, gd, y, bound, value in sorted(pairs, key=lambda r: -r[5])[:8]:
+        table.add_row(
+            f"{x} x {gp} GPUs", f"{y} x {gd} GPUs", str(x * gp + y * gd),
+            f"{bound * o:,.0f}", f"{value * o:,.0f}",
+        )  # fmt: skip
+    out.print(table)
+
+
+def print_facts(facts: dict[str, object]) -> None:
+    """A solver's facts, a line each (its lists and tables are the JSON's)."""
+    for key, value in facts.items():
+        if not isinstance(value, list | dict):
+            out.print(f"  {key}: {fact_text(key, value)}", markup=False)
+
+
+def comparison_table(label: str, seeds: int, rows: list[dict[str, Any]]) -> Table:
+    """A comparison's summary: per instance and method, means over seeds."""
+    table = Table(title=f"comparison {label} (means over {seeds} seeds)")
+    cols = ("instance", "method", "throughput", "ratio to best", "ratio to megatron")
+    for col in (*cols, "evals to 99%", "wall s"):
+        table.add_column(col, justify="left" if col in ("instance", "method") else "right")
+    for r in rows:
+        table.add_row(
+            r["instance"] + ("*" if r["best_is_proven"] else ""),
+            r["method"] + (f" @{r['budget']:,}" if r.get("budget") else ""),
+            f"{r['throughput_tok_s']:,.0f}" if r["throughput_tok_s"] else "-",
+            f"{r['ratio_to_best']:.3f}",
+            f"{r['ratio_to_megatron']:.3f}" if r["ratio_to_megatron"] is not None else "-",
+            f"{r['evals_to_99pct']:,}" if r["evals_to_99pct"] is not None else "-",
+            f"{r['wall_s']:.1f}" if r["wall_s"] is not None else "-",
+        )
+    return table

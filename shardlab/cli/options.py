@@ -15,6 +15,7 @@ from typing import Annotated, Any, get_type_hints
 
 import typer
 
+from shardlab.cli.render import err
 from shardlab.errors import ShardlabError
 from shardlab.problems.disagg import DISAGG_SCHEMA, DisaggPlan
 from shardlab.problems.plan import Degrees, Plan, read_plan_file
@@ -26,7 +27,6 @@ from shardlab.problems.problem import (
     DEFAULT_WORKLOAD,
     Problem,
 )
-from shardlab.render import err
 
 PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     (

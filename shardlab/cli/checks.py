@@ -1,0 +1,388 @@
+"""The cost model against measurements: validation reports and fitted corrections."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated, Any, get_args
+
+import typer
+from rich.table import Table
+
+from shardlab.cli.app import Format, FormatOpt, app
+from shardlab.cli.render import (
+    emit_json,
+    out,
+)
+from shardlab.errors import ShardlabError
+from shardlab.files import check_output_file, write_text
+from shardlab.problems.problem import Timing
+
+FilterOpt = Annotated[
+    str | None, typer.Option(help="Measured serving only: keep these (comma-separated).")
+]
+
+
+def _filters(**given: str | None) -> dict[str, list[str]]:
+    return {k: [x for x in v.split(",") if x.strip()] for k, v in given.items() if v}
+
+
+MeasurementsOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Your measurements (CSV in shardlab's columns or in the measured serving "
+        "sample's), or aiconfigurator-sample (aiconfigurator-core's measured serving)."
+    ),
+]
+EngineOpt = Annotated[
+    str, typer.Option(help="Engine whose measured kernels price the silicon column.")
+]
+CalibrationOpt = Annotated[
+    str | None, typer.Option(help="Also predict with these corrections (YAML).")
+]
+TimingOpt = Annotated[
+    str | None,
+    typer.Option(help="roofline or silicon (default: both; measured serving: silicon)."),
+]
+PeerOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Measured serving: another estimator's predictions of the same rows (CSV of "
+        "tests/data/make_aiconfigurator_sample.py), compared on the rows both price."
+    ),
+]
+AiconfiguratorOpt = Annotated[
+    str | None,
+    typer.Option(help="Instead: agreement with this grid of AIConfigurator agg estimates."),
+]
+
+
+@app.command()
+def validate(
+    measurements: MeasurementsOpt = None,
+    out_path: Annotated[str | None, typer.Option("--out", help="Markdown report to write.")] = None,
+    engine: EngineOpt = "trtllm",
+    calibration: CalibrationOpt = None,
+    timing: TimingOpt = None,
+    gpu: FilterOpt = None,
+    backend: FilterOpt = None,
+    family: FilterOpt = None,
+    mode: FilterOpt = None,
+    protocol: FilterOpt = None,
+    peer: PeerOpt = None,
+    aiconfigurator: AiconfiguratorOpt = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Predict every measurement and compare: the published ones (written to
+    results/validation.md), measured serving (aiconfigurator-sample) or yours."""
+    from pathlib import Path
+
+    if out_path is not None:
+        check_output_file(out_path, flag="--out", parents=True)
+    if timing is not None and timing not in get_args(Timing):
+        raise ShardlabError(f"--timing {timing!r} is not one of {', '.join(get_args(Timing))}")
+    if aiconfigurator is not None:
+        _agreement(aiconfigurator, out_path or "aiconfigurator.md", fmt)
+        return
+
+    from shardlab.problems.calibration import Calibration
+    from shardlab.validation import load_measurements, predict_all
+    from shardlab.validation import write_report as write_validation
+
+    filters = _filters(gpu=gpu, backend=backend, family=family, mode=mode, protocol=protocol)
+    measured = load_measurements(measurements, filters)
+    cal = Calibration.load(calibration) if calibration is not None else None
+    command = "shardlab validate" + "".join(
+        f" --{k} {v}"
+        for k, v in (
+            ("measurements", measurements),
+            ("out", out_path),
+            ("engine", engine if engine != "trtllm" else None),
+            ("calibration", calibration),
+            ("timing", timing),
+            *((k, ",".join(v)) for k, v in filters.items()),
+            ("peer", peer),
+        )
+        if v is not None
+    )
+    if measured.serving:
+        md = out_path or "serving.md"
+        _validate_serving(measured, timing or "silicon", cal, md, command, peer, fmt)
+        return
+    if peer is not None:
+        raise ShardlabError("--peer compares measured serving rows (the sample's columns)")
+    rows = measured.rows
+    if out_path is None:
+        out_path = "results/validation.md" if measurements is None else "validation.md"
+    by_timing = {
+        t: predict_all(t, engine, rows) for t in ([timing] if timing else get_args(Timing))
+    }
+    if cal is not None:
+        by_timing[f"{cal.timing}+calibration"] = predict_all(cal.timing, engine, rows, cal)
+    source = measurements or "shardlab/data/validation/measured.csv"
+    summaries = write_validation(Path(out_path), by_timing, command, source)
+    first = next(iter(by_timing))
+    if fmt is Format.json:
+        emit_json(
+            {
+                "summary": summaries,
+                "rows": {
+                    t: [{**_row_dict(r), "ratio": r.ratio} for r in rs]
+                    for t, rs in by_timing.items()
+                },
+                "refused": [asdict(x) for x in measured.refused],
+            }
+        )
+        return
+    table = Table(title="cost model vs measurements")
+    for col in ("id", "metric", "measured", *(f"{t} ratio" for t in by_timing), "note"):
+        table.add_column(col, justify="left" if col in ("id", "metric", "note") else "right")
+    for i, r in enumerate(by_timing[first]):
+        ratios = [f"{by_timing[t][i].ratio:.2f}" for t in by_timing]
+        note = "; ".join(dict.fromkeys(x for t in by_timing if (x := by_timing[t][i].note)))
+        table.add_row(r.id, f"{r.metric} ({r.unit})", f"{r.measured:,.1f}", *ratios, note)
+    out.print(table)
+    for t, summary in summaries.items():
+        out.print(
+            f"{t}: median |error| {summary['median_abs_error']:.1%}, within 25%: "
+            f"{summary['within_25pct']}/{summary['rows']}, 1.5x or more: "
+            f"{summary['beyond_1_5x']}, worst {summary['worst_id']} "
+            f"({summary['worst_factor']:.2f}x)"
+        )
+    for x in measured.refused:
+        out.print(f"refused {x.id or '?'} (line {x.line}): {x.reason}")
+    out.print(f"wrote {out_path}")
+
+
+def _row_dict(r: Any) -> dict:
+    return {k: v for k, v in asdict(r).items() if k != "measurement"}
+
+
+def _validate_serving(
+    measured: Any,
+    timing: str,
+    cal: Any,
+    out_path: str,
+    command: str,
+    peer: str | None,
+    fmt: Format,
+) -> None:
+    """Measured serving: predicted with one timing backend, reported by group."""
+    from pathlib import Path
+
+    from shardlab.serving_report import peer_section, write_serving_report
+    from shardlab.validation import predict
+
+    if peer is not None and not Path(peer).is_file():
+        raise ShardlabError(f"--peer {peer!r}: no such file")
+    md = Path(out_path)
+    rows = [predict(m, timing, m.engine or "trtllm", cal) for m in measured.rows]
+    sections = peer_section(rows, Path(peer)) if peer is not None else []
+    summary = write_serving_report(
+        md, md.with_suffix(".csv"), rows, measured, command, sections=sections
+    )
+    if fmt is Format.json:
+        emit_json({"summary": summary, "refused": [asdict(x) for x in measured.refused]})
+        return
+    table = Table(title=f"measured serving vs {timing} predictions")
+    for col in ("protocol / mode / metric", "rows", "median |error|", "median ratio", "off 1.5x+"):
+        table.add_column(col, justify="left" if col.startswith("protocol") else "right")
+    for key, s in summary.items():
+        table.add_row(
+            key,
+            f"{s['rows']:,}",
+            f"{s['median_abs_error']:.1%}",
+            f"{s['median_ratio']:.2f}",
+            f"{s['beyond_1_5x']:.0%}",
+        )
+    out.print(table)
+    out.print(f"{len(measured.refused):,} rows refused (reasons in the report); wrote {md}")
+
+
+def _agreement(grid: str, out_path: str, fmt: Format) -> None:
+    from pathlib import Path
+
+    from shardlab.validation import (
+        SIDE_BY_SIDE_COLUMNS,
+        against_reference,
+        agreement_summary,
+        read_csv,
+        side_by_side,
+        write_agreement,
+        write_side_by_side,
+    )
+
+    if not Path(grid).is_file():
+        raise ShardlabError(f"--aiconfigurator {grid!r}: no such file")
+    head = read_csv(Path(grid))
+    if head and set(head[0]) >= SIDE_BY_SIDE_COLUMNS:
+        rows = side_by_side(grid)
+        command = f"shardlab validate --aiconfigurator {grid} --out {out_path}"
+        write_side_by_side(Path(out_path), rows, command, grid)
+        if fmt is Format.json:
+            emit_json(rows)
+            return
+        for r in rows:
+            out.print(
+                f"{r['problem']}: its score of ours / its own "
+                f"{r['ours_by_it'] / r['theirs_tok_s_gpu']:.2f}; our score of its / ours "
+                f"{r['theirs_by_us'] / r['ours_tok_s_gpu']:.2f}"
+                + ("" if r["theirs_by_us_feasible"] else " (its pick misses an SLO here)")
+            )
+        out.print(f"wrote {out_path}")
+        return
+    by_timing = {t: against_reference(grid, t) for t in get_args(Timing)}
+    write_agreement(
+        Path(out_path), by_timing, f"shardlab validate --aiconfigurator {grid} --out {out_path}"
+    )
+    summaries = {t: agreement_summary(rows) for t, rows in by_timing.items()}
+    if fmt is Format.json:
+        emit_json({"summary": summaries})
+        return
+    for t, s in summaries.items():
+        out.print(
+            f"{t}: {len(by_timing[t])} points; median error TPOT {s['tpot_ms']:.1%}, TTFT "
+            f"{s['ttft_ms']:.1%}, throughput {s['tokens_s']:.1%}"
+        )
+    out.print(f"wrote {out_path}")
+
+
+CalibrateMeasurementsOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Measurements to fit (CSV, or aiconfigurator-sample; default: the published ones)."
+    ),
+]
+OutPathOpt = Annotated[
+    str, typer.Option("--out", help="Calibration (or with --engines, engine costs) to write.")
+]
+HoldOutOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Judge each row by a fit without its group: row (leave-one-out), family, gpu "
+        "or engine; comma-separated (default: row; measured serving: family,gpu)."
+    ),
+]
+EnginesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--engines",
+        help="Fit only each engine's fixed costs (per request, per iteration), the file "
+        "shardlab ships (shardlab/data/serving/engines.yaml).",
+    ),
+]
+ReportPathOpt = Annotated[
+    str | None, typer.Option("--report", help="Markdown of the fit's errors to write.")
+]
+
+
+@app.command()
+def calibrate(
+    measurements: CalibrateMeasurementsOpt = None,
+    out_path: OutPathOpt = "cal.yaml",
+    timing: Annotated[str, typer.Option(help="The timing backend to correct.")] = "roofline",
+    engine: Annotated[str, typer.Option(help="trtllm, vllm or sglang (rows that say none).")] = (
+        "trtllm"
+    ),
+    hold_out: HoldOutOpt = None,
+    engines: EnginesOpt = False,
+    report_path: ReportPathOpt = None,
+    gpu: FilterOpt = None,
+    backend: FilterOpt = None,
+    family: FilterOpt = None,
+    mode: FilterOpt = None,
+    protocol: FilterOpt = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Fit per-kernel-class corrections (GEMM, attention, MoE, communication) and the
+    engine's fixed costs per request and per iteration to measurements; report the
+    error before, fitted, and on rows held out of the fit (by row, model family or
+    GPU). Apply them with --calibration."""
+    from pathlib import Path
+
+    from shardlab.calibrate import calibrate as fit_calibration
+    from shardlab.calibrate import write_fit_report
+    from shardlab.costmodel import serving_constants_yaml
+    from shardlab.validation import load_measurements
+
+    check_output_file(out_path, flag="--out", parents=True)
+    if report_path is not None:
+        check_output_file(report_path, flag="--report", parents=True)
+    filters = _filters(gpu=gpu, backend=backend, family=family, mode=mode, protocol=protocol)
+    measured = load_measurements(measurements, filters)
+    groupings = [g for g in (hold_out or ("family,gpu" if measured.serving else "row")).split(",")]
+    source = measurements or "the published measurements"
+    described = source + "".join(f", {k} {','.join(v)}" for k, v in filters.items())
+    report = fit_calibration(
+        measured.rows,
+        timing,
+        engine,
+        described,
+        hold_out=[g.strip() for g in groupings if g.strip()],
+        factors=not engines,
+        per_engine=engines,
+    )
+    command = (
+        "shardlab calibrate"
+        + "".join(
+            f" --{k} {v}"
+            for k, v in (
+                ("measurements", measurements),
+                *((k, ",".join(v)) for k, v in filters.items()),
+                ("timing", timing),
+                ("hold-out", hold_out),
+                ("out", out_path),
+                ("report", report_path),
+            )
+            if v is not None
+        )
+        + (" --engines" if engines else "")
+    )
+    summary = report.summary()
+    if engines:
+        fitted = report.fitted
+        header = [
+            "Each serving engine's fixed costs (shardlab.costmodel.engines), fitted by",
+            f"  {command}",
+            "do not edit by hand. " + report.calibration.fitted_on,
+        ]
+        write_text(out_path, serving_constants_yaml(fitted.request_ms, fitted.iteration_ms, header))
+    else:
+        write_text(out_path, report.calibration.to_yaml())
+    if report_path is not None:
+        write_fit_report(Path(report_path), report, command, described)
+    if fmt is Format.json:
+        emit_json(
+            {
+                "calibration": asdict(report.calibration),
+                "engines": {"request_ms": report.fitted.request_ms,
+                            "iteration_ms": report.fitted.iteration_ms},
+                "summary": summary,
+                "held_out": {g: report.held_out_summary(g) for g in report.held_out_by},
+            }
+        )  # fmt: skip
+        return
+    c, f = report.calibration, report.fitted
+    if not engines:
+        out.print(
+            f"factors: gemm {c.gemm:.3f}, attention {c.attention:.3f}, moe {c.moe:.3f}, "
+            f"communication {c.communication:.3f}"
+        )
+    for e in sorted(f.request_ms):
+        out.print(
+            f"{e}: {f.request_ms[e]:.3f} ms per request, {f.iteration_ms[e]:.3f} ms per iteration"
+        )
+    if len(report.before) <= 60:
+        table = Table(title=f"{summary['rows']} rows, {timing} timing: predicted / measured")
+        for col in ("id", "before", "fitted", "held out"):
+            table.add_column(col, justify="left" if col == "id" else "right")
+        for lin, b, a, h in zip(
+            report.rows.rows, report.before, report.after, report.held_out, strict=True
+        ):
+            table.add_row(lin.measurement.id, f"{1 + b:.2f}", f"{1 + a:.2f}", f"{1 + h:.2f}")
+        out.print(table)
+    out.print(
+        f"median |error|: {summary['median_before']:.1%} before, {summary['median_after']:.1%} "
+        f"fitted, {summary['median_cross_validated']:.1%} {report.held_out_name} (worst "
+        f"{summary['worst_before']:.2f}x, {summary['worst_after']:.2f}x, "
+        f"{summary['worst_cross_validated']:.2f}x); wrote {out_path}"
+    )

@@ -1,0 +1,319 @@
+"""Runs that write ``results/``: comparisons, speed benchmarks, policy training."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from shardlab.cli.app import Format, FormatOpt, app
+from shardlab.cli.options import problem_command
+from shardlab.cli.render import (
+    comparison_table,
+    emit_json,
+    err,
+    out,
+    timing_label,
+)
+from shardlab.errors import ShardlabError
+from shardlab.executors import check_executor
+from shardlab.files import check_output_dir, check_output_file, folder_name, write_text
+from shardlab.journal import JOURNAL, Journal
+from shardlab.problems.problem import Problem
+
+SuiteOpt = Annotated[
+    str, typer.Option(help="Instances to train on: train, small, medium, all or a name.")
+]
+EvalsOpt = Annotated[
+    int, typer.Option("--evals", min=1, help="Evaluations per instance and round.")
+]
+ResumeOpt = Annotated[
+    str | None, typer.Option(help="Continue from a checkpoint this command wrote.")
+]
+
+
+@app.command("train-policy")
+def train_policy(
+    suite: SuiteOpt = "train",
+    out_file: Annotated[str, typer.Option("--out", help="Checkpoint to write.")] = "policy.pt",
+    evals: EvalsOpt = 500,
+    rounds: Annotated[int, typer.Option(min=1, help="Passes over the instances.")] = 1,
+    seed: Annotated[int, typer.Option(min=0, help="Same seed, same policy.")] = 0,
+    resume: ResumeOpt = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Pretrain the RL policy across a suite's instances; `solve --method rl --policy`
+    starts from it. The checkpoint is rewritten (atomically) after every instance."""
+    from shardlab.problems.suite import get_suite
+    from shardlab.solvers.rl.train import TrainProgress
+    from shardlab.solvers.rl.train import train_policy as train
+
+    instances = get_suite(suite)
+    check_output_file(out_file, flag="--out")
+    log: list[TrainProgress] = []
+
+    def progress(p: TrainProgress) -> None:
+        log.append(p)
+        best = "-" if p.best is None else f"{p.best:,.1f}"
+        err.print(
+            f"  round {p.round + 1} {p.instance}: {p.evals} evals, best {best}, {p.seconds:.0f} s"
+        )
+
+    path = train(
+        instances,
+        out=out_file,
+        seed=seed,
+        evals_per_instance=evals,
+        rounds=rounds,
+        resume=resume,
+        progress=progress,
+    )
+    if fmt is Format.json:
+        emit_json(
+            {
+                "out": str(path),
+                "instances": [i.name for i in instances],
+                "progress": [asdict(p) for p in log],
+            }
+        )
+    else:
+        out.print(f"trained on {len(instances)} instances x {rounds} round(s); wrote {path}")
+
+
+MethodsOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Comma-separated methods, each with options as METHOD:KEY=VALUE "
+        "(e.g. optuna:sampler=gp:encoding=class). [default: random,anneal,genetic]"
+    ),
+]
+CompareSuiteOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="small, medium, large, train, heldout, all, instance names; comma-separated."
+    ),
+]
+BudgetsOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Comma-separated evaluation budgets (e.g. 500,2000,5000), instead of "
+        "--max-evals; methods whose search ignores the budget run once, at the largest."
+    ),
+]
+PolicyOpt = Annotated[
+    str | None,
+    typer.Option(help="Also run rl from this pretrained policy (as method rl+policy)."),
+]
+ExecutorOpt = Annotated[
+    str,
+    typer.Option(
+        help="Where runs run: local (--jobs worker processes) or ray (one task per run "
+        "on the Ray cluster at --address; pip install -e '.[ray]')."
+    ),
+]
+AddressOpt = Annotated[
+    str | None,
+    typer.Option(help="The Ray cluster's address (e.g. 10.0.0.1:6379), with --executor ray."),
+]
+FreshOpt = Annotated[
+    bool,
+    typer.Option(
+        "--fresh",
+        help="Run everything again: forget the finished runs in results/<name>/runs.jsonl "
+        "and results.json (by default a re-run runs only the runs missing there).",
+    ),
+]
+EnginesOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Comma-separated engines to run every instance on (default: --engine); "
+        "results name instances INSTANCE/ENGINE."
+    ),
+]
+VsFreeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--vs-free",
+        help="With --space engine: also CP-SAT over the free space, the yardstick.",
+    ),
+]
+ServingOpt = Annotated[
+    str,
+    typer.Option(
+        help="agg: the methods plan one pool; disagg: CP-SAT's disaggregated optimum "
+        "(cpsat/disagg) instead, megatron kept as the reference; best: both."
+    ),
+]
+AiconfiguratorOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="With --serving best: AIConfigurator's agg-vs-disagg choices on the same "
+        "problems (CSV of tests/data/make_aiconfigurator_disagg.py), beside the optima."
+    ),
+]
+
+
+@app.command()
+@problem_command
+def compare(
+    problem: Problem,
+    methods: MethodsOpt = None,
+    suite: CompareSuiteOpt = None,
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds per method.")] = 3,
+    max_evals: Annotated[int | None, typer.Option("--max-evals", min=1)] = 2000,
+    budgets: BudgetsOpt = None,
+    time_limit: Annotated[float | None, typer.Option("--time-limit", min=0.001)] = None,
+    policy: PolicyOpt = None,
+    jobs: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 2,
+    executor: ExecutorOpt = "local",
+    address: AddressOpt = None,
+    fresh: FreshOpt = False,
+    engines: EnginesOpt = None,
+    vs_free: VsFreeOpt = False,
+    serving: ServingOpt = "agg",
+    aiconfigurator: AiconfiguratorOpt = None,
+    name: Annotated[str | None, typer.Option(help="Results folder name.")] = None,
+    results_dir: Annotated[str, typer.Option("--results-dir")] = "results",
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Run methods on a suite (or the given problem) over seeds; write results/<name>/."""
+    from shardlab.compare import comparison, run_comparison, summarize, write_results
+
+    spec = comparison(
+        problem,
+        methods=methods,
+        suite=suite,
+        name=name,
+        budgets=budgets,
+        policy=policy,
+        engines=engines,
+        vs_free=vs_free,
+        serving=serving,
+        aiconfigurator=aiconfigurator,
+    )
+    check_executor(executor)
+    out_dir = check_output_dir(Path(results_dir) / folder_name(spec.label), flag="--results-dir")
+    journal = _journal(out_dir, fresh)
+    done: list[dict] = []
+
+    def on_done(r: dict) -> None:
+        done.append(r)
+        err.print(f"  [{len(done)}] {r['instance']} {r['method']} seed {r['seed']}: {r['status']}")
+
+    def on_resume(reused: int, total: int) -> None:
+        if reused:
+            err.print(f"{journal.path}: {reused} of {total} runs finished before, not run again")
+
+    results = run_comparison(
+        spec.cases,
+        spec.methods,
+        seeds,
+        max_evals=max_evals if spec.budgets is None else max(spec.budgets),
+        seconds=time_limit,
+        jobs=jobs,
+        on_done=on_done,
+        budgets=spec.budgets,
+        variants=spec.variants,
+        timing=problem.timing,
+        engine=problem.engine,
+        engines=spec.engines,
+        space_kind=problem.space_kind,
+        vs_free=vs_free,
+        journal=journal,
+        executor=executor,  # type: ignore[arg-type]
+        address=address,
+        on_resume=on_resume,
+        serving=spec.serving,
+    )
+    rows = summarize(results)
+    command = "shardlab compare " + " ".join(sys.argv[2:])
+    anchor = list(spec.anchor) if spec.anchor is not None else None
+    write_results(out_dir, spec.label, command, results, rows, timing_label(problem), anchor)
+    if fmt is Format.json:
+        emit_json({"name": spec.label, "summary": rows, "out_dir": str(out_dir)})
+        return
+    out.print(comparison_table(spec.label, seeds, rows))
+    out.print(f"wrote {out_dir}/ (results.json, results.csv, summary.md, convergence.png)")
+
+
+def _journal(out_dir: Path, fresh: bool) -> Journal:
+    """The comparison's journal: emptied with ``--fresh``; else started from the
+    committed results.json when the journal itself is not there."""
+    path = out_dir / JOURNAL
+    if fresh:
+        path.unlink(missing_ok=True)
+    journal = Journal(path)
+    if not fresh and (taken := journal.start_from(out_dir / "results.json")):
+        err.print(f"{path}: started from {out_dir / 'results.json'} ({taken} runs)")
+    return journal
+
+
+WhatOpt = Annotated[
+    str,
+    typer.Argument(
+        help="evaluator: plans per second of the cost model; cpsat: time to the "
+        "proven optimum from 64 to 2,048 GPUs."
+    ),
+]
+InstancesOpt = Annotated[
+    str | None, typer.Option(help="Comma-separated suite instances (default: a fixed set).")
+]
+OutPathOpt = Annotated[
+    str | None, typer.Option("--out", help="Markdown table to write (e.g. results/...).")
+]
+TimeLimitOpt = Annotated[
+    float, typer.Option("--time-limit", min=1.0, help="cpsat: seconds per run.")
+]
+RepeatsOpt = Annotated[
+    int,
+    typer.Option(min=1, help="evaluator: best of this many repeats (more: less of other load)."),
+]
+
+
+@app.command()
+def bench(
+    what: WhatOpt,
+    instances: InstancesOpt = None,
+    out_path: OutPathOpt = None,
+    time_limit: TimeLimitOpt = 600.0,
+    repeats: RepeatsOpt = 3,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Measure speed on this machine; --out writes the table with its command."""
+    from dataclasses import asdict as _asdict
+
+    from shardlab import bench as b
+
+    command = "shardlab bench " + " ".join(sys.argv[2:])
+    if out_path is not None:
+        check_output_file(out_path, flag="--out", parents=True)
+    rows: list = []
+    if what == "evaluator":
+        names = (
+            [n.strip() for n in instances.split(",") if n.strip()]
+            if instances
+            else list(b.EVALUATOR_INSTANCES)
+        )
+        for name in names:
+            rows.append(b.evaluator_speed(name, repeats=repeats))
+            err.print(f"  {name}: {rows[-1].warm_plans_s:,.0f} plans/s warm")
+        text = b.evaluator_markdown(command, rows, repeats)
+    elif what == "cpsat":
+        if instances:
+            raise ShardlabError("bench cpsat runs a fixed set of problems; drop --instances")
+        for model, cluster, tie, batch in b.EXACT_RUNS:
+            rows.append(b.exact_speed(model, cluster, tie, batch, time_limit))
+            r = rows[-1]
+            err.print(f"  {model} {cluster} tie {tie}: {r.status} in {r.seconds:.1f} s")
+        text = b.exact_markdown(command, rows, time_limit)
+    else:
+        raise ShardlabError(f"bench {what!r}: measure 'evaluator' or 'cpsat'")
+    if out_path is not None:
+        write_text(out_path, text)
+    if fmt is Format.json:
+        emit_json([_asdict(r) for r in rows])
+        return
+    out.print(text)

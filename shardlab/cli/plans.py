@@ -1,0 +1,204 @@
+"""One plan: its metrics, where its time goes, and the engine's commands to run it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from shardlab.cli.app import Format, FormatOpt, app
+from shardlab.cli.options import plan_command, problem_command
+from shardlab.cli.render import (
+    emit_json,
+    out,
+    plan_json,
+    print_breakdown,
+    print_disagg,
+    print_metrics,
+    print_plan,
+    problem_json,
+    problem_line,
+)
+from shardlab.costmodel import evaluate as cost_evaluate
+from shardlab.costmodel import with_concurrency
+from shardlab.errors import ShardlabError
+from shardlab.files import check_output_dir, write_text
+from shardlab.problems.disagg import DisaggPlan
+from shardlab.problems.plan import Plan
+from shardlab.problems.problem import Problem
+
+
+def _report(problem: Problem, plan: Plan | DisaggPlan, fmt: Format, *, top: int | None) -> None:
+    """A plan's metrics (and, with ``top``, its breakdown) as tables or JSON."""
+    if isinstance(plan, DisaggPlan):
+        _report_disagg(problem, plan, fmt, top=top)
+        return
+    metrics = cost_evaluate(problem, plan, breakdown=top is not None)
+    chosen = problem.workload.schedule == "inflight" and plan.concurrency is None
+    plan = with_concurrency(problem, plan, metrics)
+    if fmt is Format.json:
+        emit_json(
+            {
+                "problem": problem_json(problem),
+                "plan": plan_json(problem, plan),
+                "concurrency_chosen": chosen,
+                **metrics.to_dict(breakdown=top is not None),
+            }
+        )
+        return
+    out.print(problem_line(problem))
+    print_plan(problem, plan)
+    print_metrics(metrics)
+    if chosen:
+        out.print(
+            f"  concurrency chosen: {metrics.requests_per_rank} requests per attention-DP "
+            "rank, the best under the SLOs (give --concurrency or the plan's "
+            "'concurrency' to fix it)"
+        )
+    if top is not None:
+        print_breakdown(metrics, top=top)
+
+
+def _report_disagg(problem: Problem, plan: DisaggPlan, fmt: Format, *, top: int | None) -> None:
+    from shardlab.costmodel import evaluate_disagg, with_concurrencies
+
+    metrics = evaluate_disagg(problem, plan, breakdown=top is not None)
+    plan = with_concurrencies(problem, plan, metrics)
+    if fmt is Format.json:
+        emit_json(
+            {
+                "problem": problem_json(problem),
+                "serving": "disagg",
+                "plan": plan.to_dict(problem.model, cluster=problem.cluster.name),
+                **metrics.to_dict(breakdown=top is not None),
+            }
+        )
+        return
+    out.print(problem_line(problem))
+    print_disagg(problem, plan, metrics, top=top)
+
+
+@app.command()
+@problem_command
+@plan_command
+def evaluate(problem: Problem, plan: Plan, fmt: FormatOpt = Format.table) -> None:
+    """Score one plan: throughput, latency, memory, feasibility."""
+    _report(problem, plan, fmt, top=None)
+
+
+@app.command()
+@problem_command
+@plan_command
+def explain(
+    problem: Problem,
+    plan: Plan,
+    fmt: FormatOpt = Format.table,
+    top: Annotated[int, typer.Option(help="Rows per table.")] = 15,
+) -> None:
+    """Where one plan's time and memory go, operator by operator, largest first."""
+    _report(problem, plan, fmt, top=top)
+
+
+ModelPathOpt = Annotated[
+    str | None,
+    typer.Option("--model-path", help="What the engine loads (default: the HF id)."),
+]
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Default: the plan's model.")]
+ClusterOpt = Annotated[
+    str | None, typer.Option("--cluster", "-c", help="Default: the plan's cluster.")
+]
+DraftTokensOpt = Annotated[
+    int | None, typer.Option("--draft-tokens", min=1, help="MTP drafts per step.")
+]
+MaxTokensOpt = Annotated[
+    int | None,
+    typer.Option("--max-tokens", min=1, help="Tokens per iteration per DP rank."),
+]
+TrustRemoteCodeOpt = Annotated[
+    bool, typer.Option("--trust-remote-code", help="Let the engine run the model's code.")
+]
+ConfigDirOpt = Annotated[
+    str, typer.Option("--config-dir", help="Where config files the engine takes go.")
+]
+
+
+@app.command()
+def launch(
+    plan_file: Annotated[str, typer.Option("--plan", help="A plan JSON (shardlab solve --out).")],
+    engine: Annotated[str, typer.Option(help="trtllm, vllm or sglang.")],
+    model_path: ModelPathOpt = None,
+    model: ModelOpt = None,
+    cluster: ClusterOpt = None,
+    kv_dtype: Annotated[str | None, typer.Option("--kv-dtype", help="bf16 or fp8.")] = None,
+    draft_tokens: DraftTokensOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    config_dir: ConfigDirOpt = ".",
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Print the engine's own launch commands for a plan, one per node of each replica,
+    and write the config files it takes; a plan the engine cannot run is refused."""
+    from shardlab.launch import build_disagg_launch, build_launch
+    from shardlab.problems.catalog import hf_id_of
+    from shardlab.problems.disagg import DISAGG_SCHEMA
+    from shardlab.problems.plan import read_plan_file
+
+    check_output_dir(config_dir, flag="--config-dir")
+    data = read_plan_file(plan_file)
+    if not isinstance(data, dict):
+        raise ShardlabError(f"{plan_file}: a plan must be a JSON object")
+    model = model or data.get("model") or ""
+    cluster = cluster or data.get("cluster") or ""
+    if not model or not cluster:
+        raise ShardlabError(f"{plan_file}: names no model or cluster; give --model and --cluster")
+    overrides: dict[str, object] = {}
+    if kv_dtype is not None:
+        overrides["kv_dtype"] = kv_dtype
+    if draft_tokens is not None:
+        # the engine measures acceptance itself; launch prices nothing
+        overrides.update(draft_tokens=draft_tokens, acceptance=0.0)
+    problem = Problem.build(model, cluster, engine=engine, max_tokens=max_tokens, **overrides)
+    path = model_path or hf_id_of(problem.model) or problem.model.name
+    if data.get("schema") == DISAGG_SCHEMA:
+        dplan = DisaggPlan.from_dict(data, problem.model, where=plan_file, cluster=problem.cluster)
+        spec = build_disagg_launch(
+            problem,
+            dplan,
+            model_path=path,
+            trust_remote_code=trust_remote_code,
+            config_dir=config_dir,
+        )
+    else:
+        plan = Plan.from_dict(data, problem.model, where=plan_file)
+        problem.space.degree_index(plan.degrees)  # the degrees must suit this cluster
+        spec = build_launch(
+            problem,
+            plan,
+            model_path=path,
+            trust_remote_code=trust_remote_code,
+            config_dir=config_dir,
+        )
+    for name, content in spec.files:
+        write_text(name, content)
+    if fmt is Format.json:
+        emit_json(spec.to_dict())
+        return
+    out.print(
+        f"{problem.model.name} on {problem.cluster.name} with {engine} {spec.version}"
+        + (f" ({', '.join(spec.features)})" if spec.features else ""),
+        markup=False,
+    )
+    for c in spec.commands:
+        where = f"{c.role} instance" if c.role else "replica"
+        where += f" {c.replica}, node {c.node}"
+        if c.nodes > 1:
+            where += f" (node rank {c.node_rank} of {c.nodes})"
+        out.print(f"# {where}", markup=False)
+        out.print(c.shell(), markup=False, soft_wrap=True)
+    if spec.router:
+        out.print("# the router", markup=False)
+        out.print(spec.router_shell(), markup=False, soft_wrap=True)
+    for name, _ in spec.files:
+        out.print(f"wrote {name}", markup=False)
+    for note in spec.notes:
+        out.print(f"note: {note}", markup=False, soft_wrap=True)

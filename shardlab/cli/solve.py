@@ -1,0 +1,299 @@
+"""``shardlab solve``: one method on one problem, through :func:`shardlab.solve`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from shardlab.cli.app import STARTED, Format, FormatOpt, app
+from shardlab.cli.options import problem_command
+from shardlab.cli.render import (
+    emit_json,
+    out,
+    print_disagg,
+    print_facts,
+    print_front,
+    print_metrics,
+    print_pairs,
+    print_plan,
+    problem_json,
+    problem_line,
+    solve_progress,
+)
+from shardlab.errors import ShardlabError
+from shardlab.files import check_output_file, write_text
+from shardlab.problems.problem import Problem
+from shardlab.solvers.registry import available_solvers
+
+if TYPE_CHECKING:
+    from shardlab.solvers import Solution
+
+METHODS = ", ".join(available_solvers())
+
+
+def _solver_options(method: str, **given: object) -> dict[str, object]:
+    """Method-specific options the user gave, checked against what the method takes."""
+    from shardlab.solvers.registry import accepted_options
+
+    accepted = accepted_options(method)
+    options = {k: v for k, v in given.items() if v is not None}
+    for key in options:
+        if key not in accepted:
+            flag = "--" + key.replace("_", "-")
+            raise ShardlabError(f"{flag} does not apply to method {method!r}")
+    return options
+
+
+MaxEvalsOpt = Annotated[
+    int | None, typer.Option("--max-evals", min=1, help="Most distinct plans to evaluate.")
+]
+TimeLimitOpt = Annotated[
+    float | None,
+    typer.Option("--time-limit", min=0.001, help="Wall seconds for the command, all in."),
+]
+WorkersOpt = Annotated[
+    int | None, typer.Option(min=1, help="Search workers (cpsat; default: all cores).")
+]
+SamplerOpt = Annotated[
+    str | None, typer.Option(help="optuna: tpe (default), gp, cmaes, random or nsga2.")
+]
+EncodingOpt = Annotated[
+    str | None,
+    typer.Option(help="optuna: shared (default; degrees per axis, options per operator) or class."),
+]
+WarmStartOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--warm-start",
+        help="optuna: megatron (default: first trials are Megatron plans) or none.",
+    ),
+]
+HistoryOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        help="optuna tpe: latest trials modelled besides the best (default 1000; 0: all).",
+    ),
+]
+StorageOpt = Annotated[
+    str | None,
+    typer.Option(help="optuna: a storage URL (sqlite:///study.db, postgresql://...)."),
+]
+PolicyOpt = Annotated[
+    str | None,
+    typer.Option(help="rl: start from this policy checkpoint (`shardlab train-policy`)."),
+]
+OutFileOpt = Annotated[str | None, typer.Option("--out", help="Write the best plan here (JSON).")]
+VsFreeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--vs-free",
+        help="With --space engine: also solve the free space (CP-SAT) and report what "
+        "per-operator sharding would add if the engine ran it.",
+    ),
+]
+PlotOpt = Annotated[
+    str | None, typer.Option(help="--objective pareto: write the front's figure here (PNG).")
+]
+ServingOpt = Annotated[
+    str,
+    typer.Option(
+        help="agg: one pool of replicas; disagg: a prefill and a decode pool (cpsat "
+        "proves each, the pools' sizes enumerated); best: both, the better chosen."
+    ),
+]
+
+
+@app.command()
+@problem_command
+def solve(
+    problem: Problem,
+    method: Annotated[str, typer.Option("--method", help=f"One of: {METHODS}.")] = "cpsat",
+    max_evals: MaxEvalsOpt = None,
+    time_limit: TimeLimitOpt = None,
+    seed: Annotated[int, typer.Option(min=0, help="Same seed, same plan.")] = 0,
+    workers: WorkersOpt = None,
+    sampler: SamplerOpt = None,
+    encoding: EncodingOpt = None,
+    warm_start: WarmStartOpt = None,
+    history: HistoryOpt = None,
+    storage: StorageOpt = None,
+    study: Annotated[str | None, typer.Option(help="optuna: the study name.")] = None,
+    policy: PolicyOpt = None,
+    algorithm: Annotated[str | None, typer.Option(help="rl: ppo (default) or reinforce.")] = None,
+    out_file: OutFileOpt = None,
+    vs_free: VsFreeOpt = False,
+    plot: PlotOpt = None,
+    serving: ServingOpt = "agg",
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Search the best plan with one method; prints it and its ratio to megatron.
+
+    With ``--objective pareto``: the front of throughput per GPU against TPOT (and TTFT
+    for prefill-heavy workloads) over plans and concurrency (in flight every concurrency
+    up to ``--batch``; static, powers of two up to it), as a table, in JSON a
+    ``pareto`` list, and with ``--plot`` a PNG.
+    """
+    from shardlab.solvers import Budget, default_budget
+    from shardlab.solvers import solve as solve_problem
+
+    options = _solver_options(
+        method,
+        workers=workers,
+        sampler=sampler,
+        encoding=encoding,
+        warm_start=warm_start,
+        history=history,
+        storage=storage,
+        study=study,
+        policy=policy,
+        algorithm=algorithm,
+    )
+    if out_file is not None:
+        check_output_file(out_file, flag="--out")
+    if plot is not None:
+        if problem.workload.objective != "pareto":
+            raise ShardlabError("--plot draws the pareto front: add --objective pareto")
+        check_output_file(plot, flag="--plot")
+    if max_evals is None and time_limit is None:
+        budget = default_budget(method)
+    else:  # the limit is the command's: its clock started with the command
+        budget = Budget(max_evals=max_evals, seconds=time_limit, started=STARTED)
+    with solve_progress(method, budget.max_evals, budget.seconds, budget.started) as callback:
+        solution = solve_problem(
+            problem,
+            method,
+            serving=serving,  # type: ignore[arg-type]
+            budget=budget,
+            seed=seed,
+            options=options,
+            callback=callback,
+            vs_free=vs_free,
+        )
+    if (why := solution.unmet()) is not None:
+        if solution.serving == "agg":
+            raise ShardlabError(f"{method}: {why}")
+        raise ShardlabError(f"serving {serving}: no plan in either mode; {why}", field="serving")
+    if out_file is not None and solution.plan is not None:
+        write_text(out_file, solution.plan_json())
+    if plot is not None and solution.front:
+        _plot(solution, plot)
+    if fmt is Format.json:
+        emit_json({"problem": problem_json(problem), **solution.to_dict()})
+    else:
+        _print(solution)
+        if plot is not None and solution.front:
+            out.print(f"wrote {plot}")
+        if out_file is not None and solution.plan is not None:
+            out.print(f"wrote {out_file}" + _which(solution))
+    if solution.status == "error":
+        raise SystemExit(1)
+
+
+def _which(solution: Solution) -> str:
+    """Which plan ``--out`` holds, when the solve had several."""
+    if solution.pareto is not None:
+        best = solution.pareto.best
+        return f" (the plan of batch {best.batch}, the front's highest)" if best else ""
+    return f" (the {solution.chosen} plan)" if solution.serving != "agg" else ""
+
+
+def _plot(solution: Solution, path: str) -> None:
+    from shardlab.plots import plot_front
+    from shardlab.solvers.pareto import levels_of
+
+    problem = solution.problem
+    levels = ", ".join(map(str, levels_of(problem)))
+    plot_front(
+        path,
+        problem,
+        solution.pareto.front,
+        solution.pareto.megatron,
+        title=f"{problem.name}: {solution.method}, batch {levels}",
+    )
+
+
+def _print(solution: Solution) -> None:
+    """The solution as tables, for people."""
+    out.print(problem_line(solution.problem))
+    if solution.pareto is not None:
+        _print_front(solution)
+    elif solution.serving == "agg":
+        _print_agg(solution)
+    else:
+        _print_served(solution)
+
+
+def _status_line(label: str, r: object, done: str) -> str:
+    message = getattr(r, "message", "")
+    done = f" {done}" if done else ""
+    return (
+        f"{label}: [bold]{getattr(r, 'status', '')}[/]{done} in {getattr(r, 'wall_s', 0.0):.1f} s"
+        + (f" ({message})" if message else "")
+    )
+
+
+def _print_agg(solution: Solution) -> None:
+    r = solution.agg
+    assert r is not None
+    problem = solution.problem
+    out.print(
+        _status_line(
+            f"method {solution.method}, seed {solution.seed}", r, f"after {r.n_evals:,} evaluations"
+        )
+    )
+    print_facts(r.facts)
+    if r.plan is not None and r.metrics is not None:
+        print_plan(problem, r.plan)
+        print_metrics(r.metrics)
+        if solution.megatron is not None and solution.megatron.ratio is not None:
+            out.print(f"  ratio to the megatron plan: [bold]{solution.megatron.ratio:.3f}[/]")
+    free = solution.free
+    if free is not None:
+        tok_s = free.metrics.throughput_tok_s if free.metrics else 0
+        degrees = free.plan.degrees.short() if free.plan else None
+        out.print(
+            f"free space (every per-operator sharding): cpsat {free.status}, "
+            f"{tok_s:,.0f} tok/s, plan {degrees}"
+        )
+        if free.ratio is not None:
+            out.print(
+                f"  free optimum over the {problem.engine} plan: [bold]{free.ratio:.3f}"
+                "[/] (what per-operator sharding would add if the engine ran it)"
+            )
+
+
+def _print_served(solution: Solution) -> None:
+    problem, agg, disagg = solution.problem, solution.agg, solution.disagg
+    if agg is not None:
+        out.print(_status_line("[bold]aggregated[/] cpsat", agg, ""))
+        if agg.plan is not None and agg.metrics is not None:
+            print_plan(problem, agg.plan)
+            print_metrics(agg.metrics)
+    pools = f"after {disagg.facts.get('pool_solves', 0)} pool solves"
+    out.print(_status_line("[bold]disaggregated[/] cpsat", disagg, pools))
+    print_facts(disagg.facts)
+    if disagg.plan is not None and disagg.metrics is not None:
+        print_disagg(problem, disagg.plan, disagg.metrics)
+        print_pairs(problem, disagg.pairs)
+    if agg is not None:
+        ratio = solution.disagg_over_agg
+        out.print(
+            f"disaggregated / aggregated: [bold]{ratio:.3f}[/]; {solution.chosen} chosen"
+            if ratio is not None
+            else f"{solution.chosen} chosen (the other has no feasible plan)"
+        )
+
+
+def _print_front(solution: Solution) -> None:
+    from shardlab.solvers.pareto import levels_of
+
+    r = solution.pareto
+    levels = ", ".join(map(str, levels_of(solution.problem)))
+    out.print(
+        f"method {solution.method}, seed {solution.seed}: [bold]{r.status}[/] front of "
+        f"{len(r.front)} points over batch {levels} after {r.n_evals:,} evaluations in "
+        f"{r.wall_s:.1f} s" + (f" ({r.message})" if r.message else "")
+    )
+    print_front(solution.problem, r.front, r.megatron)
