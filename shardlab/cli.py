@@ -1347,7 +1347,7 @@ def validate(
     if cal is not None:
         by_timing[f"{cal.timing}+calibration"] = predict_all(cal.timing, engine, rows, cal)
     source = measurements or "shardlab/data/validation/measured.csv"
-    summaries = write_validation(Path(out_path), by_timing, command, source)
+    summaries = write_validation(by_timing, command, source, path=Path(out_path))
     first = next(iter(by_timing))
     if fmt is Format.json:
         emit_json(
@@ -1406,7 +1406,7 @@ def _validate_serving(
     rows = [predict(m, timing, m.engine or "trtllm", cal) for m in measured.rows]
     sections = peer_section(rows, Path(peer)) if peer is not None else []
     summary = write_serving_report(
-        md, md.with_suffix(".csv"), rows, measured, command, sections=sections
+        rows, measured, command, md_path=md, csv_path=md.with_suffix(".csv"), sections=sections
     )
     if fmt is Format.json:
         emit_json({"summary": summary, "refused": [asdict(x) for x in measured.refused]})
@@ -1445,7 +1445,7 @@ def _agreement(grid: str, out_path: str, fmt: Format) -> None:
     if head and set(head[0]) >= SIDE_BY_SIDE_COLUMNS:
         rows = side_by_side(grid)
         command = f"shardlab validate --aiconfigurator {grid} --out {out_path}"
-        write_side_by_side(Path(out_path), rows, command, grid)
+        write_side_by_side(rows, command, grid, path=Path(out_path))
         if fmt is Format.json:
             emit_json(rows)
             return
@@ -1460,7 +1460,9 @@ def _agreement(grid: str, out_path: str, fmt: Format) -> None:
         return
     by_timing = {t: against_reference(grid, t) for t in get_args(Timing)}
     write_agreement(
-        Path(out_path), by_timing, f"shardlab validate --aiconfigurator {grid} --out {out_path}"
+        by_timing,
+        f"shardlab validate --aiconfigurator {grid} --out {out_path}",
+        path=Path(out_path),
     )
     summaries = {t: agreement_summary(rows) for t, rows in by_timing.items()}
     if fmt is Format.json:
@@ -1570,7 +1572,7 @@ def calibrate(
     else:
         write_text(out_path, report.calibration.to_yaml())
     if report_path is not None:
-        write_fit_report(Path(report_path), report, command, described)
+        write_fit_report(report, command, described, path=Path(report_path))
     if fmt is Format.json:
         emit_json(
             {
