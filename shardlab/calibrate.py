@@ -54,7 +54,6 @@ from shardlab.costmodel import (
     tokens,
 )
 from shardlab.errors import ShardlabError
-from shardlab.files import write_text
 from shardlab.problems.calibration import KERNEL_CLASSES, Calibration
 from shardlab.problems.capability import ENGINES
 from shardlab.problems.plan import Plan
@@ -66,6 +65,7 @@ from shardlab.validation import (
     measured_disagg,
     measured_plan,
     problem_of,
+    write_output,
 )
 
 RIDGE = 0.05  # weight of (log factor)^2 against a row's loss
@@ -77,7 +77,7 @@ CLASSES = (*KERNEL_CLASSES, "other")
 NO_COSTS = ServingCosts(request_ns=0, iteration_ns=0, prefill_first=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Linearized:
     """One measured row's prediction as a function of the corrections.
 
@@ -108,7 +108,19 @@ def linearize(m: Measurement, timing: str, engine: str) -> Linearized:
         parts = np.zeros(len(CLASSES))
         parts[CLASSES.index("communication")] = collective_seconds(m, timing, engine)
         zero = np.zeros(len(CLASSES))
-        return Linearized(m, engine, parts, zero, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, True)
+        return Linearized(
+            measurement=m,
+            engine=engine,
+            round_parts=parts,
+            prompt_parts=zero,
+            a_round=1.0,
+            a_prompt=0.0,
+            const=0.0,
+            request=0.0,
+            iteration=0.0,
+            tokens=0.0,
+            collective=True,
+        )
     problem, _ = problem_of(m, timing, engine)
     if m.disagg is not None:
         plan = measured_disagg(problem, m.disagg)
@@ -167,16 +179,16 @@ def _linearized(m: Measurement, problem: Problem, plan: Plan, metrics: Metrics) 
     a_round = _scalar(form.round) if f.round_step is not None else 0.0
     const = _scalar(form.const)
     return Linearized(
-        m,
-        problem.engine,
-        round_parts,
-        prompt_parts,
-        a_round,
-        _scalar(form.prompt),
-        const,
-        _scalar(pick(with_request).const) - const,
-        a_round + _scalar(pick(with_iteration).const) - const,
-        served,
+        measurement=m,
+        engine=problem.engine,
+        round_parts=round_parts,
+        prompt_parts=prompt_parts,
+        a_round=a_round,
+        a_prompt=_scalar(form.prompt),
+        const=const,
+        request=_scalar(pick(with_request).const) - const,
+        iteration=a_round + _scalar(pick(with_iteration).const) - const,
+        tokens=served,
     )
 
 
@@ -262,7 +274,7 @@ def _parameters(cal: Calibration) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return factors, request * 1e-3, iteration * 1e-3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Fitted:
     """Corrections found by a fit: kernel factors, and fixed costs per engine (ms)."""
 
@@ -312,9 +324,9 @@ def fit(rows: Rows, *, factors: bool = True, per_engine: bool = False) -> Fitted
         names = ENGINES if engines == ["all"] else engines
         index = [0] * len(names) if engines == ["all"] else list(range(n_e))
         return Fitted(
-            factor,
-            {e: float(req[i]) for e, i in zip(names, index, strict=True)},
-            {e: float(it[i]) for e, i in zip(names, index, strict=True)},
+            factors=factor,
+            request_ms={e: float(req[i]) for e, i in zip(names, index, strict=True)},
+            iteration_ms={e: float(it[i]) for e, i in zip(names, index, strict=True)},
         )
 
     def residuals(theta: np.ndarray) -> np.ndarray:
@@ -366,7 +378,10 @@ GROUPINGS: dict[str, Callable[[Measurement], str]] = {
 
 def groups_of(rows: Rows, grouping: str) -> list[str]:
     if grouping not in GROUPINGS:
-        raise ShardlabError(f"--hold-out {grouping!r} is not one of {', '.join(GROUPINGS)}")
+        raise ShardlabError(
+            f"hold-out grouping {grouping!r} is not one of {', '.join(GROUPINGS)}",
+            field="hold_out",
+        )
     return [GROUPINGS[grouping](r.measurement) for r in rows.rows]
 
 
@@ -386,7 +401,7 @@ def errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
     }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Report:
     """A fit and how well it explains its rows and the rows it did not see."""
 
@@ -491,9 +506,10 @@ def calibrate(
     return dataclasses.replace(report, calibration=cal)
 
 
-def write_fit_report(path: Path, report: Report, command: str, source: str) -> None:
+def write_fit_report(report: Report, command: str, source: str, *, path: Path | None = None) -> str:
     """A fit's corrections and its errors per metric: before, fitted (in-sample) and on
-    rows held out of the fit, per grouping and per group."""
+    rows held out of the fit, per grouping and per group, as markdown written to ``path``
+    if given."""
     f = report.fitted
     lines = [
         "# A fit and the rows it did not see",
@@ -554,5 +570,4 @@ def write_fit_report(path: Path, report: Report, command: str, source: str) -> N
                     f"{s['median_ratio']:.2f} | {s['within_15pct'] / s['rows']:.0%} | "
                     f"{s['beyond_1_5x'] / s['rows']:.0%} | {s['beyond_2x'] / s['rows']:.0%} |"
                 )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, "\n".join(lines) + "\n")
+    return write_output(path, "\n".join(lines) + "\n")

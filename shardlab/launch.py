@@ -7,9 +7,7 @@ becomes one server: a replica smaller than a node shares it with others (its own
 the engine's multi-node flags (node count, node rank, the head node's address as a
 placeholder). Replicas are independent servers; a router in front spreads requests.
 
-Flags are the pinned versions' own (``shardlab/problems/data/engines/``, read off the
-engines' argument definitions; ``tests/test_launch.py`` checks every flag printed
-against them).
+Each engine's own command for one node is built in :mod:`shardlab.launch_engines`.
 """
 
 from __future__ import annotations
@@ -18,23 +16,18 @@ import json
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 
 from shardlab.errors import ShardlabError
-from shardlab.problems.capability import EngineConfig
+from shardlab.launch_engines import BUILDERS, Server, Target
 from shardlab.problems.disagg import POOLS, DisaggPlan
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 
-TRTLLM_CONFIG = "extra-llm-api-config.yaml"
 BASE_PORT = 8000
 # Servers sharing a node are this many ports apart: SGLang takes port + 233 to + 239
 # for its own use (srt/server_args.py:7302-7330).
 PORT_STEP = 10
-# Architectures whose MTP layers SGLang 0.5.14 drafts from the served checkpoint
-# (srt/arg_groups/speculative_hook.py:290-306; kimi_k2 is DeepseekV3ForCausalLM).
-SGLANG_MTP = frozenset({"deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe", "glm_moe_dsa"})
 
 
 def _quote(arg: str) -> str:
@@ -94,30 +87,6 @@ class Launch:
         }
 
 
-@dataclass(frozen=True, kw_only=True)
-class Target:
-    """One node's server of one replica: what its engine command is made of."""
-
-    problem: Problem
-    plan: Plan
-    config: EngineConfig
-    model_path: str
-    trust_remote_code: bool
-    config_dir: str
-    port: int
-    first_node: int  # the cluster node of the replica's node rank 0
-    node_rank: int
-    nodes: int
-
-    def addr(self, k: int) -> str:
-        """The address of the replica's node ``k`` (a placeholder the user sets)."""
-        return f"${{NODE{self.first_node + k}_ADDR}}"
-
-    @property
-    def head(self) -> str:
-        return self.addr(0)
-
-
 def build_launch(
     problem: Problem,
     plan: Plan,
@@ -133,7 +102,14 @@ def build_launch(
     d = plan.degrees
     gpus = d.pp * d.group
     per_node, nodes = _tiling(problem.cluster.node_size, gpus)
-    server = _Server(problem, plan, config, model_path, trust_remote_code, config_dir)
+    server = Server(
+        problem=problem,
+        plan=plan,
+        config=config,
+        model_path=model_path,
+        trust_remote_code=trust_remote_code,
+        config_dir=config_dir,
+    )
     commands: list[NodeCommand] = []
     files: dict[str, str] = {}
     notes: list[str] = []
@@ -143,7 +119,7 @@ def build_launch(
             gpu0 = slot * gpus
         else:
             first, slot, gpu0 = r * nodes, 0, 0
-        server.place(r, first, slot, gpu0, per_node > 1, commands, files, notes)
+        _place(server, r, first, slot, gpu0, per_node > 1, commands, files, notes)
     if d.replicas > 1:
         notes.append(
             f"{d.replicas} replicas are {d.replicas} independent servers: put a router or "
@@ -185,77 +161,61 @@ def _tiling(node: int, gpus: int) -> tuple[int, int]:
     return 0, gpus // node
 
 
-@dataclass(frozen=True)
-class _Server:
-    """What every server of one plan shares; :meth:`place` adds one server's node
-    commands (``extra``: a role's own arguments and environment, per target)."""
-
-    problem: Problem
-    plan: Plan
-    config: EngineConfig
-    model_path: str
-    trust_remote_code: bool
-    config_dir: str
-
-    def place(
-        self,
-        replica: int,
-        first: int,
-        slot: int,
-        gpu0: int,
-        share: bool,
-        commands: list[NodeCommand],
-        files: dict[str, str],
-        notes: list[str],
-        extra: Callable[[Target], tuple[list[tuple[str, str]], list[str]]] | None = None,
-        role: str = "",
-    ) -> list[Target]:
-        """Server ``replica``: on node ``first`` from GPU ``gpu0`` (``share``: other
-        servers use the rest of the node: it sees only its own GPUs), ``slot`` of the
-        node's servers (its port), or on whole nodes from ``first``."""
-        d = self.plan.degrees
-        gpus = d.pp * d.group
-        _, nodes = _tiling(self.problem.cluster.node_size, gpus)
-        env: list[tuple[str, str]] = []
-        if share:
-            env = [("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in range(gpu0, gpu0 + gpus)))]
-        port = BASE_PORT + PORT_STEP * slot
-        targets = []
-        for k in range(nodes):
-            target = Target(
-                problem=self.problem,
-                plan=self.plan,
-                config=self.config,
-                model_path=self.model_path,
-                trust_remote_code=self.trust_remote_code,
-                config_dir=self.config_dir,
-                port=port,
-                first_node=first,
+def _place(
+    server: Server,
+    replica: int,
+    first: int,
+    slot: int,
+    gpu0: int,
+    share: bool,
+    commands: list[NodeCommand],
+    files: dict[str, str],
+    notes: list[str],
+    extra: Callable[[Target], tuple[list[tuple[str, str]], list[str]]] | None = None,
+    role: str = "",
+) -> list[Target]:
+    """Add the node commands of instance ``replica`` of ``server`` (``extra``: a role's
+    own arguments and environment, per target): on node ``first`` from GPU ``gpu0``
+    (``share``: other servers use the rest of the node: it sees only its own GPUs),
+    ``slot`` of the node's servers (its port), or on whole nodes from ``first``."""
+    d = server.plan.degrees
+    gpus = d.pp * d.group
+    _, nodes = _tiling(server.problem.cluster.node_size, gpus)
+    env: list[tuple[str, str]] = []
+    if share:
+        env = [("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in range(gpu0, gpu0 + gpus)))]
+    port = BASE_PORT + PORT_STEP * slot
+    targets = []
+    for k in range(nodes):
+        target = Target(
+            **{f.name: getattr(server, f.name) for f in fields(Server)},
+            port=port,
+            first_node=first,
+            node_rank=k,
+            nodes=nodes,
+        )
+        targets.append(target)
+        out = BUILDERS[server.problem.engine](target)
+        if out is None:  # the engine starts every node from the head's command
+            continue
+        more_env, argv, made, said = out
+        if extra is not None:
+            role_env, role_argv = extra(target)
+            more_env, argv = more_env + role_env, argv + role_argv
+        files.update(made)
+        notes += [n for n in said if n not in notes]
+        commands.append(
+            NodeCommand(
+                replica=replica,
+                node=first + k,
                 node_rank=k,
                 nodes=nodes,
+                env=tuple(env + more_env),
+                argv=tuple(argv),
+                role=role,
             )
-            targets.append(target)
-            out = _BUILDERS[self.problem.engine](target)
-            if out is None:  # the engine starts every node from the head's command
-                continue
-            more_env, argv, made, said = out
-            if extra is not None:
-                role_env, role_argv = extra(target)
-                more_env, argv = more_env + role_env, argv + role_argv
-            files.update(made)
-            notes += [n for n in said if n not in notes]
-            commands.append(
-                NodeCommand(
-                    replica=replica,
-                    node=first + k,
-                    node_rank=k,
-                    nodes=nodes,
-                    env=tuple(env + more_env),
-                    argv=tuple(argv),
-                    role=role,
-                )
-            )
-        return targets
+        )
+    return targets
 
 
 # Disaggregated serving (shardlab.problems.disagg): each pool's servers with the
@@ -292,46 +252,27 @@ def build_disagg_launch(
     engine = problem.engine
     if engine == "trtllm":
         raise ShardlabError(
-            "shardlab launch: TensorRT-LLM's disaggregated serving (cache_transceiver_config, "
-            "trtllm-serve disaggregated) is not checked against 1.3.0rc3 yet; use --engine "
-            "vllm or sglang"
+            "TensorRT-LLM's disaggregated serving (cache_transceiver_config, trtllm-serve "
+            "disaggregated) is not checked against 1.3.0rc3 yet",
+            field="engine",
+            fix="launch it on vllm or sglang",
         )
     from shardlab.costmodel import pool_problems
 
-    node = problem.cluster.node_size
     pools = dict(zip(POOLS, pool_problems(problem, plan), strict=True))
-    servers = {}
-    for name in POOLS:
-        pool = pools[name].with_space("engine")
-        pool_plan: Plan = getattr(plan, name)
-        space = pool.space
-        config = space.configs[int(space.encode(pool_plan)[0])]  # type: ignore[index]
-        servers[name] = _Server(pool, pool_plan, config, model_path, trust_remote_code, config_dir)
-    # (GPUs, pool, instance), largest first: whole nodes, then nodes filled in order
-    order = sorted(
-        (
-            (plan.gpus(name), name, i)
-            for name in POOLS
-            for i in range(getattr(plan, f"{name}_instances"))
-        ),
-        key=lambda x: (-x[0], POOLS.index(x[1]), x[2]),
-    )
+    servers = {
+        name: _pool_server(pools[name], getattr(plan, name), model_path, trust_remote_code,
+                           config_dir)
+        for name in POOLS
+    }  # fmt: skip
     commands: list[NodeCommand] = []
     files: dict[str, str] = {}
     notes: list[str] = []
     endpoints: dict[str, list[tuple[str, int, int]]] = {name: [] for name in POOLS}
-    next_node, filling, used, slot_of = 0, -1, node, 0
-    for gpus, name, i in order:
-        if gpus >= node:
-            first, slot, gpu0, share = next_node, 0, 0, False
-            next_node += gpus // node
-        else:
-            if used + gpus > node:
-                filling, used, slot_of = next_node, 0, 0
-                next_node += 1
-            first, slot, gpu0, share = filling, slot_of, used, gpus < node
-            used, slot_of = used + gpus, slot_of + 1
-        targets = servers[name].place(
+    spots, nodes_used = _disagg_spots(plan, problem.cluster.node_size)
+    for name, i, first, slot, gpu0, share in spots:
+        targets = _place(
+            servers[name],
             i,
             first,
             slot,
@@ -350,7 +291,7 @@ def build_disagg_launch(
         f"{plan.label()}: the prefill servers hand each prompt's KV cache to the decode "
         f"servers; send requests to the router (port {ROUTER_PORT})"
     )
-    if next_node > 1:
+    if nodes_used > 1:
         notes.append(NODE_ADDR_NOTE)
     capability = pools["prefill"].with_space("engine").space.capability
     return Launch(
@@ -362,6 +303,54 @@ def build_disagg_launch(
         notes=tuple(notes),
         router=tuple(router),
     )
+
+
+def _pool_server(
+    pool: Problem, pool_plan: Plan, model_path: str, trust_remote_code: bool, config_dir: str
+) -> Server:
+    """What every server of one pool shares: its plan placed in its engine's space."""
+    pool = pool.with_space("engine")
+    space = pool.space
+    config = space.configs[int(space.encode(pool_plan)[0])]  # type: ignore[index]
+    return Server(
+        problem=pool,
+        plan=pool_plan,
+        config=config,
+        model_path=model_path,
+        trust_remote_code=trust_remote_code,
+        config_dir=config_dir,
+    )
+
+
+def _disagg_spots(
+    plan: DisaggPlan, node: int
+) -> tuple[list[tuple[str, int, int, int, int, bool]], int]:
+    """Where each instance of both pools runs, largest first: whole-node instances on
+    nodes of their own, the others filling nodes in order. Each spot is (pool,
+    instance, first node, slot on the node, first GPU, shares the node); with the
+    number of nodes used."""
+    order = sorted(
+        (
+            (plan.gpus(name), name, i)
+            for name in POOLS
+            for i in range(getattr(plan, f"{name}_instances"))
+        ),
+        key=lambda x: (-x[0], POOLS.index(x[1]), x[2]),
+    )
+    spots = []
+    next_node, filling, used, slot_of = 0, -1, node, 0
+    for gpus, name, i in order:
+        if gpus >= node:
+            first, slot, gpu0, share = next_node, 0, 0, False
+            next_node += gpus // node
+        else:
+            if used + gpus > node:
+                filling, used, slot_of = next_node, 0, 0
+                next_node += 1
+            first, slot, gpu0, share = filling, slot_of, used, gpus < node
+            used, slot_of = used + gpus, slot_of + 1
+        spots.append((name, i, first, slot, gpu0, share))
+    return spots, next_node
 
 
 def _disagg_args(t: Target, role: str, slot: int) -> tuple[list[tuple[str, str]], list[str]]:
@@ -409,190 +398,3 @@ def _router(
         argv += [f"--{flag}-hosts", *(a for a, _, _ in endpoints[name])]
         argv += [f"--{flag}-ports", *(str(p) for _, p, _ in endpoints[name])]
     return argv, [VLLM_PROXY_NOTE]
-
-
-BuildOut = tuple[list[tuple[str, str]], list[str], dict[str, str], list[str]] | None
-
-
-def _partition(plan: Plan) -> str:
-    return ",".join(str(n) for n in plan.stage_layers)
-
-
-def _vllm(t: Target) -> BuildOut:
-    problem, plan, config = t.problem, t.plan, t.config
-    d, w, f = plan.degrees, problem.workload, set(config.features)
-    node = problem.cluster.node_size
-    notes: list[str] = []
-    argv = ["vllm", "serve", t.model_path, "--tensor-parallel-size", str(d.tp)]
-    env: list[tuple[str, str]] = []
-    if d.pp > 1:
-        argv += ["--pipeline-parallel-size", str(d.pp)]
-        env.append(("VLLM_PP_LAYER_PARTITION", _partition(plan)))
-    if d.dp_attn > 1:
-        argv += ["--data-parallel-size", str(d.dp_attn)]
-    if "expert-parallel" in f:
-        argv.append("--enable-expert-parallel")
-    if "deepep" in f:
-        mode = "low_latency" if w.phase == "decode" else "high_throughput"
-        argv += ["--all2all-backend", f"deepep_{mode}"]
-    if "sequence-parallel" in f:  # in every step, as priced (not above a token count)
-        sp = {"pass_config": {"enable_sp": True, "sp_min_token_num": 1}}
-        argv += ["--compilation-config", json.dumps(sp)]
-    if plan.concurrency is not None:
-        argv += ["--max-num-seqs", str(plan.concurrency)]  # per DP engine core
-    if problem.max_tokens is not None:
-        argv += ["--max-num-batched-tokens", str(problem.max_tokens)]
-    if problem.kv_dtype == "fp8":
-        argv += ["--kv-cache-dtype", "fp8"]
-    if w.draft_tokens:
-        spec = {"method": "mtp", "num_speculative_tokens": w.draft_tokens}
-        argv += ["--speculative-config", json.dumps(spec)]
-    if t.trust_remote_code:
-        argv.append("--trust-remote-code")
-    if t.nodes > 1:
-        rank_gpus = d.tp * d.pp
-        if d.dp_attn > 1 and rank_gpus <= node:  # DP ranks spread over the nodes
-            local = node // rank_gpus
-            argv += ["--data-parallel-size-local", str(local)]
-            argv += ["--data-parallel-address", t.head, "--data-parallel-rpc-port", "13345"]
-            if t.node_rank:
-                argv += ["--data-parallel-start-rank", str(t.node_rank * local), "--headless"]
-        else:  # a DP rank over several nodes: TP / PP over them, multiprocessing backend
-            if d.dp_attn > 1:
-                notes.append(
-                    "vLLM data parallel ranks that span nodes use --nnodes/--node-rank with "
-                    "the mp backend (vllm/engine/arg_utils.py:1910-1939); vLLM's guides show "
-                    "only -dpl or Ray for data parallel over nodes"
-                )
-            argv += ["--nnodes", str(t.nodes), "--node-rank", str(t.node_rank)]
-            argv += ["--master-addr", t.head, "--master-port", "29501"]
-            if t.node_rank:
-                argv.append("--headless")
-    if not (t.nodes > 1 and t.node_rank):
-        argv += ["--host", "0.0.0.0", "--port", str(t.port)]
-    return env, argv, {}, notes
-
-
-def _sglang(t: Target) -> BuildOut:
-    problem, plan, config = t.problem, t.plan, t.config
-    d, w, f = plan.degrees, problem.workload, set(config.features)
-    if w.draft_tokens and d.pp > 1:
-        raise ShardlabError(
-            "plan: SGLang 0.5.14 does not run speculative decoding with pipeline stages "
-            "(srt/server_args.py:6651-6654); drop --draft-tokens or use pp = 1"
-        )
-    if w.draft_tokens and problem.model.architecture not in SGLANG_MTP:
-        raise ShardlabError(
-            f"--draft-tokens: SGLang 0.5.14 drafts with the served checkpoint's MTP layers "
-            f"only for DeepSeek-V3/V3.2, Kimi-K2 and GLM (not {problem.model.architecture}; "
-            "srt/arg_groups/speculative_hook.py:290-306); drop --draft-tokens"
-        )
-    notes = []
-    if d.dp_attn > 1 and d.ep > 1 and "deepep" not in f:
-        notes.append(
-            "SGLang DP attention with --ep-size > 1 on the default MoE backend was reported "
-            "to give wrong logits (sgl-project/sglang#23729, closed); check the outputs"
-        )
-    argv = ["python", "-m", "sglang.launch_server", "--model-path", t.model_path]
-    argv += ["--tp-size", str(d.group)]
-    env: list[tuple[str, str]] = []
-    if d.pp > 1:
-        argv += ["--pp-size", str(d.pp)]
-        env.append(("SGLANG_PP_LAYER_PARTITION", _partition(plan)))
-    if d.dp_attn > 1:
-        argv += ["--dp-size", str(d.dp_attn), "--enable-dp-attention", "--enable-dp-lm-head"]
-    if d.ep > 1:
-        argv += ["--ep-size", str(d.ep)]
-    if "deepep" in f:
-        argv += ["--moe-a2a-backend", "deepep"]
-    if "dense-tp1" in f:
-        argv += ["--moe-dense-tp-size", "1"]
-    if plan.concurrency is not None:  # the server's limit, divided over its DP ranks
-        argv += ["--max-running-requests", str(plan.concurrency * d.dp_attn)]
-    if problem.max_tokens is not None:  # divided over DP ranks (server_args.py:5053)
-        argv += ["--chunked-prefill-size", str(problem.max_tokens * d.dp_attn)]
-    if problem.kv_dtype == "fp8":
-        argv += ["--kv-cache-dtype", "fp8_e4m3"]
-    if w.draft_tokens:
-        k = w.draft_tokens
-        argv += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(k)]
-        argv += ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(k + 1)]
-    if t.trust_remote_code:
-        argv.append("--trust-remote-code")
-    if t.nodes > 1:
-        argv += ["--nnodes", str(t.nodes), "--node-rank", str(t.node_rank)]
-        argv += ["--dist-init-addr", f"{t.head}:5000"]
-    argv += ["--host", "0.0.0.0", "--port", str(t.port)]
-    return env, argv, {}, notes
-
-
-def _trtllm(t: Target) -> BuildOut:
-    problem, plan, config = t.problem, t.plan, t.config
-    if t.node_rank:
-        return None  # one MPI job starts every rank from the head node
-    d, w, f = plan.degrees, problem.workload, set(config.features)
-    node = problem.cluster.node_size
-    options: dict[str, object] = {"enable_attention_dp": d.dp_attn > 1}
-    if problem.model.is_moe:
-        options["moe_expert_parallel_size"] = d.ep
-        options["moe_tensor_parallel_size"] = d.etp
-    if d.pp > 1:
-        options["pp_partition"] = list(plan.stage_layers)
-    if problem.kv_dtype == "fp8":
-        options["kv_cache_config"] = {"dtype": "fp8"}
-    if w.draft_tokens:
-        options["speculative_config"] = {
-            "decoding_type": "MTP",
-            "num_nextn_predict_layers": w.draft_tokens,
-        }
-    env: list[tuple[str, str]] = []
-    if "nvlink-alltoall" in f:
-        env.append(("TRTLLM_FORCE_COMM_METHOD", "NVLINK_ONE_SIDED"))
-    elif "deepep" in f:
-        env += [("TRTLLM_CAN_USE_DEEP_EP", "1"), ("TRTLLM_FORCE_COMM_METHOD", "DEEPEP")]
-    elif d.dp_attn > 1 and d.ep > 1:  # the all-gather the plan was priced with
-        env.append(("TRTLLM_FORCE_COMM_METHOD", "ALLGATHER"))
-    path = str(Path(t.config_dir) / TRTLLM_CONFIG)
-    serve = ["trtllm-serve", t.model_path, "--backend", "pytorch"]
-    serve += ["--tp_size", str(d.group), "--pp_size", str(d.pp)]
-    if problem.model.is_moe:
-        serve += ["--ep_size", str(d.ep)]
-    if plan.concurrency is not None:  # it admits pp x max_batch_size requests
-        # (tensorrt_llm/_torch/pyexecutor/model_engine.py:1334-1339)
-        serve += ["--max_batch_size", str(-(-plan.concurrency // d.pp))]
-    if problem.max_tokens is not None:
-        serve += ["--max_num_tokens", str(problem.max_tokens)]
-    if t.trust_remote_code:
-        serve.append("--trust_remote_code")
-    serve += ["--host", "0.0.0.0", "--port", str(t.port), "--config", path]
-    notes = []
-    if t.nodes > 1:
-        ranks = d.group * d.pp
-        hosts = ",".join(f"{t.addr(k)}:{node}" for k in range(t.nodes))
-        serve += ["--gpus_per_node", str(node)]
-        forward = [a for name, _ in env for a in ("-x", name)]  # to every node's ranks
-        argv = ["mpirun", "-H", hosts, "-n", str(ranks), *forward]
-        argv += ["trtllm-llmapi-launch", *serve]
-        notes.append(
-            "TensorRT-LLM runs a multi-node server as one MPI job started from its head "
-            "node (srun with trtllm-llmapi-launch works the same; "
-            "examples/llm-api/llm_mgmn_trtllm_serve.sh)"
-        )
-    else:
-        argv = serve
-    return env, argv, {path: _yaml(options)}, notes
-
-
-def _yaml(options: dict[str, object]) -> str:
-    """The LLM-API options as YAML (JSON scalars are YAML; the schema is strict)."""
-    lines = []
-    for key, value in options.items():
-        if isinstance(value, dict):
-            lines.append(f"{key}:")
-            lines += [f"  {k}: {json.dumps(v)}" for k, v in value.items()]
-        else:
-            lines.append(f"{key}: {json.dumps(value)}")
-    return "\n".join(lines) + "\n"
-
-
-_BUILDERS = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm}

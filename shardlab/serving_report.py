@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from shardlab.errors import ShardlabError
-from shardlab.files import write_text
-from shardlab.validation import MeasurementSet, Row
+from shardlab.validation import MeasurementSet, Row, write_output
 
 METRICS = ("ttft_ms", "tpot_ms")
 # clients per attention-DP rank
@@ -89,7 +88,11 @@ def peer_section(rows: list[Row], peer: Path) -> list[str]:
         with peer.open() as f:
             asked = {r["id"]: r for r in csv.DictReader(f)}
     except (OSError, KeyError, csv.Error) as exc:
-        raise ShardlabError(f"--peer {str(peer)!r}: cannot read it ({exc})") from None
+        raise ShardlabError(
+            f"peer predictions {str(peer)!r}: cannot read it ({exc})",
+            field="peer",
+            fix="give a CSV of id, status, aic_ttft_ms, aic_tpot_ms",
+        ) from None
     theirs = {k: r for k, r in asked.items() if r.get("status") == "ok"}
     both: dict[tuple[str, str], list[tuple[Row, float]]] = {}
     for r in rows:
@@ -131,31 +134,30 @@ def peer_section(rows: list[Row], peer: Path) -> list[str]:
 
 
 def write_serving_report(
-    md_path: Path,
-    csv_path: Path,
     rows: list[Row],
     measured: MeasurementSet,
     command: str,
+    *,
+    md_path: Path | None = None,
+    csv_path: Path | None = None,
     extra: Iterable[str] = (),
     sections: Iterable[str] = (),
 ) -> dict[str, dict[str, float]]:
-    """Write the report and the per-row CSV; return the summary per (protocol, mode,
-    metric). ``sections``: more markdown lines after the errors."""
-    summary: dict[str, dict[str, float]] = {}
-    by: dict[tuple[str, str, str], list[Row]] = {}
-    for r in rows:
-        m = r.measurement
-        assert m is not None
-        by.setdefault((m.protocol, m.mode, r.metric), []).append(r)
-    for (protocol, mode, metric), part in sorted(by.items()):
-        summary[f"{protocol}/{mode}/{metric}"] = stats(part)
+    """Write the markdown report to ``md_path`` and the per-row CSV to ``csv_path``, each
+    if given; return the summary per (protocol, mode, metric). ``sections``: more
+    markdown lines after the errors."""
+    summary = _summary(rows)
     setups = len({(r.id) for r in rows})
     reasons = Counter(_reason(x.reason) for x in measured.refused)
     lines = [
         "# Predicted vs measured serving",
         "",
-        f"Produced by `{command}` from `{measured.source}`; do not edit by hand. One line per "
-        f"row, refused ones included, in `{csv_path.name}`.",
+        f"Produced by `{command}` from `{measured.source}`; do not edit by hand."
+        + (
+            ""
+            if csv_path is None
+            else f" One line per row, refused ones included, in `{csv_path.name}`."
+        ),
         "",
         f"- {setups:,} measured setups predicted ({len(rows):,} numbers: TTFT and TPOT each); "
         f"{len(measured.refused):,} refused; {measured.duplicates:,} repeated another row's "
@@ -164,27 +166,7 @@ def write_serving_report(
         "token: (end-to-end - TTFT) / (output - 1).",
         *extra,
         "",
-        "## Errors",
-        "",
-        *_table(
-            "By source protocol and serving mode",
-            rows,
-            lambda r: (r.measurement.protocol, r.measurement.mode),  # type: ignore[union-attr]
-            ("protocol", "mode"),
-        ),
-        *_table(
-            "By clients per attention-DP rank (aggregated rows)",
-            [r for r in rows if r.measurement and r.measurement.mode == "agg"],
-            lambda r: (r.measurement.protocol, band(r.measurement.per_rank)),  # type: ignore[union-attr]
-            ("protocol", "clients per rank"),
-            order=lambda g: (g[0], _band_order(g[1]), g[2]),
-        ),
-        *_table(
-            "By GPU, engine and model family (aggregated rows)",
-            [r for r in rows if r.measurement and r.measurement.mode == "agg"],
-            lambda r: (r.measurement.gpu, r.measurement.engine or "", r.measurement.family),  # type: ignore[union-attr]
-            ("GPU", "engine", "family"),
-        ),
+        *_errors(rows),
         *sections,
         "## The rows furthest off",
         "",
@@ -200,10 +182,49 @@ def write_serving_report(
     lines += ["", "## Refused rows", "", "| reason | rows |", "|---|---:|"]
     for reason, count in reasons.most_common():
         lines.append(f"| {reason} | {count:,} |")
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(md_path, "\n".join(lines) + "\n")
-    write_text(csv_path, _csv(rows, measured))
+    write_output(md_path, "\n".join(lines) + "\n")
+    if csv_path is not None:
+        write_output(csv_path, _csv(rows, measured))
     return summary
+
+
+def _summary(rows: list[Row]) -> dict[str, dict[str, float]]:
+    """The errors per (protocol, mode, metric)."""
+    by: dict[tuple[str, str, str], list[Row]] = {}
+    for r in rows:
+        m = r.measurement
+        assert m is not None
+        by.setdefault((m.protocol, m.mode, r.metric), []).append(r)
+    return {f"{p}/{mode}/{metric}": stats(part) for (p, mode, metric), part in sorted(by.items())}
+
+
+def _errors(rows: list[Row]) -> list[str]:
+    """The report's section of errors: by protocol and mode, by clients per rank, and
+    by GPU, engine and model family."""
+    agg = [r for r in rows if r.measurement and r.measurement.mode == "agg"]
+    return [
+        "## Errors",
+        "",
+        *_table(
+            "By source protocol and serving mode",
+            rows,
+            lambda r: (r.measurement.protocol, r.measurement.mode),  # type: ignore[union-attr]
+            ("protocol", "mode"),
+        ),
+        *_table(
+            "By clients per attention-DP rank (aggregated rows)",
+            agg,
+            lambda r: (r.measurement.protocol, band(r.measurement.per_rank)),  # type: ignore[union-attr]
+            ("protocol", "clients per rank"),
+            order=lambda g: (g[0], _band_order(g[1]), g[2]),
+        ),
+        *_table(
+            "By GPU, engine and model family (aggregated rows)",
+            agg,
+            lambda r: (r.measurement.gpu, r.measurement.engine or "", r.measurement.family),  # type: ignore[union-attr]
+            ("GPU", "engine", "family"),
+        ),
+    ]
 
 
 def _band_order(label: str) -> int:

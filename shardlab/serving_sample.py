@@ -122,8 +122,9 @@ def sample_path() -> Path:
         base = resources.files("aiconfigurator_core")
     except ModuleNotFoundError:
         raise ShardlabError(
-            f"--measurements {SAMPLE}: aiconfigurator-core is not installed; "
-            "pip install aiconfigurator-core==0.12.0"
+            f"measurements {SAMPLE}: aiconfigurator-core is not installed",
+            field="measurements",
+            fix="pip install aiconfigurator-core==0.12.0",
         ) from None
     return Path(str(base / "systems" / "silicon_sample.csv"))
 
@@ -147,7 +148,7 @@ def sample_rows(
 ) -> MeasurementSet:
     """Rows in the sample's columns as measurements (see :func:`read_sample`), kept
     when their GPU, engine, model family, mode and protocol are among the ones given."""
-    # keyed by the filter's name, which is also its CLI flag
+    # keyed by the filter's name
     keep = {
         "gpu": _chosen(gpu, set(GPUS.values()), "gpu"),
         "backend": _chosen(backend, set(ENGINES), "backend"),
@@ -174,7 +175,7 @@ def sample_rows(
         try:
             pair = _measurements(row, rid)
         except ShardlabError as exc:
-            refused.append(Refusal(rid, line, str(exc)))
+            refused.append(Refusal(id=rid, line=line, reason=str(exc)))
             continue
         key = _setup_key(row)
         if key in seen:
@@ -183,9 +184,14 @@ def sample_rows(
         seen.add(key)
         out += pair
     if not out and not refused:
-        asked = ", ".join(f"--{k} {','.join(sorted(v))}" for k, v in keep.items() if v is not None)
-        raise ShardlabError(f"measurements {source!r}: no row matches {asked or 'the file'}")
-    return MeasurementSet(source, out, refused, duplicates, serving=True)
+        asked = ", ".join(f"{k} {','.join(sorted(v))}" for k, v in keep.items() if v is not None)
+        raise ShardlabError(
+            f"measurements {source!r}: no row matches {asked or 'the file'}",
+            field="filters" if asked else "measurements",
+        )
+    return MeasurementSet(
+        source=source, rows=out, refused=refused, duplicates=duplicates, serving=True
+    )
 
 
 def _chosen(values: Iterable[str] | None, known: set[str], name: str) -> set[str] | None:
@@ -194,7 +200,10 @@ def _chosen(values: Iterable[str] | None, known: set[str], name: str) -> set[str
     chosen = {v.strip().lower() for v in values}
     unknown = sorted(chosen - known)
     if unknown:
-        raise ShardlabError(f"--{name} {', '.join(unknown)}: not one of {', '.join(sorted(known))}")
+        raise ShardlabError(
+            f"{name} {', '.join(unknown)}: not one of {', '.join(sorted(known))}",
+            field=name,
+        )
     return chosen
 
 

@@ -38,7 +38,7 @@ def test_every_published_row_is_predicted_and_reported(tmp_path: Path) -> None:
         for r in rows:
             assert 1 / 3 < r.ratio < 3, (r.id, r.predicted, r.measured)
     report = tmp_path / "validation.md"
-    summaries = write_report(report, by_timing, "test", "test")
+    summaries = write_report(by_timing, "test", "test", path=report)
     body = report.read_text()
     assert all(f"| {i} |" in body for i in ids)
     assert all(0 <= s["median_abs_error"] < 1 for s in summaries.values())

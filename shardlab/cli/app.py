@@ -69,6 +69,19 @@ def _usage_error(exc: typer.TyperException) -> str:
     return f"{text} (see '{path} --help')"
 
 
+def command_line(prog: str, **options: object) -> str:
+    """The command a report says made it: ``prog`` and the options given (a flag for
+    ``True``; ``None`` and ``False`` left out), in the order given."""
+    parts = [prog]
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif value is not None and value is not False:
+            parts.append(f"{flag} {value}")
+    return " ".join(parts)
+
+
 def flag_advice(exc: ShardlabError, args: list[str]) -> str:
     """The library's error as one line, with the flag that sets the input at fault: the
     library names its inputs (``cluster``, ``workload.ttft_ms``), the CLI its flags."""

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated, Any, get_args
 
 import typer
 from rich.table import Table
 
-from shardlab.cli.app import Format, FormatOpt, app
+from shardlab.cli.app import Format, FormatOpt, app, command_line
 from shardlab.cli.render import (
     emit_json,
     out,
+    validation_table,
 )
 from shardlab.errors import ShardlabError
 from shardlab.files import check_output_file, write_text
@@ -72,16 +74,15 @@ def validate(
     aiconfigurator: AiconfiguratorOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
-    """Predict every measurement and compare: the published ones (written to
-    results/validation.md), measured serving (aiconfigurator-sample) or yours."""
-    from pathlib import Path
+    """Predict every measurement and compare: the published ones, measured serving
+    (aiconfigurator-sample) or yours; --out writes the report."""
 
     if out_path is not None:
         check_output_file(out_path, flag="--out", parents=True)
     if timing is not None and timing not in get_args(Timing):
         raise ShardlabError(f"--timing {timing!r} is not one of {', '.join(get_args(Timing))}")
     if aiconfigurator is not None:
-        _agreement(aiconfigurator, out_path or "aiconfigurator.md", fmt)
+        _agreement(aiconfigurator, out_path, fmt)
         return
 
     from shardlab.problems.calibration import Calibration
@@ -91,36 +92,29 @@ def validate(
     filters = _filters(gpu=gpu, backend=backend, family=family, mode=mode, protocol=protocol)
     measured = load_measurements(measurements, filters)
     cal = Calibration.load(calibration) if calibration is not None else None
-    command = "shardlab validate" + "".join(
-        f" --{k} {v}"
-        for k, v in (
-            ("measurements", measurements),
-            ("out", out_path),
-            ("engine", engine if engine != "trtllm" else None),
-            ("calibration", calibration),
-            ("timing", timing),
-            *((k, ",".join(v)) for k, v in filters.items()),
-            ("peer", peer),
-        )
-        if v is not None
+    command = command_line(
+        "shardlab validate",
+        measurements=measurements,
+        out=out_path,
+        engine=engine if engine != "trtllm" else None,
+        calibration=calibration,
+        timing=timing,
+        **{k: ",".join(v) for k, v in filters.items()},
+        peer=peer,
     )
     if measured.serving:
-        md = out_path or "serving.md"
-        _validate_serving(measured, timing or "silicon", cal, md, command, peer, fmt)
+        _validate_serving(measured, timing or "silicon", cal, out_path, command, peer, fmt)
         return
     if peer is not None:
         raise ShardlabError("--peer compares measured serving rows (the sample's columns)")
     rows = measured.rows
-    if out_path is None:
-        out_path = "results/validation.md" if measurements is None else "validation.md"
     by_timing = {
         t: predict_all(t, engine, rows) for t in ([timing] if timing else get_args(Timing))
     }
     if cal is not None:
         by_timing[f"{cal.timing}+calibration"] = predict_all(cal.timing, engine, rows, cal)
     source = measurements or "shardlab/data/validation/measured.csv"
-    summaries = write_validation(Path(out_path), by_timing, command, source)
-    first = next(iter(by_timing))
+    summaries = write_validation(by_timing, command, source, path=_path(out_path))
     if fmt is Format.json:
         emit_json(
             {
@@ -133,14 +127,7 @@ def validate(
             }
         )
         return
-    table = Table(title="cost model vs measurements")
-    for col in ("id", "metric", "measured", *(f"{t} ratio" for t in by_timing), "note"):
-        table.add_column(col, justify="left" if col in ("id", "metric", "note") else "right")
-    for i, r in enumerate(by_timing[first]):
-        ratios = [f"{by_timing[t][i].ratio:.2f}" for t in by_timing]
-        note = "; ".join(dict.fromkeys(x for t in by_timing if (x := by_timing[t][i].note)))
-        table.add_row(r.id, f"{r.metric} ({r.unit})", f"{r.measured:,.1f}", *ratios, note)
-    out.print(table)
+    out.print(validation_table(by_timing))
     for t, summary in summaries.items():
         out.print(
             f"{t}: median |error| {summary['median_abs_error']:.1%}, within 25%: "
@@ -150,7 +137,15 @@ def validate(
         )
     for x in measured.refused:
         out.print(f"refused {x.id or '?'} (line {x.line}): {x.reason}")
-    out.print(f"wrote {out_path}")
+    _wrote(out_path)
+
+
+def _path(out_path: str | None) -> Path | None:
+    return Path(out_path) if out_path is not None else None
+
+
+def _wrote(out_path: str | None) -> None:
+    out.print(f"wrote {out_path}" if out_path is not None else "--out FILE writes the report")
 
 
 def _row_dict(r: Any) -> dict:
@@ -161,7 +156,7 @@ def _validate_serving(
     measured: Any,
     timing: str,
     cal: Any,
-    out_path: str,
+    out_path: str | None,
     command: str,
     peer: str | None,
     fmt: Format,
@@ -174,11 +169,16 @@ def _validate_serving(
 
     if peer is not None and not Path(peer).is_file():
         raise ShardlabError(f"--peer {peer!r}: no such file")
-    md = Path(out_path)
     rows = [predict(m, timing, m.engine or "trtllm", cal) for m in measured.rows]
     sections = peer_section(rows, Path(peer)) if peer is not None else []
+    md = _path(out_path)
     summary = write_serving_report(
-        md, md.with_suffix(".csv"), rows, measured, command, sections=sections
+        rows,
+        measured,
+        command,
+        md_path=md,
+        csv_path=md.with_suffix(".csv") if md is not None else None,
+        sections=sections,
     )
     if fmt is Format.json:
         emit_json({"summary": summary, "refused": [asdict(x) for x in measured.refused]})
@@ -195,10 +195,11 @@ def _validate_serving(
             f"{s['beyond_1_5x']:.0%}",
         )
     out.print(table)
-    out.print(f"{len(measured.refused):,} rows refused (reasons in the report); wrote {md}")
+    out.print(f"{len(measured.refused):,} rows refused (reasons in the report)")
+    _wrote(out_path)
 
 
-def _agreement(grid: str, out_path: str, fmt: Format) -> None:
+def _agreement(grid: str, out_path: str | None, fmt: Format) -> None:
     from pathlib import Path
 
     from shardlab.validation import (
@@ -216,8 +217,8 @@ def _agreement(grid: str, out_path: str, fmt: Format) -> None:
     head = read_csv(Path(grid))
     if head and set(head[0]) >= SIDE_BY_SIDE_COLUMNS:
         rows = side_by_side(grid)
-        command = f"shardlab validate --aiconfigurator {grid} --out {out_path}"
-        write_side_by_side(Path(out_path), rows, command, grid)
+        command = command_line("shardlab validate", aiconfigurator=grid, out=out_path)
+        write_side_by_side(rows, command, grid, path=_path(out_path))
         if fmt is Format.json:
             emit_json(rows)
             return
@@ -228,12 +229,11 @@ def _agreement(grid: str, out_path: str, fmt: Format) -> None:
                 f"{r['theirs_by_us'] / r['ours_tok_s_gpu']:.2f}"
                 + ("" if r["theirs_by_us_feasible"] else " (its pick misses an SLO here)")
             )
-        out.print(f"wrote {out_path}")
+        _wrote(out_path)
         return
     by_timing = {t: against_reference(grid, t) for t in get_args(Timing)}
-    write_agreement(
-        Path(out_path), by_timing, f"shardlab validate --aiconfigurator {grid} --out {out_path}"
-    )
+    command = command_line("shardlab validate", aiconfigurator=grid, out=out_path)
+    write_agreement(by_timing, command, path=_path(out_path))
     summaries = {t: agreement_summary(rows) for t, rows in by_timing.items()}
     if fmt is Format.json:
         emit_json({"summary": summaries})
@@ -243,7 +243,7 @@ def _agreement(grid: str, out_path: str, fmt: Format) -> None:
             f"{t}: {len(by_timing[t])} points; median error TPOT {s['tpot_ms']:.1%}, TTFT "
             f"{s['ttft_ms']:.1%}, throughput {s['tokens_s']:.1%}"
         )
-    out.print(f"wrote {out_path}")
+    _wrote(out_path)
 
 
 CalibrateMeasurementsOpt = Annotated[
@@ -253,7 +253,8 @@ CalibrateMeasurementsOpt = Annotated[
     ),
 ]
 OutPathOpt = Annotated[
-    str, typer.Option("--out", help="Calibration (or with --engines, engine costs) to write.")
+    str | None,
+    typer.Option("--out", help="Calibration (or with --engines, engine costs) to write."),
 ]
 HoldOutOpt = Annotated[
     str | None,
@@ -278,7 +279,7 @@ ReportPathOpt = Annotated[
 @app.command()
 def calibrate(
     measurements: CalibrateMeasurementsOpt = None,
-    out_path: OutPathOpt = "cal.yaml",
+    out_path: OutPathOpt = None,
     timing: Annotated[str, typer.Option(help="The timing backend to correct.")] = "roofline",
     engine: Annotated[str, typer.Option(help="trtllm, vllm or sglang (rows that say none).")] = (
         "trtllm"
@@ -301,10 +302,10 @@ def calibrate(
 
     from shardlab.calibrate import calibrate as fit_calibration
     from shardlab.calibrate import write_fit_report
-    from shardlab.costmodel import serving_constants_yaml
     from shardlab.validation import load_measurements
 
-    check_output_file(out_path, flag="--out", parents=True)
+    if out_path is not None:
+        check_output_file(out_path, flag="--out", parents=True)
     if report_path is not None:
         check_output_file(report_path, flag="--report", parents=True)
     filters = _filters(gpu=gpu, backend=backend, family=family, mode=mode, protocol=protocol)
@@ -321,35 +322,21 @@ def calibrate(
         factors=not engines,
         per_engine=engines,
     )
-    command = (
-        "shardlab calibrate"
-        + "".join(
-            f" --{k} {v}"
-            for k, v in (
-                ("measurements", measurements),
-                *((k, ",".join(v)) for k, v in filters.items()),
-                ("timing", timing),
-                ("hold-out", hold_out),
-                ("out", out_path),
-                ("report", report_path),
-            )
-            if v is not None
-        )
-        + (" --engines" if engines else "")
+    command = command_line(
+        "shardlab calibrate",
+        measurements=measurements,
+        **{k: ",".join(v) for k, v in filters.items()},
+        timing=timing,
+        hold_out=hold_out,
+        out=out_path,
+        report=report_path,
+        engines=engines,
     )
     summary = report.summary()
-    if engines:
-        fitted = report.fitted
-        header = [
-            "Each serving engine's fixed costs (shardlab.costmodel.engines), fitted by",
-            f"  {command}",
-            "do not edit by hand. " + report.calibration.fitted_on,
-        ]
-        write_text(out_path, serving_constants_yaml(fitted.request_ms, fitted.iteration_ms, header))
-    else:
-        write_text(out_path, report.calibration.to_yaml())
+    if out_path is not None:
+        write_text(out_path, _calibration_text(report, command, engines))
     if report_path is not None:
-        write_fit_report(Path(report_path), report, command, described)
+        write_fit_report(report, command, described, path=Path(report_path))
     if fmt is Format.json:
         emit_json(
             {
@@ -361,6 +348,27 @@ def calibrate(
             }
         )  # fmt: skip
         return
+    _print_fit(report, summary, timing, engines, out_path)
+
+
+def _calibration_text(report: Any, command: str, engines: bool) -> str:
+    """The fit as the file ``--calibration`` reads, or (``--engines``) as the engine
+    constants shardlab ships."""
+    from shardlab.costmodel import serving_constants_yaml
+
+    if not engines:
+        return report.calibration.to_yaml()
+    header = [
+        "Each serving engine's fixed costs (shardlab.costmodel.engines), fitted by",
+        f"  {command}",
+        "do not edit by hand. " + report.calibration.fitted_on,
+    ]
+    return serving_constants_yaml(report.fitted.request_ms, report.fitted.iteration_ms, header)
+
+
+def _print_fit(
+    report: Any, summary: dict, timing: str, engines: bool, out_path: str | None
+) -> None:
     c, f = report.calibration, report.fitted
     if not engines:
         out.print(
@@ -384,5 +392,6 @@ def calibrate(
         f"median |error|: {summary['median_before']:.1%} before, {summary['median_after']:.1%} "
         f"fitted, {summary['median_cross_validated']:.1%} {report.held_out_name} (worst "
         f"{summary['worst_before']:.2f}x, {summary['worst_after']:.2f}x, "
-        f"{summary['worst_cross_validated']:.2f}x); wrote {out_path}"
+        f"{summary['worst_cross_validated']:.2f}x)"
+        + (f"; wrote {out_path}" if out_path is not None else "; --out FILE saves the fit")
     )

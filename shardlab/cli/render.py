@@ -354,3 +354,15 @@ def comparison_table(label: str, seeds: int, rows: list[dict[str, Any]]) -> Tabl
             f"{r['wall_s']:.1f}" if r["wall_s"] is not None else "-",
         )
     return table
+
+
+def validation_table(by_timing: dict[str, list[Any]]) -> Table:
+    """Each published measurement against each timing backend's prediction."""
+    table = Table(title="cost model vs measurements")
+    for col in ("id", "metric", "measured", *(f"{t} ratio" for t in by_timing), "note"):
+        table.add_column(col, justify="left" if col in ("id", "metric", "note") else "right")
+    for i, r in enumerate(next(iter(by_timing.values()))):
+        ratios = [f"{by_timing[t][i].ratio:.2f}" for t in by_timing]
+        note = "; ".join(dict.fromkeys(x for t in by_timing if (x := by_timing[t][i].note)))
+        table.add_row(r.id, f"{r.metric} ({r.unit})", f"{r.measured:,.1f}", *ratios, note)
+    return table

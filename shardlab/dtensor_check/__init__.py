@@ -72,7 +72,10 @@ Not modelled by the reference model (they change no collective): RoPE, biases, Q
 norms, attention sinks, sliding windows, linear attention's short convolution,
 pipeline stages (``pp = 1``).
 Nothing in the solver or the CLI imports this package. Its modules, by role:
-:mod:`~shardlab.dtensor_check.tiny` (tiny configs and the reference model),
+:mod:`~shardlab.dtensor_check.tiny_configs` (tiny configs and their problems),
+:mod:`~shardlab.dtensor_check.transformer` (the reference model), built of
+:mod:`~shardlab.dtensor_check.dense`, :mod:`~shardlab.dtensor_check.mixers` and
+:mod:`~shardlab.dtensor_check.experts` (its modules),
 :mod:`~shardlab.dtensor_check.recording` (what a forward pass records),
 :mod:`~shardlab.dtensor_check.edges` (placements and the redistribution on each edge),
 :mod:`~shardlab.dtensor_check.styles` (a plan's ``ParallelStyle`` per option),
@@ -93,16 +96,11 @@ from shardlab.dtensor_check.compare import (
     predicted_calls,
     routing_rtol,
 )
+from shardlab.dtensor_check.experts import COUNT_DTYPE
 from shardlab.dtensor_check.runner import CheckCase, check_redistributions, run_check, run_checks
 from shardlab.dtensor_check.styles import apply_plan, torch_styles_supported
-from shardlab.dtensor_check.tiny import (
-    COUNT_DTYPE,
-    MAX_PARAMS,
-    TinyTransformer,
-    override_options,
-    tiny_config,
-    tiny_problem,
-)
+from shardlab.dtensor_check.tiny_configs import override_options, tiny_config, tiny_problem
+from shardlab.dtensor_check.transformer import MAX_PARAMS, TinyTransformer
 
 __all__ = [
     "ATOL",

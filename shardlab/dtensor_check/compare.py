@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from shardlab.dtensor_check.tiny import COUNT_DTYPE
+from shardlab.dtensor_check.experts import COUNT_DTYPE
 from shardlab.errors import ShardlabError
 from shardlab.problems.model import Model
 from shardlab.problems.operators import (
@@ -48,7 +48,7 @@ ROUTING_OVERDISPERSION = 1.5
 # -- running and comparing ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Call:
     """One collective of one forward pass: the cost model's or the one torch issued."""
 
@@ -63,7 +63,7 @@ class Call:
         return f"{self.kind}[{self.axis}] {self.elements:g}{tol}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckResult:
     """Outcome of one plan: outputs, and the collectives on both sides."""
 
@@ -191,14 +191,14 @@ def predicted_calls(problem: Problem, plan: Plan) -> tuple[Call, ...]:
             assert moe is not None
             w = problem.workload
             rtol = routing_rtol(plan.degrees.ep, moe.top_k, moe.num_experts, w.batch * w.input_len)
-        out.append(Call(c.where, c.kind, c.axis, c.bytes / per, rtol))
+        out.append(Call(where=c.where, kind=c.kind, axis=c.axis, elements=c.bytes / per, rtol=rtol))
     return tuple(out)
 
 
 # -- every edge's redistribution, on a simulated mesh ------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PairResult:
     """One (producer output, consumer input) layout pair: cost model vs DTensor."""
 

@@ -54,7 +54,7 @@ def _layout_str(placements: Sequence[Any]) -> str:
 # -- applying a plan --------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _PlanState:
     """What a sharded model needs at run time: the mesh and every operator's option."""
 

@@ -51,7 +51,7 @@ def _kind_of(op_name: str) -> str:
     return name
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Seen:
     where: str
     kind: str
@@ -89,4 +89,10 @@ class _Recorder(CommDebugMode):
             size = next(a for a in args if isinstance(a, int) and not isinstance(a, bool))
             elements *= size  # the cost model's all-gather message is the gathered output
         axis = _Where.axis or self.axis_of_group.get(str(group), f"group {group}")
-        return _Seen(_Where.label, kind, axis, int(elements), str(payload.dtype))
+        return _Seen(
+            where=_Where.label,
+            kind=kind,
+            axis=axis,
+            elements=int(elements),
+            dtype=str(payload.dtype),
+        )

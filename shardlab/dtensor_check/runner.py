@@ -38,7 +38,8 @@ from shardlab.dtensor_check.compare import (
 from shardlab.dtensor_check.edges import torch_placement
 from shardlab.dtensor_check.recording import _kind_of, _Recorder, _Where
 from shardlab.dtensor_check.styles import Styles, apply_plan
-from shardlab.dtensor_check.tiny import TinyTransformer, tiny_problem
+from shardlab.dtensor_check.tiny_configs import tiny_problem
+from shardlab.dtensor_check.transformer import TinyTransformer
 from shardlab.errors import ShardlabError
 from shardlab.problems.model import Model
 from shardlab.problems.operators import (
@@ -83,7 +84,7 @@ def _native_alltoall(enabled: bool) -> Iterator[None]:
         placement_types.shard_dim_alltoall = old
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Case:
     name: str
     model: Model
@@ -259,7 +260,14 @@ def _merge(case: _Case, c: CheckCase, ranks: list[dict], world: int) -> CheckRes
             for calls in zip(*seen, strict=True):
                 sizes = [s.elements for s in calls]
                 first = calls[0]
-                observed.append(Call(first.where, first.kind, first.axis, sum(sizes) / world))
+                observed.append(
+                    Call(
+                        where=first.where,
+                        kind=first.kind,
+                        axis=first.axis,
+                        elements=sum(sizes) / world,
+                    )
+                )
                 spread.append((min(sizes), max(sizes)))
     return CheckResult(
         name=case.name,
@@ -316,9 +324,13 @@ def check_redistributions(
     out = []
     for (src, dst), seen in zip(pairs, observed, strict=True):
         steps = ctx.redistribution_steps(src, dst, np.array([math.prod(full) * ACT_BYTES]))
-        pred = tuple(Call("", k, a, float(m[0]) / ACT_BYTES) for k, a, m in steps)
-        obs = tuple(Call("", s.kind, s.axis, s.elements) for s in seen)
-        out.append(PairResult(src, dst, tuple(pairs[src, dst]), pred, obs))
+        pred = tuple(
+            Call(where="", kind=k, axis=a, elements=float(m[0]) / ACT_BYTES) for k, a, m in steps
+        )
+        obs = tuple(Call(where="", kind=s.kind, axis=s.axis, elements=s.elements) for s in seen)
+        out.append(
+            PairResult(src=src, dst=dst, edges=tuple(pairs[src, dst]), predicted=pred, observed=obs)
+        )
     return out
 
 

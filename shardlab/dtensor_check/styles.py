@@ -19,14 +19,11 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from shardlab.dtensor_check.dense import SwiGLUUp
 from shardlab.dtensor_check.edges import Styles, _PlanState, torch_placement
-from shardlab.dtensor_check.tiny import (
-    Experts,
-    SwiGLUUp,
-    TinyTransformer,
-    _ExpertSharding,
-    _HeadSlice,
-)
+from shardlab.dtensor_check.experts import Experts, _ExpertSharding
+from shardlab.dtensor_check.mixers import _HeadSlice
+from shardlab.dtensor_check.transformer import TinyTransformer
 from shardlab.errors import ShardlabError
 from shardlab.problems.model import Model
 from shardlab.problems.operators import (
@@ -133,7 +130,9 @@ class ExpertParallel(ParallelStyle):
             module.w_gate = nn.Parameter(module.w_gate[es, fs].clone(), requires_grad=False)
             module.w_up = nn.Parameter(module.w_up[es, fs].clone(), requires_grad=False)
             module.w_down = nn.Parameter(module.w_down[es, :, fs].clone(), requires_grad=False)
-        module.sharding = _ExpertSharding(self.opt.name, self.ep, self.etp, self.rank, self.layer)
+        module.sharding = _ExpertSharding(
+            option=self.opt.name, ep=self.ep, etp=self.etp, rank=self.rank, layer=self.layer
+        )
         mesh = device_mesh
         out = [torch_placement(p) for p in self.opt.out]
         if mesh.ndim == 1:  # styles="torch": only the tp axis is a mesh axis
@@ -207,7 +206,30 @@ def apply_plan(
     ``styles="mesh"``: :class:`OptionParallel` on the 2-D mesh; ``styles="torch"``:
     torch's own styles on ``mesh["tp"]`` (see the module docstring).
     """
-    m, d = net.model, plan.degrees
+    _refuse_unrunnable(net, plan, mesh, styles)
+    m = net.model
+    layers = [
+        {op.name: op.option(name) for op, name in zip(layer_ops(m, kind), opts, strict=True)}
+        for kind, opts in zip(m.layer_kinds, plan.layer_options, strict=True)
+    ]
+    head = {op.name: op.option(name) for op, name in zip(HEAD_OPS, plan.head_options, strict=True)}
+    if styles == "mesh":
+        state = _PlanState(mesh=mesh, axes=MESH_AXES, layers=layers, head=head, styles=styles)
+        target = mesh
+    else:
+        state = _PlanState(mesh=mesh["tp"], axes=("tp",), layers=layers, head=head, styles=styles)
+        target = mesh["tp"]
+    plan_styles = _plan_styles(net, plan, mesh, state)
+    for block in net.layers:
+        block.plan = state
+    parallelize_module(net, target, plan_styles, src_data_rank=None)
+    net.plan = state
+    return net
+
+
+def _refuse_unrunnable(net: TinyTransformer, plan: Plan, mesh: DeviceMesh, styles: Styles) -> None:
+    """Refuse a plan, mesh or style set the check cannot run on ``net``."""
+    d = plan.degrees
     if d.pp != 1 or d.replicas != 1:
         raise ShardlabError(
             f"degrees {d.short()}: the check runs one pipeline stage of one replica "
@@ -222,22 +244,19 @@ def apply_plan(
         raise ShardlabError(
             f"the model groups its QKV heads for tp={net.groups}, the plan has tp={d.tp}"
         )
-    if styles == "torch" and not torch_styles_supported(plan, m):
+    if styles == "torch" and not torch_styles_supported(plan, net.model):
         raise ShardlabError(
             "styles='torch': the plan gathers tokens over dp (column_full, row_full or "
             "allgather experts), which torch's 1-D styles cannot express; use styles='mesh'"
         )
-    layers = [
-        {op.name: op.option(name) for op, name in zip(layer_ops(m, kind), opts, strict=True)}
-        for kind, opts in zip(m.layer_kinds, plan.layer_options, strict=True)
-    ]
-    head = {op.name: op.option(name) for op, name in zip(HEAD_OPS, plan.head_options, strict=True)}
-    if styles == "mesh":
-        state = _PlanState(mesh, MESH_AXES, layers, head, styles)
-        target = mesh
-    else:
-        state = _PlanState(mesh["tp"], ("tp",), layers, head, styles)
-        target = mesh["tp"]
+
+
+def _plan_styles(
+    net: TinyTransformer, plan: Plan, mesh: DeviceMesh, state: _PlanState
+) -> dict[str, ParallelStyle]:
+    """The ``ParallelStyle`` of every sharded sub-module of ``net``, by its name; the
+    modules that compute some head groups on local weights learn which."""
+    d, styles = plan.degrees, state.styles
     rank = dist.get_rank(mesh.get_group("dp")) * d.tp + dist.get_rank(mesh.get_group("tp"))
     local_ops = ("attention", "sampler")
     tp_rank = dist.get_rank(mesh.get_group("tp"))
@@ -258,26 +277,22 @@ def apply_plan(
             plan_styles[f"{fqn}.{sub}" if sub else fqn] = style
 
     for name in ("embedding", "final_norm", "lm_head", "sampler"):
-        opt = head[name]
+        opt = state.head[name]
         if styles == "torch" and name == "embedding":
-            plan_styles["embedding"] = _torch_embedding_style(opt, layers[0]["residual"])
+            plan_styles["embedding"] = _torch_embedding_style(opt, state.layers[0]["residual"])
             continue
         add(name, name, opt, getattr(net, name))
     for i, block in enumerate(net.layers):
-        for op, opt in layers[i].items():
+        for op, opt in state.layers[i].items():
             if op == "residual":
                 continue
-            module = getattr(block, op)
             if op == "experts":
                 plan_styles[f"layers.{i}.experts"] = ExpertParallel(
                     opt, ep=d.ep, etp=d.etp, rank=rank, layer=i
                 )
             else:
-                add(f"layers.{i}.{op}", op, opt, module)
-        block.plan = state
-    parallelize_module(net, target, plan_styles, src_data_rank=None)
-    net.plan = state
-    return net
+                add(f"layers.{i}.{op}", op, opt, getattr(block, op))
+    return plan_styles
 
 
 def _torch_embedding_style(opt: OptionSpec, residual: OptionSpec) -> ParallelStyle:

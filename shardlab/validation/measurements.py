@@ -1,0 +1,264 @@
+"""Measurements to predict: the published ones, or a user's, read row by row.
+
+A measurements file is a CSV, one row per measured number, which says what was run
+and what was measured (``shardlab/data/validation/measured.csv`` holds the published
+rows, each with its source):
+
+- ``id``, ``metric``, ``value`` (required), ``unit``, ``setup``, ``note``, ``source``;
+- the problem: ``model`` (a catalog name, a HuggingFace id or a config.json path) and
+  ``cluster`` (``GPUxCOUNT`` or a cluster YAML path; paths are relative to the CSV),
+  the workload ``phase``, ``schedule``, ``batch``, ``input_len``, ``output_len``,
+  ``weight_dtype``, ``kv_dtype`` (blank: the defaults of :class:`Workload`), and the
+  ``engine`` that was measured (trtllm, vllm or sglang; blank: the one asked for);
+- the plan: ``tp`` and, if not 1, ``replicas``, ``pp``, ``dp_attn``, ``ep``, ``etp``
+  (Megatron's operator options on those degrees, which is what engines run);
+- ``metric``, one of :data:`UNITS`; collectives (``allreduce_*``) need only
+  ``cluster`` (8 GPUs of one node) and ``message_bytes``.
+
+Each row is predicted under the scheduling regime it states (in-flight batching with
+thousands of queued requests is ``inflight``, capped by the KV cache; a static batch
+is ``static``). A file of thousands of rows does not stop at its first bad row: each
+row that cannot be read is refused with its reason (:class:`MeasurementSet`), and the
+rest are predicted. Measured serving at a fixed concurrency (TTFT and TPOT of a
+benchmark's closed loop) comes from :mod:`shardlab.serving_sample`. Approximations of
+the published rows' mapping, stated once:
+Llama-3.3-70B has Llama-3.1-70B's shapes and DeepSeek-R1 DeepSeek-V3's; LLaMA-2-70B
+and the GPT-13B of kipp.ly's arithmetic are config files next to the CSV (GPT-13B's
+GELU MLP as a SwiGLU MLP of the same parameter count); FP8 and FP4 runs use an FP8 KV
+cache (TensorRT-LLM's quantized benchmark setting); C01 and C04 are the measurements
+the roofline's collective constants were fitted to.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardlab.costmodel import Metrics
+from shardlab.errors import ShardlabError
+from shardlab.problems.catalog import load_model
+from shardlab.problems.cluster import Cluster, parse_cluster
+from shardlab.problems.disagg import DisaggPlan
+from shardlab.problems.plan import Degrees
+from shardlab.problems.problem import Problem
+from shardlab.problems.workload import Workload
+
+# What each metric of a model row reads off the prediction, and its unit.
+MODEL_METRICS: dict[str, tuple[Callable[[Metrics, Problem], float], str]] = {
+    "throughput_tok_s": (lambda m, p: m.throughput_tok_s, "tok/s"),
+    "throughput_tok_s_per_gpu": (lambda m, p: m.throughput_tok_s_per_gpu, "tok/s/GPU"),
+    "throughput_tok_s_per_node": (
+        lambda m, p: m.throughput_tok_s / p.cluster.num_nodes,
+        "tok/s per node",
+    ),
+    "ttft_ms": (lambda m, p: m.ttft_ms, "ms"),
+    "tpot_ms": (lambda m, p: m.tpot_ms, "ms"),
+}
+# An all-reduce over the 8 GPUs of a node: its bus bandwidth or its latency.
+COLLECTIVE_METRICS = {"allreduce_busbw_gbps": "GB/s", "allreduce_latency_us": "us"}
+UNITS = {**{k: unit for k, (_, unit) in MODEL_METRICS.items()}, **COLLECTIVE_METRICS}
+DEGREE_COLUMNS = ("replicas", "pp", "tp", "dp_attn", "ep", "etp")
+WORKLOAD_COLUMNS = ("phase", "schedule", "batch", "input_len", "output_len")
+DTYPE_COLUMNS = ("weight_dtype", "kv_dtype")
+
+
+def builtin_measurements() -> Path:
+    """The published measurements shipped with shardlab."""
+    return Path(str(resources.files("shardlab") / "data" / "validation" / "measured.csv"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """One measured number and what it measures."""
+
+    id: str
+    metric: str
+    value: float
+    unit: str
+    setup: str
+    note: str
+    source: str
+    cluster: Cluster
+    problem: Problem | None  # None for a collective micro-benchmark
+    degrees: Degrees | None
+    message_bytes: int | None
+    engine: str | None = None  # the engine measured (None: the one asked for)
+    # a disaggregated deployment's plan (each pool's degrees, instances and requests
+    # per rank); ``degrees`` is then the decode pool's
+    disagg: DisaggPlan | None = None
+    # what the reports group by: the model's family (catalog name), the benchmark's
+    # clients per attention-DP rank, the serving mode and the source's protocol
+    family: str = ""
+    per_rank: int | None = None
+    mode: str = "agg"
+    protocol: str = ""
+
+    @property
+    def gpu(self) -> str:
+        return self.cluster.accelerator.key
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refusal:
+    """A row that could not be read, and why."""
+
+    id: str
+    line: int | None  # the file's line (None: not a line of a file)
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasurementSet:
+    """The rows of a source that could be read, and the ones refused."""
+
+    source: str
+    rows: list[Measurement]
+    refused: list[Refusal] = field(default_factory=list)
+    duplicates: int = 0  # rows that repeat another's setup and measurement, counted once
+    serving: bool = False  # benchmark rows of measured serving (TTFT and TPOT each)
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            first = f"; the first: {self.refused[0].reason}" if self.refused else ""
+            raise ShardlabError(
+                f"measurements {self.source!r}: no row could be read "
+                f"({len(self.refused)} refused{first})"
+            )
+
+
+def _int(row: Mapping[str, str], key: str, where: str, default: int | None = None) -> int | None:
+    text = (row.get(key) or "").strip()
+    if not text:
+        return default
+    try:
+        value = int(float(text))
+    except ValueError:
+        raise ShardlabError(f"{where}: {key} {text!r} is not an integer") from None
+    if value < 1 or value != float(text):
+        raise ShardlabError(f"{where}: {key} must be a positive integer, got {text!r}")
+    return value
+
+
+def _resolve(text: str, base: Path) -> str:
+    """A path relative to the measurements file, or the text itself (a name)."""
+    candidate = base / text
+    return str(candidate) if text.endswith((".json", ".yaml", ".yml")) else text
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV file, refused in one line when it cannot be read."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ShardlabError(f"measurements {str(path)!r}: cannot read it ({exc})") from None
+    try:
+        return list(csv.DictReader(text.splitlines()))
+    except csv.Error as exc:
+        raise ShardlabError(f"measurements {str(path)!r}: not a CSV file ({exc})") from None
+
+
+def load_measurements(
+    path: str | Path | None = None, filters: Mapping[str, list[str]] | None = None
+) -> MeasurementSet:
+    """Read measurements: shardlab's CSV (see the module docstring; the built-in one
+    by default), aiconfigurator-core's measured serving sample (``path`` =
+    ``aiconfigurator-sample``) or a CSV in its columns (:mod:`shardlab.serving_sample`;
+    ``filters`` keeps some of its rows: gpu, backend, family, mode, protocol). Rows
+    that cannot be read are refused, each with its reason; the others are returned."""
+    from shardlab.serving_sample import SAMPLE, SAMPLE_COLUMNS, read_sample, sample_rows
+
+    filters = {k: v for k, v in (filters or {}).items() if v}
+    if path is not None and str(path) == SAMPLE:
+        return read_sample(**filters)
+    path = Path(path) if path is not None else builtin_measurements()
+    rows = read_csv(path)
+    columns = set(rows[0]) if rows else set()
+    if rows and columns >= SAMPLE_COLUMNS:
+        return sample_rows(rows, str(path), **filters)
+    if filters:
+        raise ShardlabError(
+            f"filtering by {', '.join(filters)}: filters rows of measured serving (the "
+            f"sample's columns); {str(path)!r} is in shardlab's own columns",
+            field="filters",
+            fix="filter none, or give measurements in the sample's columns",
+        )
+    if not rows:
+        raise ShardlabError(f"measurements {str(path)!r}: no rows")
+    required = {"id", "metric", "value", "cluster"}
+    missing = required - columns
+    if missing:
+        raise ShardlabError(
+            f"measurements {str(path)!r}: missing column(s) {', '.join(sorted(missing))}"
+        )
+    out, refused = [], []
+    for n, row in enumerate(rows, start=2):
+        where = f"line {n} ({row.get('id') or 'no id'})"
+        try:
+            out.append(_measurement(row, path.parent, where))
+        except ShardlabError as exc:
+            refused.append(Refusal(id=(row.get("id") or "").strip(), line=n, reason=str(exc)))
+    return MeasurementSet(source=str(path), rows=out, refused=refused)
+
+
+def _measurement(row: Mapping[str, str], base: Path, where: str) -> Measurement:
+    metric = (row.get("metric") or "").strip()
+    if metric not in UNITS:
+        raise ShardlabError(f"{where}: metric {metric!r} is not one of {', '.join(UNITS)}")
+    try:
+        value = float(row["value"])
+    except (TypeError, ValueError):
+        raise ShardlabError(f"{where}: value {row.get('value')!r} is not a number") from None
+    if not np.isfinite(value) or value <= 0:
+        raise ShardlabError(f"{where}: value must be a positive number, got {row['value']!r}")
+    try:
+        cluster = parse_cluster(_resolve(row["cluster"].strip(), base))
+    except ShardlabError as exc:
+        raise ShardlabError(f"{where}: {exc}") from None
+    common = {
+        "id": row["id"].strip(),
+        "metric": metric,
+        "value": value,
+        "unit": (row.get("unit") or "").strip() or UNITS[metric],
+        "setup": (row.get("setup") or "").strip(),
+        "note": (row.get("note") or "").strip(),
+        "source": (row.get("source") or "").strip(),
+        "cluster": cluster,
+    }
+    if metric in COLLECTIVE_METRICS:
+        size = _int(row, "message_bytes", where)
+        if size is None:
+            raise ShardlabError(f"{where}: a collective row needs message_bytes")
+        return Measurement(**common, problem=None, degrees=None, message_bytes=size)
+    if not (row.get("model") or "").strip() or not (row.get("tp") or "").strip():
+        raise ShardlabError(f"{where}: a model row needs model and tp")
+    sizes = {k: _int(row, k, where, 1) for k in DEGREE_COLUMNS if k != "etp"}
+    ep = sizes["ep"]
+    etp = _int(row, "etp", where, sizes["tp"] * sizes["dp_attn"] // ep)
+    try:
+        degrees = Degrees(**sizes, etp=etp)
+        over: dict[str, Any] = {
+            k: _int(row, k, where) for k in ("batch", "input_len", "output_len") if row.get(k)
+        }
+        over |= {k: row[k].strip() for k in ("phase", "schedule", *DTYPE_COLUMNS) if row.get(k)}
+        workload = dataclasses.replace(Workload(name=common["id"]), **over)
+        model = load_model(_resolve(row["model"].strip(), base))
+        engine = (row.get("engine") or "").strip() or None
+        problem = Problem(
+            model=model, cluster=cluster, workload=workload, engine=engine or "trtllm"
+        )
+    except (ShardlabError, TypeError) as exc:
+        raise ShardlabError(f"{where}: {exc}") from None
+    if degrees.num_gpus != cluster.num_gpus:
+        raise ShardlabError(
+            f"{where}: the degrees use {degrees.num_gpus} GPUs, the cluster has {cluster.num_gpus}"
+        )
+    return Measurement(
+        **common, problem=problem, degrees=degrees, message_bytes=None, engine=engine
+    )
