@@ -879,7 +879,7 @@ def launch(
 @app.command()
 def engines(fmt: FormatOpt = Format.table) -> None:
     """What each engine can launch: its pinned version and features, with sources."""
-    from shardlab.problems.capability import ENGINES, capability, option_coverage
+    from shardlab.problems.engines import ENGINES, capability, option_coverage
 
     rows = []
     for name in ENGINES:
@@ -1109,7 +1109,7 @@ def compare(
             raise ShardlabError(f"--budgets {budgets!r}: give positive integers, e.g. 500,2000")
     if policy is not None:
         get_solver("rl", policy=policy)  # a bad checkpoint fails here, not in every run
-    from shardlab.problems.capability import capability
+    from shardlab.problems.engines import capability
 
     engine_list: list[str] = []
     if engines is not None:

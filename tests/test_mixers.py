@@ -176,7 +176,7 @@ def test_kv_sharing_layers_cache_nothing_and_stay_on_their_store_stage() -> None
     assert model.qkv_params(consumer) == 512 * 8 * 64 + 64  # q_proj and q_norm only
     problem = Problem.build(model, "h100x8", "chat")
     assert {d.pp for d in problem.space.degree_tuples} == {1}
-    with pytest.raises(ShardlabError, match="--tie kind"):
+    with pytest.raises(ShardlabError, match="tie options per layer kind"):
         _ = Problem.build(model, "h100x2", "chat", tie="layer").space
 
 

@@ -11,10 +11,10 @@ from typing import Any, Literal, get_args
 from shardlab.errors import ShardlabError
 from shardlab.problems.cached_hash import CachedHash
 from shardlab.problems.calibration import Calibration
-from shardlab.problems.capability import ENGINES, Engine, capability
 from shardlab.problems.catalog import load_model
 from shardlab.problems.cluster import Cluster, parse_cluster
 from shardlab.problems.dtypes import BYTES_PER_VALUE
+from shardlab.problems.engines import ENGINES, Engine, capability
 from shardlab.problems.handoff import Handoff
 from shardlab.problems.limits import MAX_CONTEXT
 from shardlab.problems.model import Model
