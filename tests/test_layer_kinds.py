@@ -16,7 +16,8 @@ from shardlab import Problem, ShardlabError
 from shardlab.costmodel import evaluate, evaluate_batch
 from shardlab.costmodel.steps import Step, attended, causal_pairs, kv_context
 from shardlab.problems.catalog import load_model
-from shardlab.problems.model import FULL, AttentionSpan, load_config_file, model_from_config
+from shardlab.problems.hf_config import load_config_file, model_from_config
+from shardlab.problems.model import FULL, AttentionSpan
 from shardlab.solvers import Budget, solve
 
 # A Llama-4-shaped toy: chunked RoPE layers, one global NoPE layer in four.

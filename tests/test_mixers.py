@@ -10,7 +10,7 @@ from shardlab import Problem, ShardlabError
 from shardlab.costmodel import evaluate
 from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.catalog import load_model
-from shardlab.problems.model import model_from_config
+from shardlab.problems.hf_config import model_from_config
 from shardlab.problems.plan import Degrees
 from shardlab.solvers import Budget, solve
 

@@ -16,7 +16,8 @@ from torch import nn
 from shardlab.dtensor_check.edges import _Edges, _PlanState
 from shardlab.dtensor_check.recording import _explicit, _Where
 from shardlab.errors import ShardlabError
-from shardlab.problems.model import LayerAttention, Model, model_from_config
+from shardlab.problems.hf_config import model_from_config
+from shardlab.problems.model import LayerAttention, Model
 from shardlab.problems.operators import (
     HEAD_OPS,
     layer_ops,
