@@ -3,8 +3,8 @@ its structure.
 
 The structural keys decide each layer's attention and FFN (see :func:`model_from_config`);
 ``model_type`` only supplies what a family's config leaves unsaid (key defaults and
-facts such as gpt-oss's expert biases, :data:`FAMILIES`). A config of a ``model_type``
-shardlab does not know loads from the standard keys with a one-line notice
+facts such as gpt-oss's expert biases, :mod:`shardlab.problems.families`). A config of a
+``model_type`` shardlab does not know loads from the standard keys with a one-line notice
 (``Model.notices``); one whose structure shardlab does not model yet is refused in
 one line that names the key. Multimodal wrappers are read through their
 ``text_config`` (the vision tower is not counted).
@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.dtypes import WeightDtype
+from shardlab.problems.families import MODEL_TYPE_ALIASES, Family, family_of
 from shardlab.problems.limits import MAX_CONFIG_INT, MAX_LAYERS, check_count
 from shardlab.problems.model import (
     DSA,
@@ -33,86 +34,7 @@ from shardlab.problems.model import (
     LinearAttention,
     Model,
     MoE,
-    QKNorm,
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class Family:
-    """What a ``model_type`` decides that its config does not state."""
-
-    defaults: Mapping[str, Any] = field(default_factory=dict)  # transformers' defaults
-    qk_norm: QKNorm = "none"  # q/k norm weights without a use_qk_norm key
-    qk_norm_weights: QKNorm = "head"  # what ``use_qk_norm: true`` means: per head, full width
-    norms_per_layer: int = 2  # RMSNorms of width hidden_size in one layer
-    o_bias: bool = True  # does ``attention_bias`` also put a bias on o_proj?
-    expert_bias: bool = False  # gpt-oss's experts carry biases
-    attention_sinks: bool = False  # gpt-oss: one learned sink logit per head
-    shared_expert_key: str = ""  # Llama 4: one shared expert as wide as this key
-    shared_expert_gate: bool = False  # Qwen MoE: shared_expert_gate [1, hidden]
-    attention_gate: bool = False  # Qwen3-Next: q_proj doubles as an output gate
-
-
-# Gemma 3: four norms a layer, per-head q/k norms, tied embeddings, and a hub config
-# that leaves vocab_size and the 5:1 sliding pattern to the defaults
-# (configuration_gemma3.py).
-_GEMMA3 = Family(
-    defaults={"vocab_size": 262208, "sliding_window_pattern": 6, "tie_word_embeddings": True},
-    qk_norm="head",
-    norms_per_layer=4,
-)
-
-FAMILIES: dict[str, Family] = {
-    "llama": Family(),
-    "mistral": Family(),
-    # Qwen2's q, k and v always carry a bias, its o_proj none (modeling_qwen2.py).
-    "qwen2": Family(defaults={"qkv_bias": True}),
-    "qwen3": Family(qk_norm="head"),
-    "mixtral": Family(),
-    "qwen2_moe": Family(defaults={"qkv_bias": True}, shared_expert_gate=True),
-    "qwen3_moe": Family(qk_norm="head"),
-    "deepseek_v2": Family(),
-    "deepseek_v3": Family(),
-    "deepseek_v32": Family(),
-    "glm_moe_dsa": Family(),  # GLM-5: MLA with DSA, like DeepSeek-V3.2
-    "kimi_k2": Family(),
-    "gpt_oss": Family(expert_bias=True, attention_sinks=True),
-    # Llama 4's QK norm is a weightless L2 norm; no_rope_layer_interval is the
-    # fallback of an empty no_rope_layers (configuration_llama4.py).
-    "llama4_text": Family(
-        defaults={"no_rope_layer_interval": 4},
-        qk_norm_weights="none",
-        shared_expert_key="intermediate_size",
-    ),
-    "gemma3_text": _GEMMA3,
-    # Gemma 2 alternates sliding and global layers.
-    "gemma2": Family(
-        defaults={"tie_word_embeddings": True, "sliding_window_pattern": 2}, norms_per_layer=4
-    ),
-    # GLM-4.5: attention_bias is on q, k and v only (modeling_glm4_moe.py).
-    "glm4_moe": Family(o_bias=False),
-    # MiniMax-M2: q and k normed over their full width (modeling_minimax_m2.py).
-    "minimax_m2": Family(qk_norm="full", qk_norm_weights="full"),
-    # Gemma 4: Gemma 3's norms, q/k norms and 5:1 default pattern, another vocabulary
-    # (configuration_gemma4.py); its MoE block adds three norms (model_from_config).
-    "gemma4_text": replace(_GEMMA3, defaults={**_GEMMA3.defaults, "vocab_size": 262144}),
-    # Qwen3-Next: gated full attention with per-head q/k norms, one linear layer in
-    # four by default, a gated shared expert (modeling_qwen3_next.py).
-    "qwen3_next": Family(
-        defaults={"full_attention_interval": 4},
-        qk_norm="head",
-        shared_expert_gate=True,
-        attention_gate=True,
-    ),
-    "kimi_linear": Family(),
-}
-# Wrappers and text configs that name their family another way.
-MODEL_TYPE_ALIASES: dict[str, str] = {
-    "qwen3_text": "qwen3",
-    "llama4": "llama4_text",
-    "gemma3": "gemma3_text",
-    "gemma4": "gemma4_text",
-}
 
 
 @dataclass
@@ -497,17 +419,6 @@ def _attention_layers(
     return tuple(out)
 
 
-def _family(cfg: Mapping[str, Any], where: str) -> tuple[Family, tuple[str, ...]]:
-    model_type = cfg.get("model_type")
-    if model_type is not None and not isinstance(model_type, str):
-        raise ShardlabError(f"{where}: key 'model_type' must be a string, got {model_type!r}")
-    key = MODEL_TYPE_ALIASES.get(model_type or "", model_type or "")
-    if key in FAMILIES:
-        return FAMILIES[key], ()
-    named = f"model_type {model_type!r}" if model_type else "no model_type"
-    return Family(), (f"{where}: {named} is not a known family; read by its standard keys",)
-
-
 def _reader(config: Any, source: str) -> tuple[_ConfigReader, Family, tuple[str, ...]]:
     """The reader of ``config`` (of its ``text_config`` in a multimodal wrapper), its
     family and the notices reading it gives; refuses structure not modeled yet."""
@@ -521,7 +432,7 @@ def _reader(config: Any, source: str) -> tuple[_ConfigReader, Family, tuple[str,
             raise ShardlabError(f"{where}: key 'text_config' must be an object")
         cfg = {**text, "model_type": text.get("model_type", config.get("model_type"))}
         where = f"{source} (text_config)"
-    family, notices = _family(cfg, where)
+    family, notices = family_of(cfg, where)
     r = _ConfigReader(cfg, where, family.defaults)
     for key, what in _NOT_MODELED:
         if r.get(key) not in (None, 0, {}, []):
