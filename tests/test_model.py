@@ -98,7 +98,7 @@ def test_architectures_are_read() -> None:
     kimi = load_model("kimi-k2")
     assert kimi.layers_of("dense") == 1 and kimi.moe is not None and kimi.moe.num_experts == 384
     oss = load_model("gpt-oss-120b")
-    assert oss.attention_spans[0] == AttentionSpan("sliding", 128)
+    assert oss.attention_spans[0] == AttentionSpan(kind="sliding", tokens=128)
     assert oss.attention_spans[1] == FULL
     assert oss.weight_dtype == "fp4" and oss.quantized_families == ("experts",)
     llama = load_model("llama-3.1-70b")

@@ -37,7 +37,7 @@ from shardlab.problems.model import (
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _ConfigReader:
     """Typed access to a config dict whose errors name the file and the key; a key the
     config leaves out takes the family's default (transformers' own)."""
@@ -261,7 +261,7 @@ def _layer_types(r: _ConfigReader, num_layers: int) -> list[str] | None:
         # Kimi-Linear: 1-indexed lists of the KDA and the full-attention layers.
         if not isinstance(lin, Mapping):
             raise r.refuse("linear_attn_config", "must be an object")
-        sub = _ConfigReader(lin, f"{r.where} (linear_attn_config)")
+        sub = _ConfigReader(cfg=lin, where=f"{r.where} (linear_attn_config)")
         kda = set(sub.int_list("kda_layers"))
         full = set(sub.int_list("full_attn_layers")) if sub.has("full_attn_layers") else set()
         if kda & full or (kda | full) - set(range(1, num_layers + 1)):
@@ -293,7 +293,9 @@ def _spans(r: _ConfigReader, num_layers: int, types: list[str] | None) -> list[A
         out = []
         for t in types:
             kind = _LAYER_TYPES[t]
-            out.append(FULL if kind in ("full", "linear") else AttentionSpan(kind, size[kind]))
+            out.append(
+                FULL if kind in ("full", "linear") else AttentionSpan(kind=kind, tokens=size[kind])
+            )
         return out
     if r.has("attention_chunk_size"):
         # Llama 4: the RoPE layers are chunked, the NoPE layers (0 in no_rope_layers) global.
@@ -304,24 +306,30 @@ def _spans(r: _ConfigReader, num_layers: int, types: list[str] | None) -> list[A
             rope = [int((i + 1) % every != 0) for i in range(num_layers)]
         if len(rope) != num_layers:
             raise r.refuse("no_rope_layers", f"must list one entry per layer ({num_layers})")
-        return [AttentionSpan("chunked", chunk) if on else FULL for on in rope]
+        return [AttentionSpan(kind="chunked", tokens=chunk) if on else FULL for on in rope]
     window = r.get("sliding_window")
     if window and r.has("sliding_window_pattern"):
         # Gemma 2/3: every pattern-th layer is global, the others slide.
         w, every = r.int("sliding_window"), r.int("sliding_window_pattern")
-        return [AttentionSpan("sliding", w) if (i + 1) % every else FULL for i in range(num_layers)]
+        return [
+            AttentionSpan(kind="sliding", tokens=w) if (i + 1) % every else FULL
+            for i in range(num_layers)
+        ]
     if window and r.bool("use_sliding_window", True):
         w = r.int("sliding_window")
         limit = r.int("max_window_layers", num_layers, minimum=0)
         # Qwen2-style: layers below max_window_layers use the window.
-        return [AttentionSpan("sliding", w) if i < limit else FULL for i in range(num_layers)]
+        return [
+            AttentionSpan(kind="sliding", tokens=w) if i < limit else FULL
+            for i in range(num_layers)
+        ]
     return [FULL] * num_layers
 
 
 def _linear_attention(r: _ConfigReader) -> LinearAttention:
     lin = r.get("linear_attn_config")
     if isinstance(lin, Mapping):
-        sub = _ConfigReader(lin, f"{r.where} (linear_attn_config)")
+        sub = _ConfigReader(cfg=lin, where=f"{r.where} (linear_attn_config)")
         heads, dim = sub.int("num_heads"), sub.int("head_dim")
         return LinearAttention(
             kind="kda",
@@ -433,7 +441,7 @@ def _reader(config: Any, source: str) -> tuple[_ConfigReader, Family, tuple[str,
         cfg = {**text, "model_type": text.get("model_type", config.get("model_type"))}
         where = f"{source} (text_config)"
     family, notices = family_of(cfg, where)
-    r = _ConfigReader(cfg, where, family.defaults)
+    r = _ConfigReader(cfg=cfg, where=where, defaults=family.defaults)
     for key, what in _NOT_MODELED:
         if r.get(key) not in (None, 0, {}, []):
             raise r.refuse(key, what)

@@ -52,7 +52,7 @@ QKNorm = Literal["none", "head", "full"]
 QUANTIZABLE_FAMILIES: tuple[str, ...] = ("attention", "ffn", "experts")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AttentionSpan:
     """The earlier tokens one layer's attention reads (and so caches): all of them, a
     sliding window of ``tokens``, or the tokens of its own chunk of ``tokens``."""
@@ -195,7 +195,7 @@ class LayerAttention:
         """The keys one query reads: its span, or the DSA top-k of it (as many pairs
         as a window of ``top_k``)."""
         if self.top_k and self.span.kind == "full":
-            return AttentionSpan("sliding", self.top_k)
+            return AttentionSpan(kind="sliding", tokens=self.top_k)
         return self.span
 
 
