@@ -273,7 +273,7 @@ def test_speculative_decoding_end_to_end_cpsat_equals_exhaustive(schedule: str) 
 @pytest.mark.parametrize(
     ("model", "change", "message"),
     [
-        (MTP, {"draft_tokens": 2}, "--acceptance"),
+        (MTP, {"draft_tokens": 2}, "needs acceptance"),
         (MTP, {"draft_tokens": 2, "acceptance": 1.5}, "acceptance"),
         (MTP, {"draft_tokens": -1}, "draft_tokens"),
         (MTP, {"draft_tokens": 1, "acceptance": 0.7, "phase": "prefill"}, "prefill"),

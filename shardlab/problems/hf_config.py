@@ -128,8 +128,9 @@ def _weight_dtype(r: _ConfigReader) -> tuple[WeightDtype, tuple[str, ...]]:
         return "fp4", families
     raise ShardlabError(
         f"{r.where}: key 'quantization_config.quant_method' = {method!r} is not supported; "
-        "supported: fp8, fbgemm_fp8, mxfp4 (or remove quantization_config and pass "
-        "--weight-dtype)"
+        "supported: fp8, fbgemm_fp8, mxfp4",
+        field="model",
+        fix="remove quantization_config and set the workload's weight_dtype",
     )
 
 

@@ -207,7 +207,9 @@ def read_plan_file(path: str | Path) -> Any:
     except OSError as exc:
         raise ShardlabError(f"{path}: cannot read the plan ({exc.strerror})") from None
     except UnicodeDecodeError:
-        raise ShardlabError(f"{path}: not a plan JSON (shardlab solve --out)") from None
+        raise ShardlabError(
+            f"{path}: not a plan JSON", field="plan", fix="give a plan file that solve wrote"
+        ) from None
     return _parse(text, str(path))
 
 

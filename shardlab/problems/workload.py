@@ -113,8 +113,10 @@ class Workload:
             raise ShardlabError(f"{where}: acceptance must be a number in [0, 1], got {a!r}")
         if k and a is None:
             raise ShardlabError(
-                f"{where}: draft_tokens {k} needs --acceptance (the probability that a draft "
-                "token is accepted, e.g. 0.7)"
+                f"{where}: draft_tokens {k} needs acceptance (the probability that a draft "
+                "token is accepted)",
+                field="workload.acceptance",
+                fix="set the workload's acceptance, e.g. 0.7",
             )
         if k and self.phase == "prefill":
             raise ShardlabError(
