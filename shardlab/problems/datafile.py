@@ -45,7 +45,12 @@ def load_records(source: str | Path, cls: type[T]) -> dict[str, T]:
         raise ShardlabError(f"{where}: not valid YAML ({str(exc)[:120]})") from None
     if not isinstance(raw, Mapping):
         raise ShardlabError(f"{where}: a table must map entry names to their fields")
-    return {str(name): _record(cls, str(name), entry, where) for name, entry in raw.items()}
+    for name in raw:
+        if not isinstance(name, str):  # YAML reads a bare yes, no or 12 as no string
+            raise ShardlabError(
+                f"{where}: entry name {name!r} must be a string", fix="quote the name"
+            )
+    return {name: _record(cls, name, entry, where) for name, entry in raw.items()}
 
 
 def _record(cls: type[T], name: str, entry: Any, where: str) -> T:

@@ -54,7 +54,7 @@ def test_the_dataclass_own_checks_name_the_file(tmp_path: Path) -> None:
         load_records(path, Workload)
 
 
-@pytest.mark.parametrize("text", ["- a\n- b\n", "chat: [\n", "chat: 3\n"])
+@pytest.mark.parametrize("text", ["- a\n- b\n", "chat: [\n", "chat: 3\n", "no: {}\n"])
 def test_a_file_that_is_no_table_is_refused(tmp_path: Path, text: str) -> None:
     with pytest.raises(ShardlabError, match=r"table\.yaml"):
         load_records(table(tmp_path, text), Workload)
