@@ -55,7 +55,7 @@ from shardlab.costmodel import (
 )
 from shardlab.errors import ShardlabError
 from shardlab.problems.calibration import KERNEL_CLASSES, Calibration
-from shardlab.problems.capability import ENGINES
+from shardlab.problems.engines import ENGINES
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.validation import (

@@ -1,6 +1,6 @@
 """A plan as its engine's own launch commands: plan in, commands (and config files) out.
 
-The plan is first placed in the engine's space (:mod:`shardlab.problems.capability`):
+The plan is first placed in the engine's space (:mod:`shardlab.problems.engines`):
 a plan the engine cannot run is refused there, naming the option. Then every replica
 becomes one server: a replica smaller than a node shares it with others (its own
 ``CUDA_VISIBLE_DEVICES`` and port), a larger one spans whole nodes, each node getting

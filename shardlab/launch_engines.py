@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardlab.errors import ShardlabError
-from shardlab.problems.capability import EngineConfig
+from shardlab.problems.engines.base import EngineConfig
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 

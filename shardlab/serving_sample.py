@@ -56,10 +56,10 @@ from importlib import resources
 from pathlib import Path
 
 from shardlab.errors import ShardlabError
-from shardlab.problems.capability import ENGINES
 from shardlab.problems.catalog import load_model
 from shardlab.problems.cluster import parse_cluster
 from shardlab.problems.disagg import DisaggPlan, decode_problem, on_one_node, prefill_problem
+from shardlab.problems.engines import ENGINES
 from shardlab.problems.model import Model
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem

@@ -12,7 +12,7 @@ import pytest
 
 from shardlab.cli import main
 from shardlab.errors import ShardlabError
-from shardlab.problems.capability import ENGINES, capability, option_coverage
+from shardlab.problems.engines import ENGINES, capability, option_coverage
 from shardlab.problems.operators import layer_ops
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
@@ -27,7 +27,7 @@ PROBLEMS = [
     ("qwen3-30b-a3b", "h100x8", "chat"),
     ("deepseek-v3", "h200x16", "chat"),
 ]
-# Options no engine has a feature for (see shardlab.problems.capability).
+# Options no engine has a feature for (see shardlab.problems.engines).
 NO_EQUIVALENT = {
     ("head", "embedding", "seq_sharded"),
     ("head", "lm_head", "seq_sharded"),
@@ -135,7 +135,7 @@ def test_a_plan_the_engine_cannot_run_is_refused_naming_the_option() -> None:
 
 
 def test_engine_space_takes_options_per_kind_only() -> None:
-    with pytest.raises(ShardlabError, match="--tie kind"):
+    with pytest.raises(ShardlabError, match="tie options per layer kind"):
         _ = Problem.build("llama-3.1-8b", "h100x2", tie="layer", space_kind="engine").space
 
 

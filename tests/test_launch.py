@@ -15,7 +15,7 @@ import pytest
 from shardlab.cli import main
 from shardlab.errors import ShardlabError
 from shardlab.launch import Launch, build_launch
-from shardlab.problems.capability import ENGINES
+from shardlab.problems.engines import ENGINES
 from shardlab.problems.plan import Degrees, Plan
 from shardlab.problems.problem import Problem
 

@@ -16,7 +16,8 @@ from shardlab import Problem, ShardlabError
 from shardlab.costmodel import evaluate, evaluate_batch
 from shardlab.costmodel.steps import Step, attended, causal_pairs, kv_context
 from shardlab.problems.catalog import load_model
-from shardlab.problems.model import FULL, AttentionSpan, load_config_file, model_from_config
+from shardlab.problems.hf_config import load_config_file, model_from_config
+from shardlab.problems.model import FULL, AttentionSpan
 from shardlab.solvers import Budget, solve
 
 # A Llama-4-shaped toy: chunked RoPE layers, one global NoPE layer in four.
@@ -54,7 +55,7 @@ def _load(cfg: dict):
 def test_pairs_and_contexts_count_the_keys_each_token_sees(
     length: int, tokens: int, kind: str
 ) -> None:
-    span = AttentionSpan(kind, tokens)  # type: ignore[arg-type]
+    span = AttentionSpan(kind=kind, tokens=tokens)  # type: ignore[arg-type]
     positions = np.arange(length)
     # Chunked: the tokens of its own chunk, itself included.
     keys = np.minimum(positions + 1, tokens) if kind == "sliding" else positions % tokens + 1
@@ -68,15 +69,15 @@ def test_a_decode_token_reads_at_most_its_span() -> None:
     step = Step(kind="decode", tokens=1.0, logits=1.0, input_len=8192, output_len=256)
     full = step.decode_context(FULL)
     assert full == pytest.approx(8192 + 128)
-    assert step.decode_context(AttentionSpan("sliding", 1024)) == 1024
+    assert step.decode_context(AttentionSpan(kind="sliding", tokens=1024)) == 1024
     # Chunked: positions 8193..8447 sit in the 9th chunk of 1024, 1..255 tokens into it.
-    assert step.decode_context(AttentionSpan("chunked", 1024)) == pytest.approx(128)
+    assert step.decode_context(AttentionSpan(kind="chunked", tokens=1024)) == pytest.approx(128)
 
 
 def test_a_chunked_layer_caches_its_chunk_and_costs_less_than_a_full_one() -> None:
     chunked = _load(_tiny(no_rope_layers=[1, 1, 1, 1]))
     full = _load(_tiny(attention_chunk_size=None, no_rope_layers=None))
-    assert set(chunked.attention_spans) == {AttentionSpan("chunked", 1024)}
+    assert set(chunked.attention_spans) == {AttentionSpan(kind="chunked", tokens=1024)}
     assert set(full.attention_spans) == {FULL}
     plans, problem = [], None
     for model in (chunked, full):

@@ -10,7 +10,7 @@ from shardlab import Problem, ShardlabError
 from shardlab.costmodel import evaluate
 from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.catalog import load_model
-from shardlab.problems.model import model_from_config
+from shardlab.problems.hf_config import model_from_config
 from shardlab.problems.plan import Degrees
 from shardlab.solvers import Budget, solve
 
@@ -176,7 +176,7 @@ def test_kv_sharing_layers_cache_nothing_and_stay_on_their_store_stage() -> None
     assert model.qkv_params(consumer) == 512 * 8 * 64 + 64  # q_proj and q_norm only
     problem = Problem.build(model, "h100x8", "chat")
     assert {d.pp for d in problem.space.degree_tuples} == {1}
-    with pytest.raises(ShardlabError, match="--tie kind"):
+    with pytest.raises(ShardlabError, match="tie options per layer kind"):
         _ = Problem.build(model, "h100x2", "chat", tie="layer").space
 
 
@@ -273,7 +273,7 @@ def test_speculative_decoding_end_to_end_cpsat_equals_exhaustive(schedule: str) 
 @pytest.mark.parametrize(
     ("model", "change", "message"),
     [
-        (MTP, {"draft_tokens": 2}, "--acceptance"),
+        (MTP, {"draft_tokens": 2}, "needs acceptance"),
         (MTP, {"draft_tokens": 2, "acceptance": 1.5}, "acceptance"),
         (MTP, {"draft_tokens": -1}, "draft_tokens"),
         (MTP, {"draft_tokens": 1, "acceptance": 0.7, "phase": "prefill"}, "prefill"),

@@ -8,7 +8,8 @@ from conftest import MODEL_DIR
 
 from shardlab import ShardlabError
 from shardlab.problems.catalog import CATALOG, load_model
-from shardlab.problems.model import FULL, AttentionSpan, load_config_file, model_from_config
+from shardlab.problems.hf_config import load_config_file, model_from_config
+from shardlab.problems.model import FULL, AttentionSpan
 
 # Model cards' totals and active parameters per token, in billions, and whether the
 # card's active figure includes the input embedding (OpenAI says gpt-oss's does not;
@@ -97,7 +98,7 @@ def test_architectures_are_read() -> None:
     kimi = load_model("kimi-k2")
     assert kimi.layers_of("dense") == 1 and kimi.moe is not None and kimi.moe.num_experts == 384
     oss = load_model("gpt-oss-120b")
-    assert oss.attention_spans[0] == AttentionSpan("sliding", 128)
+    assert oss.attention_spans[0] == AttentionSpan(kind="sliding", tokens=128)
     assert oss.attention_spans[1] == FULL
     assert oss.weight_dtype == "fp4" and oss.quantized_families == ("experts",)
     llama = load_model("llama-3.1-70b")

@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardlab import Degrees, Plan, Problem, ShardlabError
+from shardlab.problems.degrees import option_valid
 from shardlab.problems.operators import HEAD_OPS, layer_ops
-from shardlab.problems.space import MAX_SHIFT, option_valid
+from shardlab.problems.space import MAX_SHIFT
 
 PROBLEMS = [
     ("llama-3.1-70b", "h100x8", "kind"),

@@ -190,7 +190,7 @@ def space(problem: Problem, fmt: FormatOpt = Format.table) -> None:
 @app.command()
 def engines(fmt: FormatOpt = Format.table) -> None:
     """What each engine can launch: its pinned version and features, with sources."""
-    from shardlab.problems.capability import ENGINES, capability, option_coverage
+    from shardlab.problems.engines import ENGINES, capability, option_coverage
 
     rows = []
     for name in ENGINES:

@@ -46,7 +46,7 @@ def comparison(
 ) -> Comparison:
     """A comparison from its parts as a user writes them (comma-separated lists), every
     part checked: a mistake fails here, not in every run."""
-    from shardlab.problems.capability import capability
+    from shardlab.problems.engines import capability
     from shardlab.solvers.registry import get_solver, parse_method
 
     serving = check_serving(serving)

@@ -31,10 +31,11 @@ import numpy as np
 from shardlab.costmodel.steps import steps_of
 from shardlab.costmodel.tables import DegreeTables, degree_tables, table_dims
 from shardlab.errors import ShardlabError
+from shardlab.problems.degrees import enumerate_degrees
 from shardlab.problems.operators import HEAD_OPS
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
-from shardlab.problems.space import SearchSpace, enumerate_degrees
+from shardlab.problems.space import SearchSpace
 
 
 @dataclass(frozen=True)

@@ -229,7 +229,7 @@ def edge_layout_pairs(
 ) -> dict[tuple[Layout, Layout], list[str]]:
     """Every (producer ``out``, consumer ``inp``) pair a plan of ``model`` can put on an
     edge (under ``degrees``: valid options only), with the edges that produce it."""
-    from shardlab.problems.space import option_valid
+    from shardlab.problems.degrees import option_valid
 
     pairs: dict[tuple[Layout, Layout], list[str]] = {}
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Literal
 
 from shardlab.errors import ShardlabError
-from shardlab.problems.model import model_from_config
+from shardlab.problems.hf_config import model_from_config
 from shardlab.problems.operators import HEAD_OPS, layer_ops
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem

@@ -2,7 +2,8 @@
 
 from shardlab.problems.catalog import CATALOG, load_model
 from shardlab.problems.cluster import Accelerator, Cluster, builtin_accelerators, parse_cluster
-from shardlab.problems.model import Model, ParamCount, model_from_config
+from shardlab.problems.hf_config import model_from_config
+from shardlab.problems.model import Model, ParamCount
 from shardlab.problems.plan import PLAN_SCHEMA, Degrees, Plan
 from shardlab.problems.problem import Problem
 from shardlab.problems.space import SearchSpace

@@ -9,7 +9,8 @@ from importlib import resources
 from pathlib import Path
 
 from shardlab.errors import ShardlabError
-from shardlab.problems.model import Model, load_config_file, model_from_config
+from shardlab.problems.hf_config import load_config_file, model_from_config
+from shardlab.problems.model import Model
 
 
 @dataclass(frozen=True, kw_only=True)

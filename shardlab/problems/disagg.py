@@ -48,22 +48,29 @@ def check_disagg(problem: Problem) -> None:
     w = problem.workload
     if w.phase != "request":
         raise ShardlabError(
-            f"--serving disagg splits whole requests; phase {w.phase!r} is one pool's "
-            "work already: use --phase request or --serving agg"
+            f"disaggregated serving splits whole requests; phase {w.phase!r} is one pool's "
+            "work already",
+            field="workload.phase",
+            fix="use phase 'request', or serve aggregated",
         )
     if w.schedule != "inflight":
         raise ShardlabError(
-            "--serving disagg serves requests in flight; use --schedule inflight or --serving agg"
+            "disaggregated serving serves requests in flight",
+            field="workload.schedule",
+            fix="use schedule 'inflight', or serve aggregated",
         )
     if w.objective not in ("throughput", "throughput_per_gpu"):
         raise ShardlabError(
-            f"--serving disagg maximizes throughput; objective {w.objective!r} is not "
-            "offered for it yet: use --objective throughput or --serving agg"
+            f"disaggregated serving maximizes throughput; objective {w.objective!r} is not "
+            "offered for it yet",
+            field="workload.objective",
+            fix="use objective 'throughput', or serve aggregated",
         )
     if w.output_len < 2:
         raise ShardlabError(
-            "--serving disagg needs a decode step (--output-len 2 or more); a single "
-            "token comes from the prefill"
+            "disaggregated serving needs a decode step; a single token comes from the prefill",
+            field="workload.output_len",
+            fix="use an output_len of 2 or more, or serve aggregated",
         )
 
 
@@ -106,9 +113,11 @@ def pairs(cluster: Cluster) -> tuple[tuple[int, int, int, int], ...]:
                         out.append((gp, x, gd, y))
                 if len(out) > MAX_PAIRS:
                     raise ShardlabError(
-                        f"--serving disagg on {cluster.name}: more than {MAX_PAIRS:,} pairs "
-                        "of pools to enumerate (the exact search goes to about 1,024 GPUs); "
-                        "plan one part of the cluster, or use --serving agg"
+                        f"disaggregated serving on {cluster.name}: more than {MAX_PAIRS:,} "
+                        "pairs of pools to enumerate (the exact search goes to about 1,024 "
+                        "GPUs)",
+                        field="cluster",
+                        fix="plan one part of the cluster, or serve aggregated",
                     )
     return tuple(out)
 
@@ -259,8 +268,9 @@ class DisaggPlan:
         planned_for = data.get("cluster")
         if cluster is not None and planned_for not in (None, "", cluster.name):
             raise ShardlabError(
-                f"{where}: the plan is for cluster {planned_for!r}, not {cluster.name!r}; "
-                f"solve again for {cluster.name} or pass --cluster {planned_for}"
+                f"{where}: the plan is for cluster {planned_for!r}, not {cluster.name!r}",
+                field="cluster",
+                fix=f"solve again for {cluster.name} or evaluate the plan on {planned_for}",
             )
         parts: dict[str, Any] = {}
         for name in POOLS:
@@ -289,5 +299,9 @@ class DisaggPlan:
 
 def check_serving(serving: str) -> Serving:
     if serving not in SERVINGS:
-        raise ShardlabError(f"--serving {serving!r} is not one of {', '.join(SERVINGS)}")
+        raise ShardlabError(
+            f"serving {serving!r} is not one of {', '.join(SERVINGS)}",
+            field="serving",
+            fix=f"choose one of {', '.join(SERVINGS)}",
+        )
     return serving  # type: ignore[return-value]

@@ -27,7 +27,7 @@ MESH_AXES: tuple[str, str] = ("dp", "tp")
 CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, kw_only=True, order=True)
 class Placement:
     kind: Literal["R", "S", "P"]
     dim: Literal["", "tok", "hid"] = ""
@@ -44,10 +44,10 @@ class Placement:
         return {"R": "R", "P": "P"}.get(self.kind, f"S({self.dim})")
 
 
-REPLICATE = Placement("R")
-SHARD_TOK = Placement("S", "tok")
-SHARD_HID = Placement("S", "hid")
-PARTIAL = Placement("P")
+REPLICATE = Placement(kind="R")
+SHARD_TOK = Placement(kind="S", dim="tok")
+SHARD_HID = Placement(kind="S", dim="hid")
+PARTIAL = Placement(kind="P")
 
 Layout = tuple[Placement, Placement]  # placement on ("dp", "tp")
 

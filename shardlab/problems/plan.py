@@ -165,91 +165,16 @@ class Plan:
     ) -> Plan:
         """The plan ``data`` holds for ``model`` (and, if given, the cluster named
         ``cluster``: a plan's degrees are made for one cluster)."""
-        if not isinstance(data, Mapping):
-            raise ShardlabError(f"{where}: a plan must be a JSON object")
-        schema = data.get("schema")
-        if schema != PLAN_SCHEMA:
-            raise ShardlabError(
-                f"{where}: schema {schema!r} is not {PLAN_SCHEMA!r}; re-export the plan with "
-                "this version of shardlab"
-            )
-        if data.get("model") not in (None, "", model.name):
-            raise ShardlabError(
-                f"{where}: the plan is for model {data.get('model')!r}, not {model.name!r}"
-            )
-        planned_for = data.get("cluster")
-        if cluster is not None and planned_for not in (None, "", cluster):
-            raise ShardlabError(
-                f"{where}: the plan is for cluster {planned_for!r}, not {cluster!r}; solve "
-                f"again for {cluster} or pass --cluster {planned_for}"
-            )
-        raw_degrees = data.get("degrees")
-        if not isinstance(raw_degrees, Mapping):
-            raise ShardlabError(f"{where}: missing key 'degrees'")
-        unknown = sorted(set(raw_degrees) - {f.name for f in fields(Degrees)})
-        if unknown:
-            raise ShardlabError(f"{where}: unknown degree(s) {', '.join(unknown)}")
-        degrees = Degrees(**raw_degrees)
-        stages = data.get("stage_layers")
-        if not isinstance(stages, list) or not all(
-            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in stages
-        ):
-            raise ShardlabError(f"{where}: key 'stage_layers' must be a list of integers >= 1")
-        if sum(stages) != model.num_layers:
-            raise ShardlabError(
-                f"{where}: stage_layers {stages} sum to {sum(stages)}, the model has "
-                f"{model.num_layers} layers"
-            )
-        if len(stages) != degrees.pp:
-            raise ShardlabError(
-                f"{where}: key 'stage_layers' lists {len(stages)} stages, degree pp is {degrees.pp}"
-            )
-        options = data.get("options")
-        if not isinstance(options, Mapping) or "head" not in options:
-            raise ShardlabError(f"{where}: missing key 'options.head'")
-        layers = data.get("layers")
-        known = {"head"} if layers is not None else {"head", *model.kinds}
-        unknown = sorted(str(k) for k in set(options) - known)
-        if unknown:
-            raise ShardlabError(
-                f"{where}: options for {', '.join(unknown)}, which model {model.name} does "
-                f"not have (its layer kinds: {', '.join(model.kinds)}"
-                + ("; with 'layers', options hold only 'head'" if layers is not None else "")
-                + ")"
-            )
-        head = _read_options(options["head"], HEAD_OPS, f"{where}: options.head")
-        if layers is not None:
-            if not isinstance(layers, list) or len(layers) != model.num_layers:
-                raise ShardlabError(
-                    f"{where}: key 'layers' must list {model.num_layers} layers' options"
-                )
-            rows = tuple(
-                _read_options(entry, layer_ops(model, kind), f"{where}: layers[{i}]")
-                for i, (kind, entry) in enumerate(zip(model.layer_kinds, layers, strict=True))
-            )
-        else:
-            per_kind = {}
-            for kind in model.kinds:
-                if kind not in options:
-                    raise ShardlabError(f"{where}: missing key 'options.{kind}'")
-                per_kind[kind] = _read_options(
-                    options[kind], layer_ops(model, kind), f"{where}: options.{kind}"
-                )
-            rows = tuple(per_kind[kind] for kind in model.layer_kinds)
-        concurrency = data.get("concurrency")
-        if concurrency is not None and (
-            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-        ):
-            raise ShardlabError(
-                f"{where}: key 'concurrency' must be a positive integer (requests per "
-                f"attention-DP rank), got {concurrency!r}"
-            )
+        _check_made_for(data, model, where, cluster)
+        degrees = _read_degrees(data, where)
+        stages = _read_stages(data, model, degrees, where)
+        rows, head = _read_plan_options(data, model, where)
         return cls(
             degrees=degrees,
-            stage_layers=tuple(stages),
+            stage_layers=stages,
             layer_options=rows,
             head_options=head,
-            concurrency=concurrency,
+            concurrency=_read_concurrency(data, where),
         )
 
     def to_json(self, model: Model, *, cluster: str = "") -> str:
@@ -282,7 +207,9 @@ def read_plan_file(path: str | Path) -> Any:
     except OSError as exc:
         raise ShardlabError(f"{path}: cannot read the plan ({exc.strerror})") from None
     except UnicodeDecodeError:
-        raise ShardlabError(f"{path}: not a plan JSON (shardlab solve --out)") from None
+        raise ShardlabError(
+            f"{path}: not a plan JSON", field="plan", fix="give a plan file that solve wrote"
+        ) from None
     return _parse(text, str(path))
 
 
@@ -304,3 +231,106 @@ def _read_options(entry: Any, ops: tuple, where: str) -> tuple[str, ...]:
             )
         out.append(entry[op.name])
     return tuple(out)
+
+
+def _check_made_for(data: Any, model: Model, where: str, cluster: str | None) -> None:
+    """Refuse a plan that is no plan JSON, or one made for another model or cluster."""
+    if not isinstance(data, Mapping):
+        raise ShardlabError(f"{where}: a plan must be a JSON object")
+    schema = data.get("schema")
+    if schema != PLAN_SCHEMA:
+        raise ShardlabError(
+            f"{where}: schema {schema!r} is not {PLAN_SCHEMA!r}; re-export the plan with "
+            "this version of shardlab"
+        )
+    if data.get("model") not in (None, "", model.name):
+        raise ShardlabError(
+            f"{where}: the plan is for model {data.get('model')!r}, not {model.name!r}"
+        )
+    planned_for = data.get("cluster")
+    if cluster is not None and planned_for not in (None, "", cluster):
+        raise ShardlabError(
+            f"{where}: the plan is for cluster {planned_for!r}, not {cluster!r}",
+            field="cluster",
+            fix=f"solve again for {cluster} or evaluate the plan on {planned_for}",
+        )
+
+
+def _read_degrees(data: Mapping[str, Any], where: str) -> Degrees:
+    raw_degrees = data.get("degrees")
+    if not isinstance(raw_degrees, Mapping):
+        raise ShardlabError(f"{where}: missing key 'degrees'")
+    unknown = sorted(set(raw_degrees) - {f.name for f in fields(Degrees)})
+    if unknown:
+        raise ShardlabError(f"{where}: unknown degree(s) {', '.join(unknown)}")
+    return Degrees(**raw_degrees)
+
+
+def _read_stages(
+    data: Mapping[str, Any], model: Model, degrees: Degrees, where: str
+) -> tuple[int, ...]:
+    stages = data.get("stage_layers")
+    if not isinstance(stages, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in stages
+    ):
+        raise ShardlabError(f"{where}: key 'stage_layers' must be a list of integers >= 1")
+    if sum(stages) != model.num_layers:
+        raise ShardlabError(
+            f"{where}: stage_layers {stages} sum to {sum(stages)}, the model has "
+            f"{model.num_layers} layers"
+        )
+    if len(stages) != degrees.pp:
+        raise ShardlabError(
+            f"{where}: key 'stage_layers' lists {len(stages)} stages, degree pp is {degrees.pp}"
+        )
+    return tuple(stages)
+
+
+def _read_plan_options(
+    data: Mapping[str, Any], model: Model, where: str
+) -> tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]:
+    """Every layer's options and the head's, from ``options`` (per kind) or ``layers``."""
+    options = data.get("options")
+    if not isinstance(options, Mapping) or "head" not in options:
+        raise ShardlabError(f"{where}: missing key 'options.head'")
+    layers = data.get("layers")
+    known = {"head"} if layers is not None else {"head", *model.kinds}
+    unknown = sorted(str(k) for k in set(options) - known)
+    if unknown:
+        raise ShardlabError(
+            f"{where}: options for {', '.join(unknown)}, which model {model.name} does "
+            f"not have (its layer kinds: {', '.join(model.kinds)}"
+            + ("; with 'layers', options hold only 'head'" if layers is not None else "")
+            + ")"
+        )
+    head = _read_options(options["head"], HEAD_OPS, f"{where}: options.head")
+    if layers is not None:
+        if not isinstance(layers, list) or len(layers) != model.num_layers:
+            raise ShardlabError(
+                f"{where}: key 'layers' must list {model.num_layers} layers' options"
+            )
+        rows = tuple(
+            _read_options(entry, layer_ops(model, kind), f"{where}: layers[{i}]")
+            for i, (kind, entry) in enumerate(zip(model.layer_kinds, layers, strict=True))
+        )
+        return rows, head
+    per_kind = {}
+    for kind in model.kinds:
+        if kind not in options:
+            raise ShardlabError(f"{where}: missing key 'options.{kind}'")
+        per_kind[kind] = _read_options(
+            options[kind], layer_ops(model, kind), f"{where}: options.{kind}"
+        )
+    return tuple(per_kind[kind] for kind in model.layer_kinds), head
+
+
+def _read_concurrency(data: Mapping[str, Any], where: str) -> int | None:
+    concurrency = data.get("concurrency")
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise ShardlabError(
+            f"{where}: key 'concurrency' must be a positive integer (requests per "
+            f"attention-DP rank), got {concurrency!r}"
+        )
+    return concurrency

@@ -11,10 +11,10 @@ from typing import Any, Literal, get_args
 from shardlab.errors import ShardlabError
 from shardlab.problems.cached_hash import CachedHash
 from shardlab.problems.calibration import Calibration
-from shardlab.problems.capability import ENGINES, Engine, capability
 from shardlab.problems.catalog import load_model
 from shardlab.problems.cluster import Cluster, parse_cluster
 from shardlab.problems.dtypes import BYTES_PER_VALUE
+from shardlab.problems.engines import ENGINES, Engine, capability
 from shardlab.problems.handoff import Handoff
 from shardlab.problems.limits import MAX_CONTEXT
 from shardlab.problems.model import Model
@@ -64,22 +64,28 @@ class Problem(CachedHash):
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
             ):
-                flag = "--" + key.replace("_", "-")
-                raise ShardlabError(f"{flag} must be a positive integer, got {value!r}")
+                raise ShardlabError(
+                    f"{key} must be a positive integer, got {value!r}",
+                    field=key,
+                    fix=f"give {key} a positive integer or None",
+                )
         for key, allowed in (
             ("timing", get_args(Timing)),
             ("engine", ENGINES),
             ("space_kind", get_args(SpaceKind)),
         ):
             if getattr(self, key) not in allowed:
-                flag = "space" if key == "space_kind" else key
                 raise ShardlabError(
-                    f"--{flag} {getattr(self, key)!r} is not one of {', '.join(allowed)}"
+                    f"{key} {getattr(self, key)!r} is not one of {', '.join(allowed)}",
+                    field=key,
+                    fix=f"choose one of {', '.join(allowed)}",
                 )
         if self.workload.draft_tokens and not self.model.mtp_layers:
             raise ShardlabError(
-                f"model {self.model.name}: --draft-tokens drafts with multi-token-prediction "
-                "layers and its config has none (num_nextn_predict_layers); drop --draft-tokens"
+                f"model {self.model.name}: draft_tokens drafts with multi-token-prediction "
+                "layers and its config has none (num_nextn_predict_layers)",
+                field="workload.draft_tokens",
+                fix="set the workload's draft_tokens to 0, or choose a model with MTP layers",
             )
         for key, value in self.pin:
             if key not in Degrees.__dataclass_fields__ or not isinstance(value, int):
@@ -91,7 +97,9 @@ class Problem(CachedHash):
             raise ShardlabError(
                 f"model {self.model.name} needs {need:,.0f} GB for its weights "
                 f"({self.weight_dtype('experts')} experts/FFN) but {self.cluster.name} has "
-                f"{have:,.0f} GB of HBM in all; use more GPUs or --weight-dtype fp8/fp4"
+                f"{have:,.0f} GB of HBM in all",
+                field="cluster",
+                fix="use more GPUs, or weights in fp8 or fp4 (the workload's weight_dtype)",
             )
 
     def _check_context(self) -> None:
@@ -106,7 +114,9 @@ class Problem(CachedHash):
             )
             raise ShardlabError(
                 f"workload {w.name!r}: {w.input_len:,} prompt + {w.output_len:,} output tokens "
-                f"= {tokens:,} per request, but {source}; shorten --input-len or --output-len"
+                f"= {tokens:,} per request, but {source}",
+                field="workload",
+                fix="shorten the workload's input_len or output_len",
             )
 
     @classmethod

@@ -31,10 +31,11 @@ from typing import Literal
 import numpy as np
 
 from shardlab.errors import ShardlabError
-from shardlab.problems.capability import Capability, EngineConfig
 from shardlab.problems.cluster import Cluster
-from shardlab.problems.model import LayerAttention, LayerKind, Model
-from shardlab.problems.operators import HEAD_OPS, OpSpec, OptionSpec, layer_ops
+from shardlab.problems.degrees import enumerate_degrees, option_valid
+from shardlab.problems.engines.base import Capability, EngineConfig
+from shardlab.problems.model import LayerKind, Model
+from shardlab.problems.operators import HEAD_OPS, OpSpec, layer_ops
 from shardlab.problems.plan import Degrees, Plan
 
 Tie = Literal["kind", "layer"]
@@ -84,65 +85,6 @@ class OpGroup:
     kind: LayerKind | Literal["head"]
     layers: tuple[int, ...]  # layers the group covers (empty for head)
     ops: tuple[OpSpec, ...]
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _splits_heads(model: Model, a: LayerAttention, tp: int) -> bool:
-    """Whether tp ranks can split this mixer's heads: query heads evenly, KV heads
-    evenly or replicated to one per rank; linear heads evenly."""
-    if a.linear:
-        assert model.linear is not None
-        return model.linear.k_heads % tp == 0 and model.linear.v_heads % tp == 0
-    if a.heads % tp:
-        return False
-    return model.mla is not None or not (a.kv_heads % tp and tp % a.kv_heads)
-
-
-def enumerate_degrees(model: Model, cluster: Cluster) -> tuple[Degrees, ...]:
-    """Every valid degree tuple that uses all of ``cluster``'s GPUs."""
-    n = cluster.num_gpus
-    out = []
-    # A layer that reads another's KV needs it on its own GPUs: one stage (vLLM does
-    # not share KV across pipeline stages either).
-    max_pp = 1 if any(a.kv_shared for a in model.attention_layers) else model.num_layers
-    for tp in _divisors(n):
-        if not all(_splits_heads(model, a, tp) for a in model.attentions):
-            continue
-        for dp in _divisors(n // tp):
-            group = tp * dp
-            for pp in _divisors(n // group):
-                if pp > max_pp:
-                    continue
-                replicas = n // (group * pp)
-                if not model.is_moe:
-                    out.append(Degrees(replicas=replicas, pp=pp, tp=tp, dp_attn=dp, etp=group))
-                    continue
-                assert model.moe is not None
-                for ep in _divisors(group):
-                    etp = group // ep
-                    if model.moe.num_experts % ep or model.moe.expert_ffn_size % etp:
-                        continue
-                    out.append(Degrees(replicas=replicas, pp=pp, tp=tp, dp_attn=dp, ep=ep, etp=etp))
-    return tuple(sorted(out, key=lambda d: (d.pp, d.tp, d.dp_attn, d.ep)))
-
-
-def option_valid(op: OpSpec, opt: OptionSpec, degrees: Degrees) -> bool:
-    """Whether ``opt`` is a distinct, realizable choice for ``op`` under ``degrees``."""
-    for req in opt.requires:
-        if req == "tp" and degrees.tp == 1:
-            return False
-        if req == "dp" and degrees.dp_attn == 1:
-            return False
-        if req == "group" and degrees.group == 1:
-            return False
-    if op.split_size and opt.weight_axes and op.family != "experts":
-        ways = math.prod(degrees.axis_size(a) for a in opt.weight_axes)
-        if op.split_size % ways:
-            return False
-    return True
 
 
 def megatron_index(op: OpSpec, degrees: Degrees) -> int:
@@ -211,8 +153,10 @@ class SearchSpace:
         if capability is not None:
             if tie != "kind":
                 raise ShardlabError(
-                    f"--space engine: {capability.engine} chooses each operator's sharding "
-                    "for the whole model, not per layer; use --tie kind"
+                    f"an engine space: {capability.engine} chooses each operator's sharding "
+                    "for the whole model, not per layer",
+                    field="tie",
+                    fix="tie options per layer kind (tie='kind')",
                 )
             self.configs = capability.configs(model, cluster, free)
             self.degree_tuples: tuple[Degrees, ...] = tuple(c.degrees for c in self.configs)
@@ -268,7 +212,9 @@ class SearchSpace:
             if any(a.kv_shared for a in m.attention_layers):
                 raise ShardlabError(
                     f"{m.name}: layers that share KV (num_kv_shared_layers) must shard their "
-                    "attention as the layer they read from; use --tie kind"
+                    "attention as the layer they read from",
+                    field="tie",
+                    fix="tie options per layer kind (tie='kind')",
                 )
             groups = [
                 OpGroup(key=f"layer{i}", kind=kind, layers=(i,), ops=layer_ops(m, kind))
@@ -314,16 +260,18 @@ class SearchSpace:
                     return i
             why = self.capability.why_not(self.model, self.cluster, degrees)
             raise ShardlabError(
-                f"degrees {degrees.short()}: {self.capability.label} cannot run them "
-                f"({why}); use --space free or other degrees"
+                f"degrees {degrees.short()}: {self.capability.label} cannot run them ({why})",
+                field="degrees",
+                fix="search the free space or choose other degrees",
             )
         try:
             return self.degree_tuples.index(degrees)
         except ValueError:
             raise ShardlabError(
                 f"degrees {degrees.short()} are not valid for {self.model.name} on "
-                f"{self.cluster.name} (GPU count, head, expert or layer divisibility); "
-                "`shardlab space --format json` lists the valid ones"
+                f"{self.cluster.name} (GPU count, head, expert or layer divisibility)",
+                field="degrees",
+                fix="choose degrees from SearchSpace.degree_tuples",
             ) from None
 
     def option_slots(self) -> Iterator[tuple[int, OpGroup, OpSpec]]:
@@ -526,18 +474,24 @@ class SearchSpace:
                 if var.role == "cut":
                     raise ShardlabError(
                         f"pipeline partition {list(plan.stage_layers)}: {engine} splits "
-                        "layers into equal stages only; use --space free or equal stages"
+                        "layers into equal stages only",
+                        field="plan.stage_layers",
+                        fix="search the free space or use equal stages",
                     )
                 runs = sorted({self.configs[i].option(var.group_kind, var.op) for i in candidates})
                 ops = {op.name: op for _, _, op in self.option_slots()}
                 raise ShardlabError(
                     f"{var.name}={ops[var.op].options[row[v]].name} under degrees "
                     f"{plan.degrees.short()}: {engine} has no equivalent (it runs "
-                    f"{var.op} as {' or '.join(runs)}); use --space free"
+                    f"{var.op} as {' or '.join(runs)})",
+                    field="space",
+                    fix="search the free space",
                 )
         raise ShardlabError(
             f"plan under degrees {plan.degrees.short()}: {engine} runs no combination of its "
-            "options (each is one of the engine's, but not together); use --space free"
+            "options (each is one of the engine's, but not together)",
+            field="space",
+            fix="search the free space",
         )
 
     def config_index(self, degrees: Degrees, features: tuple[str, ...]) -> int | None:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, get_args
 
 from shardlab.errors import ShardlabError
+from shardlab.problems.datafile import load_records
 from shardlab.problems.dtypes import KVDtype, WeightDtype, check_kv_dtype, check_weight_dtype
 from shardlab.problems.limits import MAX_BATCH, MAX_CONTEXT, check_count, check_finite
 
@@ -112,8 +113,10 @@ class Workload:
             raise ShardlabError(f"{where}: acceptance must be a number in [0, 1], got {a!r}")
         if k and a is None:
             raise ShardlabError(
-                f"{where}: draft_tokens {k} needs --acceptance (the probability that a draft "
-                "token is accepted, e.g. 0.7)"
+                f"{where}: draft_tokens {k} needs acceptance (the probability that a draft "
+                "token is accepted)",
+                field="workload.acceptance",
+                fix="set the workload's acceptance, e.g. 0.7",
             )
         if k and self.phase == "prefill":
             raise ShardlabError(
@@ -194,70 +197,8 @@ class Workload:
         return ", ".join(parts)
 
 
-PRESETS: dict[str, Workload] = {
-    w.name: w
-    for w in (
-        Workload(
-            name="chat",
-            phase="request",
-            schedule="inflight",
-            batch=256,
-            input_len=1024,
-            output_len=256,
-        ),
-        Workload(
-            name="interactive",
-            phase="request",
-            schedule="inflight",
-            batch=32,
-            input_len=1024,
-            output_len=256,
-            ttft_ms=1000.0,
-            tpot_ms=25.0,
-        ),
-        Workload(
-            name="long-context",
-            phase="request",
-            schedule="inflight",
-            batch=32,
-            input_len=32768,
-            output_len=512,
-        ),
-        Workload(
-            name="batch-offline",
-            phase="request",
-            schedule="static",
-            batch=1024,
-            input_len=1024,
-            output_len=1024,
-        ),
-        Workload(
-            name="prefill",
-            phase="prefill",
-            schedule="static",
-            batch=16,
-            input_len=4096,
-            output_len=1,
-        ),
-        Workload(
-            name="decode",
-            phase="decode",
-            schedule="static",
-            batch=128,
-            input_len=2048,
-            output_len=256,
-        ),
-        Workload(
-            name="latency",
-            phase="request",
-            schedule="static",
-            batch=1,
-            input_len=1024,
-            output_len=256,
-            objective="latency",
-        ),
-    )
-}
+# The presets, in data/workloads.yaml.
+PRESETS: dict[str, Workload] = load_records("workloads.yaml", Workload)
 
 
 def get_workload(name: str) -> Workload:

@@ -2,7 +2,7 @@
 can launch, each with the engine's default flags for it, at every batch size.
 
 The degrees are those of the problem engine's capability model
-(:mod:`shardlab.problems.capability`); operators are sharded as the engine shards them
+(:mod:`shardlab.problems.engines`); operators are sharded as the engine shards them
 when given only the degrees (its default features, equal pipeline stages), and the
 evaluator prices every concurrency up to what the KV cache holds, so the batch size is
 searched exhaustively too. What it leaves to ``--space engine``: the engine features

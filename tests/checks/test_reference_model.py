@@ -11,7 +11,7 @@ from shardlab.dtensor_check.mixers import mixer_parts
 from shardlab.dtensor_check.tiny_configs import override_options, tiny_config, tiny_problem
 from shardlab.dtensor_check.transformer import MAX_PARAMS, TinyTransformer, _group_rows
 from shardlab.errors import ShardlabError
-from shardlab.problems.model import model_from_config
+from shardlab.problems.hf_config import model_from_config
 from shardlab.problems.plan import Degrees
 
 KINDS = ("dense", "moe", "gemma4", "gdn", "kda", "dsa")

@@ -1,5 +1,5 @@
-"""What each serving engine can launch: the capability model behind ``--space engine``,
-the ``grid`` and ``recipe`` baselines and ``shardlab launch``.
+"""What each serving engine can launch: the vocabulary of the capability model behind
+an engine search space, the ``grid`` and ``recipe`` baselines and ``shardlab launch``.
 
 For each engine, at the version pinned below, three things:
 
@@ -20,27 +20,26 @@ vLLM ``vllm-0.24.0`` wheel, SGLang ``sglang-0.5.14`` wheel, TensorRT-LLM ``1.3.0
 (``tensorrt_llm/``; the newest complete source reachable here: 1.3.0rc20, whose
 kernels the silicon tables measure, is not published as source on PyPI, and its
 LLM-API keys are those of rc3 in AIConfigurator's rc14+ templates).
+
+One module per engine holds its rules (:mod:`.trtllm`, :mod:`.vllm`, :mod:`.sglang`);
+:mod:`shardlab.problems.engines` registers them.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal, get_args
+from typing import ClassVar
 
 from shardlab.errors import ShardlabError
+from shardlab.problems.cluster import Cluster
+from shardlab.problems.degrees import option_valid
+from shardlab.problems.model import Model
 from shardlab.problems.operators import HEAD_OPS, OpSpec, OptionSpec, layer_ops
-
-if TYPE_CHECKING:
-    from shardlab.problems.cluster import Cluster
-    from shardlab.problems.model import Model
-    from shardlab.problems.plan import Degrees
-
-Engine = Literal["trtllm", "vllm", "sglang"]
-ENGINES: tuple[str, ...] = get_args(Engine)
+from shardlab.problems.plan import Degrees
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Feature:
     name: str  # short id, as configuration labels show it
     turns_on: str  # what the user sets: a flag, a YAML key or an environment variable
@@ -95,7 +94,6 @@ def _axis_missing(opt: OptionSpec, d: Degrees) -> bool:
 
 
 def _resolve(op: OpSpec, wanted: tuple[str, ...], d: Degrees) -> str | None:
-    from shardlab.problems.space import option_valid
 
     for name in wanted:
         opt = op.option(name)
@@ -176,8 +174,9 @@ class Capability(ABC):
         if not out:
             common = max(reasons, key=reasons.__getitem__) if reasons else "no degrees"
             raise ShardlabError(
-                f"{self.label} can run no plan of {model.name} on {cluster.name} (e.g. "
-                f"{common}); use --space free or another --engine"
+                f"{self.label} can run no plan of {model.name} on {cluster.name} (e.g. {common})",
+                field="engine",
+                fix="search the free space or choose another engine",
             )
         return tuple(out)
 
@@ -193,46 +192,32 @@ class Capability(ABC):
         return "they are not a valid degree tuple of this problem"
 
 
-# Models and a cluster whose engine configurations show every feature at work: a
-# dense model, a MoE model with shared experts and dense layers (DeepSeek-V3), one
-# with few experts; two nodes, so that multi-node rules apply.
-COVERAGE_CASES: tuple[tuple[str, str], ...] = (
-    ("llama-3.1-70b", "h100x16"),
-    ("deepseek-v3", "h200x16"),
-    ("mixtral-8x7b", "h100x16"),
-)
+# DeepSeek-V3's architecture in every engine (Kimi-K2 and DeepSeek-V3.2 included).
+DEEPSEEK = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"})
 
 
-def option_coverage(engine: str) -> dict[tuple[str, str], tuple[str, ...] | None]:
-    """For every (operator, option): the fewest engine features under which ``engine``
-    produces it on :data:`COVERAGE_CASES` with more than one GPU per stage (``()``:
-    with its defaults), None if never (the option has no equivalent in the engine)."""
-    from shardlab.problems.catalog import load_model
-    from shardlab.problems.cluster import parse_cluster
-    from shardlab.problems.space import enumerate_degrees
+def block_split(model: Model, d: Degrees, options: dict[str, str]) -> str | None:
+    """Why a block-quantized checkpoint cannot be split so (None: it can).
 
-    cap = capability(engine)
-    out: dict[tuple[str, str], tuple[str, ...] | None] = {}
-    for model_name, cluster_name in COVERAGE_CASES:
-        model, cluster = load_model(model_name), parse_cluster(cluster_name)
-        for op in (*{o for k in model.kinds for o in layer_ops(model, k)}, *HEAD_OPS):
-            for opt in op.options:
-                out.setdefault((op.name, opt.name), None)
-        for c in cap.configs(model, cluster, enumerate_degrees(model, cluster)):
-            if c.degrees.group == 1:  # one GPU per stage: every option is the same plan
-                continue
-            for _, op_name, name in c.options:
-                seen = out.get((op_name, name))
-                if seen is None or len(c.features) < len(seen):
-                    out[(op_name, name)] = c.features
-    return out
-
-
-def capability(engine: str) -> Capability:
-    """The capability model of ``engine`` at its pinned version."""
-    from shardlab.problems.engine_rules import CAPABILITIES
-
-    try:
-        return CAPABILITIES[engine]
-    except KeyError:
-        raise ShardlabError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}") from None
+    vLLM and SGLang refuse a slice of an fp8 weight that is not whole scale blocks
+    (vLLM model_executor/layers/quantization/fp8.py:560-573, utils/fp8_utils.py
+    validate_fp8_block_shape; SGLang srt/layers/quantization/fp8_utils.py:1788-1812,
+    srt/model_executor/model_runner.py:1129-1143)."""
+    block = model.weight_block
+    if not block:
+        return None
+    sizes = {"ffn_up": model.ffn_size, "ffn_down": model.ffn_size}
+    if model.moe is not None:
+        sizes.update(shared_up=model.moe.shared_ffn_size, shared_down=model.moe.shared_ffn_size)
+    ways = {"column": d.tp, "row": d.tp, "column_full": d.group, "row_full": d.group}
+    for op, size in sizes.items():
+        option = options.get(op, "replicated")
+        n = ways.get(option, 1)
+        if size and n > 1 and size % n == 0 and (size // n) % block:
+            return f"{op} {option} leaves {size // n}-row slices of {block}-row fp8 blocks"
+    if model.moe is not None and d.etp > 1 and (model.moe.expert_ffn_size // d.etp) % block:
+        return (
+            f"expert TP {d.etp} leaves {model.moe.expert_ffn_size // d.etp}-row slices of "
+            f"{block}-row fp8 blocks"
+        )
+    return None
