@@ -77,14 +77,17 @@ def run_ray(work: Work, tasks: Sequence[tuple[int, Any]], address: str | None, d
         import ray
     except ImportError:
         raise ShardlabError(
-            '--executor ray needs Ray: pip install -e ".[ray]" (or pip install "ray[default]")'
+            "running on Ray needs Ray installed",
+            field="executor",
+            fix='pip install -e ".[ray]" (or pip install "ray[default]")',
         ) from None
     try:
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ShardlabError(
-            f"--address {address}: cannot join a Ray cluster there ({exc}); start one with "
-            "'ray start --head' and pass its address (e.g. 127.0.0.1:6379)"
+            f"cannot join a Ray cluster at {address} ({exc})",
+            field="address",
+            fix="start one with 'ray start --head' and give its address (e.g. 127.0.0.1:6379)",
         ) from None
     remote = ray.remote(num_cpus=1)(work)
     pending = {remote.remote(task): i for i, task in tasks}

@@ -137,7 +137,8 @@ def folder_name(name: str) -> str:
     dot name (``compare --name ../../x`` must not write outside the results)."""
     if not name.strip() or name in (".", "..") or any(c in name for c in "/\\\0"):
         raise ShardlabError(
-            f"--name {name!r}: a results folder is one name (no '/', not '.' or '..'), "
-            "e.g. --name my-comparison"
+            f"{name!r} is not one folder name (no '/', not '.' or '..')",
+            field="name",
+            fix="e.g. my-comparison",
         )
     return name

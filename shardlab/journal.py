@@ -77,7 +77,9 @@ class Journal:
             runs = json.loads(results.read_text())["runs"]
         except (json.JSONDecodeError, KeyError, TypeError):
             raise ShardlabError(
-                f"{results}: not a comparison's results.json; delete it or pass --fresh"
+                f"{results}: not a comparison's results.json",
+                field="fresh",
+                fix="delete it, or start the comparison afresh",
             ) from None
         taken = 0
         for r in runs:

@@ -57,7 +57,8 @@ def test_compare_small_suite_writes_its_results(tmp_path: Path) -> None:
 
 
 def test_budgets_read_anytime_runs_and_rerun_the_others(tmp_path: Path) -> None:
-    from shardlab.compare import run_comparison, summarize, summary_markdown
+    from shardlab.compare import run_comparison, summarize
+    from shardlab.compare.report import summary_markdown
     from shardlab.problems.suite import get_suite
     from shardlab.solvers import Budget, solve
 

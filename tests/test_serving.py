@@ -23,7 +23,7 @@ from shardlab.costmodel.regimes import forms
 from shardlab.problems.calibration import Calibration
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
-from shardlab.serving_sample import SAMPLE, read_sample
+from shardlab.validation.serving_sample import SAMPLE, read_sample
 from shardlab.validation import load_measurements, predict
 
 MIXED = ["mixed", "prefill"]

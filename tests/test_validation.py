@@ -181,15 +181,25 @@ def test_cli_validate_calibrate_and_apply_on_a_users_file(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr
     assert "silicon: median |error|" in done.stdout
     assert (tmp_path / "v.md").read_text().count("\n| ") >= 4
+    before = sorted(p.name for p in tmp_path.iterdir())
     done = _cli("calibrate", "--measurements", str(path), "--timing", "silicon", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "leave-one-out" in done.stdout and (tmp_path / "cal.yaml").exists()
+    assert "leave-one-out" in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing asked, none written
+    done = _cli(
+        "calibrate", "--measurements", str(path), "--timing", "silicon", "--out", "cal.yaml",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "cal.yaml").exists()
     done = _cli(
         "evaluate", "--model", "llama-3.1-8b", "--cluster", "h100x1", "--tp", "1",
         "--timing", "silicon", "--calibration", "cal.yaml", cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "silicon timing (trtllm measurements), calibrated" in " ".join(done.stdout.split())
+    done = _cli("validate", "--measurements", str(path), "--format", "json", cwd=tmp_path)
+    assert done.returncode == 0 and not (tmp_path / "validation.md").exists()
     done = _cli("validate", "--measurements", "missing.csv", cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.count("\n") == 1
 

@@ -378,12 +378,15 @@ def read_anchor(path: str) -> list[dict[str, str]]:
     try:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ShardlabError(f"--aiconfigurator {path}: cannot read it ({exc})") from None
+        raise ShardlabError(
+            f"{path}: cannot read AIConfigurator's choices ({exc})", field="aiconfigurator"
+        ) from None
     rows = list(csv.DictReader(text.splitlines()))
     missing = [f for f in ANCHOR_FIELDS if rows and f not in rows[0]]
     if not rows or missing:
         raise ShardlabError(
-            f"--aiconfigurator {path}: not a CSV of tests/data/make_aiconfigurator_disagg.py "
-            f"(missing {', '.join(missing) or 'rows'})"
+            f"{path}: not a CSV of tests/data/make_aiconfigurator_disagg.py "
+            f"(missing {', '.join(missing) or 'rows'})",
+            field="aiconfigurator",
         )
     return rows

@@ -84,7 +84,8 @@ class Budget:
             raise ShardlabError(f"budget: max_evals must be at least 1, got {self.max_evals}")
         if self.seconds is not None and not (0 < self.seconds < math.inf):  # NaN too
             raise ShardlabError(
-                f"budget: seconds (--time-limit) must be a positive number, got {self.seconds}"
+                f"budget: seconds must be a positive number, got {self.seconds}",
+                field="time_limit",
             )
 
 

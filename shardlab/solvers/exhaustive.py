@@ -49,8 +49,9 @@ class ExhaustiveSolver(Solver):
         if size > math.log10(MAX_PLANS):
             raise ShardlabError(
                 f"the space of {ctx.problem.name} has 10^{size:.1f} plans; exhaustive "
-                f"search takes at most {MAX_PLANS:,}: use --method cpsat, or a smaller "
-                "cluster or tie='kind'"
+                f"search takes at most {MAX_PLANS:,}",
+                field="method",
+                fix="use method 'cpsat', or a smaller cluster, or tie 'kind'",
             )
         for d in range(ctx.space.num_degree_tuples):
             for codes in enumerate_codes(ctx.space, d):

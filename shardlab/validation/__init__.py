@@ -4,7 +4,7 @@ Its modules, by role: :mod:`~shardlab.validation.measurements` (the measurements
 and its rows), :mod:`~shardlab.validation.predictions` (each row's prediction),
 :mod:`~shardlab.validation.report` (the markdown report, written where asked) and
 :mod:`~shardlab.validation.aiconfigurator` (agreement with AIConfigurator's estimates).
-Measured serving at a fixed concurrency comes from :mod:`shardlab.serving_sample`.
+Measured serving at a fixed concurrency comes from :mod:`shardlab.validation.serving_sample`.
 """
 
 from shardlab.validation.aiconfigurator import (
@@ -16,13 +16,13 @@ from shardlab.validation.aiconfigurator import (
     write_agreement,
     write_side_by_side,
 )
+from shardlab.validation.loading import load_measurements
 from shardlab.validation.measurements import (
     UNITS,
     Measurement,
     MeasurementSet,
     Refusal,
     builtin_measurements,
-    load_measurements,
     read_csv,
 )
 from shardlab.validation.predictions import (

@@ -20,7 +20,7 @@ thousands of queued requests is ``inflight``, capped by the KV cache; a static b
 is ``static``). A file of thousands of rows does not stop at its first bad row: each
 row that cannot be read is refused with its reason (:class:`MeasurementSet`), and the
 rest are predicted. Measured serving at a fixed concurrency (TTFT and TPOT of a
-benchmark's closed loop) comes from :mod:`shardlab.serving_sample`. Approximations of
+benchmark's closed loop) comes from :mod:`shardlab.validation.serving_sample`. Approximations of
 the published rows' mapping, stated once:
 Llama-3.3-70B has Llama-3.1-70B's shapes and DeepSeek-R1 DeepSeek-V3's; LLaMA-2-70B
 and the GPT-13B of kipp.ly's arithmetic are config files next to the CSV (GPT-13B's
@@ -164,50 +164,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         raise ShardlabError(f"measurements {str(path)!r}: not a CSV file ({exc})") from None
 
 
-def load_measurements(
-    path: str | Path | None = None, filters: Mapping[str, list[str]] | None = None
-) -> MeasurementSet:
-    """Read measurements: shardlab's CSV (see the module docstring; the built-in one
-    by default), aiconfigurator-core's measured serving sample (``path`` =
-    ``aiconfigurator-sample``) or a CSV in its columns (:mod:`shardlab.serving_sample`;
-    ``filters`` keeps some of its rows: gpu, backend, family, mode, protocol). Rows
-    that cannot be read are refused, each with its reason; the others are returned."""
-    from shardlab.serving_sample import SAMPLE, SAMPLE_COLUMNS, read_sample, sample_rows
-
-    filters = {k: v for k, v in (filters or {}).items() if v}
-    if path is not None and str(path) == SAMPLE:
-        return read_sample(**filters)
-    path = Path(path) if path is not None else builtin_measurements()
-    rows = read_csv(path)
-    columns = set(rows[0]) if rows else set()
-    if rows and columns >= SAMPLE_COLUMNS:
-        return sample_rows(rows, str(path), **filters)
-    if filters:
-        raise ShardlabError(
-            f"filtering by {', '.join(filters)}: filters rows of measured serving (the "
-            f"sample's columns); {str(path)!r} is in shardlab's own columns",
-            field="filters",
-            fix="filter none, or give measurements in the sample's columns",
-        )
-    if not rows:
-        raise ShardlabError(f"measurements {str(path)!r}: no rows")
-    required = {"id", "metric", "value", "cluster"}
-    missing = required - columns
-    if missing:
-        raise ShardlabError(
-            f"measurements {str(path)!r}: missing column(s) {', '.join(sorted(missing))}"
-        )
-    out, refused = [], []
-    for n, row in enumerate(rows, start=2):
-        where = f"line {n} ({row.get('id') or 'no id'})"
-        try:
-            out.append(_measurement(row, path.parent, where))
-        except ShardlabError as exc:
-            refused.append(Refusal(id=(row.get("id") or "").strip(), line=n, reason=str(exc)))
-    return MeasurementSet(source=str(path), rows=out, refused=refused)
-
-
-def _measurement(row: Mapping[str, str], base: Path, where: str) -> Measurement:
+def measurement_of(row: Mapping[str, str], base: Path, where: str) -> Measurement:
     metric = (row.get("metric") or "").strip()
     if metric not in UNITS:
         raise ShardlabError(f"{where}: metric {metric!r} is not one of {', '.join(UNITS)}")

@@ -43,9 +43,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ShardlabError(
-            f"policy checkpoint {str(path)!r} does not exist; give the file written by "
-            "train_policy (`shardlab train-policy --out FILE`) or leave --policy out to "
-            "start from scratch"
+            f"policy checkpoint {str(path)!r} does not exist",
+            field="policy",
+            fix="give the file train_policy wrote, or no policy to start from scratch",
         )
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)

@@ -64,7 +64,7 @@ from shardlab.problems.model import Model
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
 from shardlab.problems.workload import Workload
-from shardlab.validation import Measurement, MeasurementSet, Refusal, read_csv
+from shardlab.validation.measurements import Measurement, MeasurementSet, Refusal, read_csv
 
 SAMPLE = "aiconfigurator-sample"
 SAMPLE_COLUMNS = frozenset(
