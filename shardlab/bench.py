@@ -29,7 +29,7 @@ EVALUATOR_INSTANCES = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EvaluatorSpeed:
     instance: str
     degree_tuples: int
@@ -109,7 +109,7 @@ def evaluator_markdown(command: str, rows: list[EvaluatorSpeed], repeats: int) -
     return "\n".join(lines) + "\n"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExactSpeed:
     model: str
     cluster: str

@@ -51,7 +51,7 @@ class HistoryPoint(NamedTuple):
     best: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Progress:
     evals: int
     max_evals: int | None
@@ -161,7 +161,15 @@ class Evaluator:
             return
         self._reported = self.elapsed
         best = None if self.best_code is None else self.best_objective
-        self.callback(Progress(self.n_evals, self.max_evals, self._reported, best, self.phase))
+        self.callback(
+            Progress(
+                evals=self.n_evals,
+                max_evals=self.max_evals,
+                seconds=self._reported,
+                best=best,
+                phase=self.phase,
+            )
+        )
 
     def evaluate(self, codes: np.ndarray) -> np.ndarray:
         """Fitness of each row; new rows count against the budget.

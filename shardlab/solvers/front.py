@@ -28,7 +28,7 @@ from shardlab.problems.problem import Problem
 CHUNK = 512  # plans merged into a front at a time
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FrontPoint:
     plan: Plan
     metrics: Metrics
@@ -132,5 +132,11 @@ class Front:
             plan = self.problem.space.decode(self.codes[i])
             if self.problem.workload.schedule == "inflight":
                 plan = dataclasses.replace(plan, concurrency=int(self.per_rank[i]))
-            out.append(FrontPoint(plan, evaluate(self.problem, plan), self.problem.workload.batch))
+            out.append(
+                FrontPoint(
+                    plan=plan,
+                    metrics=evaluate(self.problem, plan),
+                    batch=self.problem.workload.batch,
+                )
+            )
         return tuple(out)

@@ -140,7 +140,7 @@ def solve_front(
         points += r.front
         base = megatron_baseline(sub)
         if base is not None and base[1].feasible:
-            megatron.append(FrontPoint(base[0], base[1], batch))
+            megatron.append(FrontPoint(plan=base[0], metrics=base[1], batch=batch))
         if r.status == "interrupted":
             status = "interrupted"
             break

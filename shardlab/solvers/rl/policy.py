@@ -41,7 +41,7 @@ def _mlp(n_in: int, d: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(n_in, d), nn.ReLU(), nn.Linear(d, d))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ProblemTensors:
     """The static features of one problem, built once per solve."""
 
@@ -60,7 +60,7 @@ class ProblemTensors:
         )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Elite:
     """The elite history as the network reads it."""
 
@@ -68,7 +68,7 @@ class Elite:
     rewards: np.ndarray  # (K,)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Rollout:
     """Sampled plans and everything needed to recompute their log-probabilities."""
 
