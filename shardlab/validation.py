@@ -383,7 +383,7 @@ def collective_seconds(m: Measurement, timing: str, engine: str) -> float:
     if timing == "silicon" and silicon.covers(key):
         measured = silicon.kernels(key, engine).collective("all_reduce", 8, nbytes, nccl=True)
     if measured is None:
-        measured = collective_time("all_reduce", Span(8, 8), nbytes, m.cluster)
+        measured = collective_time("all_reduce", Span(size=8, local=8), nbytes, m.cluster)
     return float(measured)
 
 
