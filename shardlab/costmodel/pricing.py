@@ -129,8 +129,10 @@ def _requests(problem: Problem, u: Units, per_rank: np.ndarray) -> np.ndarray:
             i = int(np.flatnonzero(per_rank != offer)[0])
             raise ShardlabError(
                 f"plan concurrency {int(per_rank[i])} per rank: the static schedule runs "
-                f"its batch ({offer[i]} per attention-DP rank); drop the plan's "
-                "'concurrency' or use --schedule inflight"
+                f"its batch ({offer[i]} per attention-DP rank)",
+                field="plan.concurrency",
+                fix="drop the plan's 'concurrency', or serve the workload in flight "
+                "(schedule 'inflight')",
             )
         return per_rank
     bad = (per_rank < 1) | (per_rank > offer)
@@ -139,9 +141,10 @@ def _requests(problem: Problem, u: Units, per_rank: np.ndarray) -> np.ndarray:
         d = stack.degrees[int(u.slot[i])]
         raise ShardlabError(
             f"plan concurrency {int(per_rank[i])} per rank is more than this workload "
-            f"offers an attention-DP rank under {d.short()} ({offer[i]}: "
-            "--batch over replicas and dp_attn, the engine's max batch and max tokens); "
-            "raise --batch or lower the plan's 'concurrency'"
+            f"offers an attention-DP rank under {d.short()} ({offer[i]}: the workload's "
+            "batch over replicas and dp_attn, within the engine's max batch and max tokens)",
+            field="plan.concurrency",
+            fix="raise the workload's batch or lower the plan's 'concurrency'",
         )
     return per_rank
 
