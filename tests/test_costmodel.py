@@ -282,13 +282,13 @@ def test_plans_priced_together_or_alone_agree(data: st.DataObject) -> None:
 def test_pricing_in_pieces_prices_the_same(key: str, monkeypatch) -> None:
     # how plans are split into passes, widths and chunks is bookkeeping: each plan's
     # sums are its own, so pricing one plan at a time at powers of two gives the same bits
-    from shardlab.costmodel import arithmetic
+    from shardlab.costmodel import stage_sums
 
     problem = PROBLEMS[key]
     codes = problem.space.sample(150, seed=5)
     whole = evaluate_batch(problem, codes)
-    monkeypatch.setattr(arithmetic, "GATHER_CHUNK", 1)
-    monkeypatch.setattr(arithmetic, "FEW_PLANS", 0)
+    monkeypatch.setattr(stage_sums, "GATHER_CHUNK", 1)
+    monkeypatch.setattr(stage_sums, "FEW_PLANS", 0)
     pieces = evaluate_batch(problem, codes)
     for name in whole.__dataclass_fields__:
         np.testing.assert_array_equal(getattr(pieces, name), getattr(whole, name), err_msg=name)

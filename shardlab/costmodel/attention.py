@@ -7,11 +7,7 @@ import math
 
 import numpy as np
 
-from shardlab.costmodel.constants import (
-    ACT_BYTES,
-    ATTENTION_EFFICIENCY,
-    KERNEL_US,
-)
+from shardlab.costmodel.constants import ACT_BYTES, ATTENTION_EFFICIENCY, KERNEL_US
 from shardlab.costmodel.context import CostContext, OptionCost
 from shardlab.costmodel.steps import Step
 from shardlab.costmodel.widths import input_width, output_width

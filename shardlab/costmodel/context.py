@@ -10,10 +10,7 @@ import numpy as np
 
 from shardlab.costmodel import silicon
 from shardlab.costmodel.collectives import Span, axis_span, collective_time
-from shardlab.costmodel.constants import (
-    GEMM_EFFICIENCY,
-    HBM_EFFICIENCY,
-)
+from shardlab.costmodel.constants import GEMM_EFFICIENCY, HBM_EFFICIENCY
 from shardlab.costmodel.silicon import Kernels
 from shardlab.costmodel.steps import kv_context
 from shardlab.problems.dtypes import BYTES_PER_VALUE

@@ -9,11 +9,7 @@ import numpy as np
 
 from shardlab.costmodel import silicon
 from shardlab.costmodel.collectives import axis_span
-from shardlab.costmodel.constants import (
-    ACT_BYTES,
-    EXPERT_SKEW,
-    KERNEL_US,
-)
+from shardlab.costmodel.constants import ACT_BYTES, EXPERT_SKEW, KERNEL_US
 from shardlab.costmodel.context import CostContext, OptionCost
 from shardlab.costmodel.steps import Step
 from shardlab.problems.operators import OptionSpec

@@ -1,5 +1,7 @@
-"""Roofline cost of one operator option on the busiest GPU of a stage, and the cost of
-redistributing a tensor between two layouts.
+"""Roofline cost of one operator option on the busiest GPU of a stage: norms, linear
+layers, embeddings and samplers here, attention in :mod:`shardlab.costmodel.attention`,
+routed experts in :mod:`shardlab.costmodel.experts`; what they share (and the cost of
+redistributing a tensor between two layouts) in :mod:`shardlab.costmodel.context`.
 
 Everything is a function of ``b``, the requests per attention-data-parallel rank in
 one micro-batch, and is evaluated for a whole numpy array of ``b`` at once.

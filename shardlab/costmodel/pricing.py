@@ -2,8 +2,9 @@
 
 One plan (:func:`evaluate`, with its per-operator breakdown), encoded plans in bulk
 (:func:`evaluate_batch`, :func:`evaluate_points`) and the plan helpers around them
-all go through one implementation of the arithmetic, :func:`~shardlab.costmodel.
-arithmetic.assemble`; the definitions of what it computes are in that module.
+all go through one implementation of the arithmetic,
+:func:`shardlab.costmodel.arithmetic.assemble`; the definitions of what it computes
+are in that module.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 
 import numpy as np
 
-from shardlab.costmodel import arithmetic
+from shardlab.costmodel import stage_sums
 from shardlab.costmodel.arithmetic import Assembled, assemble
 from shardlab.costmodel.breakdown import breakdown_of
 from shardlab.costmodel.metrics import VIOLATIONS, BatchMetrics, ConcurrencyPoints, Metrics
@@ -87,7 +88,7 @@ def _evaluate(
     # plans per pass: keeps the per-plan arrays (terms, stage rows) to tens of MB
     terms = terms_of(problem, units.layout)
     per_stage = len(terms.unit_first) + len(terms.pair_a) + 9  # units, hops, ends, send
-    per_pass = max(64, arithmetic.GATHER_CHUNK // (len(terms.unit) + space.max_pp * per_stage))
+    per_pass = max(64, stage_sums.GATHER_CHUNK // (len(terms.unit) + space.max_pp * per_stage))
     parts: list[BatchMetrics] = []
     found: list[tuple[np.ndarray, ...]] = []
     point_fields = [f for f in ConcurrencyPoints.__dataclass_fields__ if f != "row"]
