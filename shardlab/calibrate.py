@@ -153,7 +153,11 @@ def _linearized(m: Measurement, problem: Problem, plan: Plan, metrics: Metrics) 
     prefill_first = serving_costs(problem).prefill_first
 
     def regime(request_s: float, iteration_s: float) -> Forms:
-        costs = ServingCosts(round(request_s * 1e9), round(iteration_s * 1e9), prefill_first)
+        costs = ServingCosts(
+            request_ns=round(request_s * 1e9),
+            iteration_ns=round(iteration_s * 1e9),
+            prefill_first=prefill_first,
+        )
         clients = clients_per_rank(problem, d, per_dp)
         budget = np.array([t.engine.max_tokens])
         return forms(problem, kinds, per_dp, clients, budget, handoff, exact=False, costs=costs)

@@ -282,15 +282,13 @@ def test_plans_priced_together_or_alone_agree(data: st.DataObject) -> None:
 def test_pricing_in_pieces_prices_the_same(key: str, monkeypatch) -> None:
     # how plans are split into passes, widths and chunks is bookkeeping: each plan's
     # sums are its own, so pricing one plan at a time at powers of two gives the same bits
-    import importlib
+    from shardlab.costmodel import stage_sums
 
-    # the module (shardlab.costmodel exports a function of the same name)
-    ev = importlib.import_module("shardlab.costmodel.evaluate")
     problem = PROBLEMS[key]
     codes = problem.space.sample(150, seed=5)
     whole = evaluate_batch(problem, codes)
-    monkeypatch.setattr(ev, "GATHER_CHUNK", 1)
-    monkeypatch.setattr(ev, "FEW_PLANS", 0)
+    monkeypatch.setattr(stage_sums, "GATHER_CHUNK", 1)
+    monkeypatch.setattr(stage_sums, "FEW_PLANS", 0)
     pieces = evaluate_batch(problem, codes)
     for name in whole.__dataclass_fields__:
         np.testing.assert_array_equal(getattr(pieces, name), getattr(whole, name), err_msg=name)
@@ -333,7 +331,7 @@ def test_capacity_is_the_most_requests_that_fit(seed: int, hbm: float, stages: i
     """The closed-form window finds what checking every concurrency finds: the largest
     c <= top whose memory (as summed everywhere: base + kv_full c + kv_split ceil(c /
     tp)) fits on every stage; 0 when none does."""
-    from shardlab.costmodel.evaluate import NO_STAGE, _capacity
+    from shardlab.costmodel.arithmetic import NO_STAGE, _capacity
 
     rng = np.random.default_rng(seed)
     n = 16

@@ -18,7 +18,7 @@ from functools import cache
 import pytest
 import torch
 
-from shardlab.costmodel.opcosts import dispatch_copies
+from shardlab.costmodel.experts import dispatch_copies
 from shardlab.dtensor_check import (
     COUNT_DTYPE,
     EXACT_RTOL,

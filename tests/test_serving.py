@@ -23,8 +23,8 @@ from shardlab.costmodel.regimes import forms
 from shardlab.problems.calibration import Calibration
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
-from shardlab.validation.serving_sample import SAMPLE, read_sample
 from shardlab.validation import load_measurements, predict
+from shardlab.validation.serving_sample import SAMPLE, read_sample
 
 MIXED = ["mixed", "prefill"]
 
@@ -121,9 +121,9 @@ def test_the_engine_costs_are_the_shipped_fit_unless_calibrated() -> None:
     shipped = serving_constants()
     p = _problem("vllm")
     assert serving_costs(p) == ServingCosts(
-        round(shipped["vllm"]["request_ms"] * 1e6),
-        round(shipped["vllm"]["iteration_ms"] * 1e6),
-        False,
+        request_ns=round(shipped["vllm"]["request_ms"] * 1e6),
+        iteration_ns=round(shipped["vllm"]["iteration_ms"] * 1e6),
+        prefill_first=False,
     )
     cal = dataclasses.replace(p, calibration=Calibration(request_ms=5.0))
     assert serving_costs(cal).request_ns == 5_000_000

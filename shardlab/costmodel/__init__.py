@@ -8,6 +8,7 @@ so the cost model's files can be reorganized without touching its callers.
 from shardlab.costmodel import silicon
 from shardlab.costmodel.collectives import Span, collective_time
 from shardlab.costmodel.constants import ACT_BYTES
+from shardlab.costmodel.context import CostContext
 from shardlab.costmodel.decompose import (
     IntegerTables,
     integer_tables,
@@ -29,12 +30,16 @@ from shardlab.costmodel.engines import (
     serving_constants_yaml,
     serving_costs,
 )
-from shardlab.costmodel.evaluate import (
+from shardlab.costmodel.experts import COUNT_BYTES, dispatch_bytes
+from shardlab.costmodel.handoff import handoff_ns, handoff_seconds
+from shardlab.costmodel.metrics import (
     VIOLATIONS,
     BatchMetrics,
     ConcurrencyPoints,
     Metrics,
     OpBreakdown,
+)
+from shardlab.costmodel.pricing import (
     assemble_plan,
     at_capacity,
     evaluate,
@@ -44,8 +49,6 @@ from shardlab.costmodel.evaluate import (
     prepare,
     with_concurrency,
 )
-from shardlab.costmodel.handoff import handoff_ns, handoff_seconds
-from shardlab.costmodel.opcosts import COUNT_BYTES, CostContext, dispatch_bytes
 from shardlab.costmodel.regimes import (
     Form,
     Forms,

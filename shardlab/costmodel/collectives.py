@@ -31,7 +31,7 @@ _LOG_SIZES = np.log(np.array(BUSBW_SIZES, dtype=float))
 _EFF = np.array(BUSBW_EFFICIENCY, dtype=float)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Span:
     """A communication group: ``size`` ranks, ``local`` of them per NVLink domain."""
 
@@ -48,7 +48,7 @@ def span(size: int, stride: int, cluster: Cluster) -> Span:
     local = 1 if stride >= node else min(size, max(1, node // stride))
     while size % local:  # uneven packing: fall back to the largest divisor that fits
         local -= 1
-    return Span(size, local)
+    return Span(size=size, local=local)
 
 
 def axis_span(axis: str, degrees: Degrees, cluster: Cluster) -> Span:

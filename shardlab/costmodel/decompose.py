@@ -13,7 +13,7 @@ of every step is, per pipeline stage, a sum of table entries:
 
 and memory per GPU is ``weights + KV per request * requests + workspace + reserve``
 with weights and KV sums of option entries and the workspace the largest entry among
-the chosen options. :func:`shardlab.costmodel.regimes.timing` turns the per-step sums
+the chosen options. :func:`shardlab.costmodel.regimes.latencies` turns the per-step sums
 and maxima over stages into TTFT, TPOT and throughput.
 
 Rounding: times are integer nanoseconds, memory integer bytes, each entry rounded to
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardlab.costmodel.constants import RUNTIME_RESERVE_GB
-from shardlab.costmodel.evaluate import assemble_plan
-from shardlab.costmodel.regimes import Timing, timing
+from shardlab.costmodel.pricing import assemble_plan
+from shardlab.costmodel.regimes import Latencies, latencies
 from shardlab.costmodel.tables import degree_tables
 from shardlab.problems.operators import HEAD_OPS, layer_ops
 from shardlab.problems.plan import Degrees, Plan
@@ -45,7 +45,7 @@ def _bytes(values: np.ndarray) -> np.ndarray:
     return np.rint(np.asarray(values)).astype(np.int64)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class IntegerTables:
     """Integer cost tables of one degree tuple at ``per_dp`` requests per dp rank.
 
@@ -154,14 +154,14 @@ def integer_tables(
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TableCost:
     """A plan priced from the integer tables."""
 
     stage_ns: np.ndarray  # (step, stage)
     stage_bytes: np.ndarray  # (stage,) memory per GPU
     hbm_bytes: int
-    timing: Timing
+    timing: Latencies
 
     @property
     def fits(self) -> bool:
@@ -222,7 +222,7 @@ def price(problem: Problem, tables: IntegerTables, plan: Plan) -> TableCost:
     stage_bytes = weight + kv + workspace + tables.reserve_bytes
     seconds = stage_ns.astype(float) / 1e9
     per_replica = -(-problem.workload.batch // d.replicas)
-    tm = timing(
+    tm = latencies(
         problem,
         d,
         tables.steps,

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardlab.costmodel.evaluate import Metrics, evaluate, with_concurrency
 from shardlab.costmodel.handoff import handoff_seconds
+from shardlab.costmodel.metrics import Metrics
+from shardlab.costmodel.pricing import evaluate, with_concurrency
 from shardlab.problems.disagg import (
     DisaggPlan,
     check_disagg,

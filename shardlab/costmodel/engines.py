@@ -90,7 +90,7 @@ def to_ns(ms: float) -> int:
     return round(ms * 1e6)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineLimits:
     name: str
     max_batch: int  # requests per attention-DP rank
@@ -138,7 +138,7 @@ def engine_limits(problem: Problem, tp: int, pp: int, dp_attn: int) -> EngineLim
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServingCosts:
     """What an engine adds to the kernels' times when it serves (the same under every
     degree tuple)."""

@@ -1,7 +1,7 @@
 """Serving regimes: from step times to TTFT, TPOT, latency and throughput.
 
 This module is the one definition the scalar and batched evaluators, calibration and
-the CP-SAT objective all use (:func:`forms`; :func:`timing` evaluates it in numpy,
+the CP-SAT objective all use (:func:`forms`; :func:`latencies` evaluates it in numpy,
 :mod:`shardlab.solvers.cpsat` builds it from the model's variables).
 
 Two times of a plan come from its per-step stage times ``t_s`` (``m`` micro-batches
@@ -87,7 +87,7 @@ class DegreeArrays(NamedTuple):
     tp: np.ndarray
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Form:
     """``round * (R + i) + prompt * S + const``: a latency as the regime defines it.
 
@@ -103,7 +103,7 @@ class Form:
         return self.round * round_ + self.prompt * prompt + self.const
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Forms:
     """A regime: which steps give the round and the prompt, and its latencies."""
 
@@ -148,6 +148,68 @@ def forms(
     costs = serving_costs(problem) if costs is None else costs
     unit = 1 if exact or ns else 1e-9
     request, iteration = costs.request_ns * unit, costs.iteration_ns * unit
+    zero = _zero(running)
+    one = zero + 1
+    o = w.output_len
+    # forms are evaluated at the round with its iteration cost, R + i (basic_times)
+    if kinds == ["prefill"] and w.schedule == "static":
+        rate = Form(round=zero, prompt=one, const=iteration)
+        ttft = Form(round=zero, prompt=one, const=iteration + handoff)
+        return Forms(
+            round_step=None,
+            prompt_step=0,
+            prompt_batches=True,
+            ttft=ttft,
+            tpot=None,
+            latency=ttft,
+            rate=rate,
+            iteration=iteration,
+        )
+    if kinds == ["prefill", "decode"]:
+        ttft = Form(round=zero, prompt=one, const=iteration)
+        tpot = Form(round=one, prompt=zero, const=zero)
+        latency = Form(round=one * (o - 1), prompt=one, const=iteration)
+        return Forms(
+            round_step=1,
+            prompt_step=0,
+            prompt_batches=True,
+            ttft=ttft,
+            tpot=tpot,
+            latency=latency,
+            rate=latency,
+            iteration=iteration,
+        )
+    if kinds == ["decode"]:
+        tpot = Form(round=one, prompt=zero, const=zero)
+        return Forms(
+            round_step=0,
+            prompt_step=None,
+            prompt_batches=False,
+            ttft=None,
+            tpot=tpot,
+            latency=tpot,
+            rate=tpot,
+            iteration=iteration,
+        )
+    return _closed_loop(
+        problem, kinds, running, clients, budget, handoff, costs, request, iteration, exact
+    )
+
+
+def _closed_loop(
+    problem: Problem,
+    kinds: list[str],
+    running: Any,
+    clients: Any,
+    budget: Any,
+    handoff: Any,
+    costs: ServingCosts,
+    request: Any,
+    iteration: Any,
+    exact: bool,
+) -> Forms:
+    """The in-flight regimes with prompts: the closed loop (see the module docstring)."""
+    w = problem.workload
 
     def ratio(a: Any, b: Any) -> Any:
         return Fraction(a, b) if exact else np.asarray(a, dtype=float) / b
@@ -158,20 +220,6 @@ def forms(
     zero = _zero(running)
     one = zero + 1
     o = w.output_len
-    # forms are evaluated at the round with its iteration cost, R + i (basic_times)
-    if kinds == ["prefill"] and w.schedule == "static":
-        rate = Form(zero, one, iteration)
-        ttft = Form(zero, one, iteration + handoff)
-        return Forms(None, 0, True, ttft, None, ttft, rate, iteration)
-    if kinds == ["prefill", "decode"]:
-        ttft = Form(zero, one, iteration)
-        tpot = Form(one, zero, zero)
-        latency = Form(one * (o - 1), one, iteration)
-        return Forms(1, 0, True, ttft, tpot, latency, latency, iteration)
-    if kinds == ["decode"]:
-        tpot = Form(one, zero, zero)
-        return Forms(0, None, False, None, tpot, tpot, tpot, iteration)
-    # in flight, with prompts: the closed loop
     p = w.prompts_per_client
     alone = costs.prefill_first
     # a new prompt's wait in rounds: half the round under way, and the round that
@@ -192,9 +240,18 @@ def forms(
         # then its own (a prompt holds no slot once prefilled: no wait for one)
         waves = -(-clients // run)
         a_round = ratio(waves + 1, 2 * p) + later * number(Fraction(3, 2))
-        ttft = Form(a_round, zero, request + handoff)
-        rate = Form(one, zero, zero)
-        return Forms(0, None, False, ttft, None, ttft, rate, iteration)
+        ttft = Form(round=a_round, prompt=zero, const=request + handoff)
+        rate = Form(round=one, prompt=zero, const=zero)
+        return Forms(
+            round_step=0,
+            prompt_step=None,
+            prompt_batches=False,
+            ttft=ttft,
+            tpot=None,
+            latency=ttft,
+            rate=rate,
+            iteration=iteration,
+        )
     # mixed rounds and a prompt alone
     if exact:
         cohort = max(1, min(budget // w.input_len, run))
@@ -204,10 +261,17 @@ def forms(
     first = ratio(waves + 1, 2 * p)  # the mean of cohorts 1..waves, one in p requests
     a_prompt = first * cohort + later + queue
     a_round = first * wave_round + later * steady_round + queue * (steady_round + o - 1)
-    ttft = Form(a_round, a_prompt, request)
-    tpot = Form(one, zero, zero)
-    latency = Form(a_round + (o - 1), a_prompt, request)
-    return Forms(0, 1, False, ttft, tpot, latency, tpot, iteration)
+    tpot = Form(round=one, prompt=zero, const=zero)
+    return Forms(
+        round_step=0,
+        prompt_step=1,
+        prompt_batches=False,
+        ttft=Form(round=a_round, prompt=a_prompt, const=request),
+        tpot=tpot,
+        latency=Form(round=a_round + (o - 1), prompt=a_prompt, const=request),
+        rate=tpot,
+        iteration=iteration,
+    )
 
 
 def basic_times(
@@ -231,8 +295,10 @@ def basic_times(
     return rnd, prompt
 
 
-@dataclass(frozen=True)
-class Timing:
+@dataclass(frozen=True, kw_only=True)
+class Latencies:
+    """A regime's times and rates, one entry per (plan, concurrency) priced."""
+
     ttft_s: np.ndarray
     tpot_s: np.ndarray
     latency_s: np.ndarray
@@ -240,7 +306,7 @@ class Timing:
     concurrency: np.ndarray  # requests in flight in the whole cluster
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Judgement:
     objective: np.ndarray  # higher is better
     ttft_violation: np.ndarray
@@ -284,7 +350,7 @@ def tokens(problem: Problem, degrees: Degrees | DegreeArrays, per_replica: Any, 
     return served
 
 
-def timing(
+def latencies(
     problem: Problem,
     degrees: Degrees | DegreeArrays,
     steps: tuple[Step, ...],
@@ -293,7 +359,7 @@ def timing(
     sums: list[np.ndarray],
     maxes: list[np.ndarray],
     budget: np.ndarray,
-) -> Timing:
+) -> Latencies:
     """TTFT, TPOT, latency, throughput from per-step stage-time sums and maxima (in
     seconds), for plans at ``per_dp`` requests per rank under an engine budget of
     ``budget`` tokens per iteration per rank."""
@@ -321,16 +387,16 @@ def timing(
     in_flight = in_flight_requests(problem, d, per_replica, per_dp)
     concurrency = in_flight if inflight else np.full_like(in_flight, float(w.batch))
     shape = np.shape(throughput)
-    return Timing(
-        np.broadcast_to(ttft, shape),
-        np.broadcast_to(tpot, shape),
-        np.broadcast_to(latency, shape),
-        throughput,
-        np.broadcast_to(concurrency, shape),
+    return Latencies(
+        ttft_s=np.broadcast_to(ttft, shape),
+        tpot_s=np.broadcast_to(tpot, shape),
+        latency_s=np.broadcast_to(latency, shape),
+        throughput=throughput,
+        concurrency=np.broadcast_to(concurrency, shape),
     )
 
 
-def judge(problem: Problem, t: Timing, memory_ok: np.ndarray) -> Judgement:
+def judge(problem: Problem, t: Latencies, memory_ok: np.ndarray) -> Judgement:
     """Objective (higher is better) and SLO violations."""
     w = problem.workload
     ttft_bad = np.zeros(np.shape(memory_ok), dtype=bool)
@@ -345,4 +411,9 @@ def judge(problem: Problem, t: Timing, memory_ok: np.ndarray) -> Judgement:
         objective = t.throughput / problem.cluster.num_gpus
     else:
         objective = t.throughput
-    return Judgement(objective, ttft_bad, tpot_bad, memory_ok & ~ttft_bad & ~tpot_bad)
+    return Judgement(
+        objective=objective,
+        ttft_violation=ttft_bad,
+        tpot_violation=tpot_bad,
+        feasible=memory_ok & ~ttft_bad & ~tpot_bad,
+    )

@@ -38,7 +38,7 @@ from shardlab.problems.problem import Problem
 from shardlab.problems.space import SearchSpace
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RowLayout:
     """Where each table entry sits among a slot's rows (the same for every slot)."""
 
@@ -74,9 +74,22 @@ class RowLayout:
         # at least one block of sends: the last stage's (weight 0) entry points there
         rows = p2p0 + max(max_pp - 1, 1) * o
         return RowLayout(
-            n_classes, n_ops, n_opts, n_edges, max_pp,
-            op0, edge0, inter0, head0, emb0, lastf0, fnlm0, lmsa0, p2p0, rows,
-        )  # fmt: skip
+            n_classes=n_classes,
+            n_ops=n_ops,
+            n_opts=n_opts,
+            n_edges=n_edges,
+            max_pp=max_pp,
+            op0=op0,
+            edge0=edge0,
+            inter0=inter0,
+            head0=head0,
+            emb0=emb0,
+            lastf0=lastf0,
+            fnlm0=fnlm0,
+            lmsa0=lmsa0,
+            p2p0=p2p0,
+            rows=rows,
+        )
 
 
 # Per-slot scalars, one array each (grown as slots are added).

@@ -24,59 +24,24 @@ identical tables.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
 
 from shardlab.costmodel.collectives import hop_is_inter_node, p2p_time
 from shardlab.costmodel.constants import ACT_BYTES
-from shardlab.costmodel.engines import EngineLimits, engine_limits
-from shardlab.costmodel.opcosts import (
-    CostContext,
-    OptionCost,
-    option_cost,
-    output_width,
-)
+from shardlab.costmodel.context import CostContext, OptionCost
+from shardlab.costmodel.engines import engine_limits
+from shardlab.costmodel.opcosts import option_cost
 from shardlab.costmodel.steps import Step, steps_of
+from shardlab.costmodel.widths import output_width
 from shardlab.problems.model import LayerAttention, LayerKind, Model
 from shardlab.problems.operators import HEAD_OPS, OpSpec, OptionSpec, layer_edges, layer_ops
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
+from shardlab.problems.request_range import request_range
 from shardlab.problems.space import megatron_index
-
-
-@dataclass(frozen=True)
-class Batching:
-    """How a replica's requests are spread: per dp rank, in micro-batches."""
-
-    per_replica: int  # requests a replica is offered
-    per_dp_max: int  # most requests a dp rank is offered
-    inflight: bool
-
-    def microbatches(self, per_dp: int | np.ndarray, pp: int) -> np.ndarray:
-        return np.minimum(pp, per_dp)
-
-    def b_of(self, per_dp: int | np.ndarray, pp: int) -> np.ndarray:
-        """Requests per dp rank in one micro-batch."""
-        per_dp = np.asarray(per_dp)
-        m = self.microbatches(per_dp, pp)
-        return -(-per_dp // m)
-
-
-def batching(problem: Problem, degrees: Degrees, limits: EngineLimits) -> Batching:
-    """In flight, a dp rank holds at most what its engine takes per iteration: its max
-    batch, and the requests whose tokens per round fit its max tokens."""
-    w = problem.workload
-    per_replica = -(-w.batch // degrees.replicas)
-    per_dp = -(-per_replica // degrees.dp_attn)
-    inflight = w.schedule == "inflight"
-    if inflight:
-        per_round = steps_of(w)[0].tokens  # tokens a request brings to one round
-        by_tokens = max(int(limits.max_tokens // per_round), 1)
-        per_dp = min(per_dp, limits.max_batch, by_tokens)
-    return Batching(per_replica, per_dp, inflight)
-
 
 LayerClass = tuple[LayerKind, LayerAttention]
 
@@ -108,25 +73,39 @@ class DegreeTables:
         self.problem = problem
         self.degrees = degrees
         self.engine = engine_limits(problem, degrees.tp, degrees.pp, degrees.dp_attn)
-        self.batching = batching(problem, degrees, self.engine)
+        self.steps: tuple[Step, ...] = steps_of(problem.workload)
+        self.batching = request_range(
+            problem.workload,
+            degrees,
+            max_batch=self.engine.max_batch,
+            max_tokens=self.engine.max_tokens,
+            round_tokens=self.steps[0].tokens,  # tokens a request brings to one round
+        )
         bt = self.batching
         if bt.inflight:
             b_max = int(bt.b_of(bt.per_dp_max, degrees.pp))
             self.b = np.arange(1, b_max + 1)
         else:
             self.b = np.array([int(bt.b_of(bt.per_dp_max, degrees.pp))])
-        self.steps: tuple[Step, ...] = steps_of(problem.workload)
-        ctx = CostContext(problem, degrees, self.b)
-        self.ctx = ctx
+        self.ctx = CostContext(problem, degrees, self.b)
         m = problem.model
         self.classes = layer_classes_of(m)
         self.kinds: tuple[LayerKind, ...] = m.kinds
         self.ops: dict[LayerKind, tuple[OpSpec, ...]] = {k: layer_ops(m, k) for k in self.kinds}
-        _, self.n_ops, self.n_opts, n_edges = table_dims(m)
+        _, self.n_ops, self.n_opts, self.n_edges = table_dims(m)
+        self.res_index = 0  # "residual" is every layer's first operator
+        self._build_op_tables()
+        self._build_edge_tables()
+        self._build_head_tables()
+        self._build_p2p()
+        for st, step in enumerate(self.steps):
+            if step.accepted != 1.0:
+                self._per_accepted_token(st, step.accepted)
+
+    def _build_op_tables(self) -> None:
+        """The operators of the layers: every option of every class, step by step."""
         nb, nc, k, o = len(self.b), len(self.classes), self.n_ops, self.n_opts
         ns = len(self.steps)
-
-        # -- operators of the layers --------------------------------------------------
         self.op_costs: list[list[list[list[OptionCost | None]]]] = []
         self.op_time = np.zeros((ns, nc, k, o, nb))
         self.op_act = np.zeros((ns, nc, k, o, nb))
@@ -140,7 +119,7 @@ class DegreeTables:
                 for ki, op in enumerate(self.ops[kind]):
                     per_opt: list[OptionCost | None] = []
                     for oi, opt in enumerate(op.options):
-                        c = option_cost(ctx, op, opt, step, attn)
+                        c = option_cost(self.ctx, op, opt, step, attn)
                         per_opt.append(c)
                         self.op_time[si, ci, ki, oi] = c.time_s
                         self.op_act[si, ci, ki, oi] = c.act_bytes
@@ -151,10 +130,13 @@ class DegreeTables:
                 per_class.append(per_op)
             self.op_costs.append(per_class)
 
-        # -- edges inside a layer (per class: the mixer decides the tensor widths) ------
+    def _build_edge_tables(self) -> None:
+        """Edges inside a layer (per class: the mixer decides the tensor widths)."""
+        m, o = self.problem.model, self.n_opts
         self.edges: dict[LayerKind, tuple[tuple[int, int], ...]] = {}
-        self.n_edges = n_edges
-        self.edge_time = np.zeros((ns, nc, n_edges, o, o, nb))
+        self.edge_time = np.zeros(
+            (len(self.steps), len(self.classes), self.n_edges, o, o, len(self.b))
+        )
         for ci, (kind, attn) in enumerate(self.classes):
             ops = self.ops[kind]
             names = [op.name for op in ops]
@@ -162,17 +144,18 @@ class DegreeTables:
             for ei, (src, dst) in enumerate(layer_edges(m, kind)):
                 si_, di_ = names.index(src), names.index(dst)
                 pairs.append((si_, di_))
-                width = output_width(ops[si_], problem, attn)
+                width = output_width(ops[si_], self.problem, attn)
                 for st, step in enumerate(self.steps):
                     self.edge_time[st, ci, ei] = self._edge_table(
                         ops[si_], ops[di_], step.tokens, width
                     )
             self.edges[kind] = tuple(pairs)
 
-        # -- residual stream from one layer to the next, and the model's ends ------------
-        first_kind = self.kinds[0]
-        residual = self.ops[first_kind][0]
-        self.res_index = 0  # "residual" is every layer's first operator
+    def _build_head_tables(self) -> None:
+        """The residual stream from one layer to the next, and the model's ends."""
+        problem, m = self.problem, self.problem.model
+        ns, o, nb = len(self.steps), self.n_opts, len(self.b)
+        residual = self.ops[self.kinds[0]][self.res_index]
         self.inter_time = np.zeros((ns, o, o, nb))
         self.head_time = np.zeros((ns, len(HEAD_OPS), o, nb))
         self.head_act = np.zeros((ns, len(HEAD_OPS), o, nb))
@@ -184,8 +167,6 @@ class DegreeTables:
         self.last_fnorm = np.zeros((ns, o, o, nb))
         self.fnorm_lm = np.zeros((ns, o, o, nb))
         self.lm_sampler = np.zeros((ns, o, o, nb))
-        pp = degrees.pp
-        self.p2p = np.zeros((ns, max(pp - 1, 0), o, nb))
         drafting = problem.workload.draft_tokens > 0
         for st, step in enumerate(self.steps):
             self.inter_time[st] = self._edge_table(residual, residual, step.tokens, h)
@@ -195,7 +176,7 @@ class DegreeTables:
             for ki, op in enumerate(HEAD_OPS):
                 per_opt = []
                 for oi, opt in enumerate(op.options):
-                    c = option_cost(ctx, op, opt, _rows_step(op, step), None)
+                    c = option_cost(self.ctx, op, opt, _rows_step(op, step), None)
                     if draft is not None and op is sampler:
                         seconds = 0.0 if step.kind == "prefill" else draft[0]
                         c = replace(c, draft_s=seconds, weight_bytes=c.weight_bytes + draft[1])
@@ -211,6 +192,15 @@ class DegreeTables:
             self.lm_sampler[st] = self._edge_table(
                 lm, sampler, step.logits, output_width(lm, problem)
             )
+
+    def _build_p2p(self) -> None:
+        """The send of the residual stream from each stage to the next."""
+        problem, degrees = self.problem, self.degrees
+        h = float(problem.model.hidden_size)
+        residual = self.ops[self.kinds[0]][self.res_index]
+        pp = degrees.pp
+        self.p2p = np.zeros((len(self.steps), max(pp - 1, 0), self.n_opts, len(self.b)))
+        for st, step in enumerate(self.steps):
             for s in range(pp - 1):
                 inter = hop_is_inter_node(s, degrees, problem.cluster)
                 for oi, opt in enumerate(residual.options):
@@ -219,11 +209,7 @@ class DegreeTables:
                     if opt.out[1].kind == "S":
                         local = local / degrees.tp
                     hop = p2p_time(local, inter, problem.cluster)
-                    self.p2p[st, s, oi] = hop * ctx.communication_factor
-
-        for st, step in enumerate(self.steps):
-            if step.accepted != 1.0:
-                self._per_accepted_token(st, step.accepted)
+                    self.p2p[st, s, oi] = hop * self.ctx.communication_factor
 
     # Tables whose entries are times of one step.
     TIME_TABLES = (

@@ -8,7 +8,7 @@ plans with identical points the first priced is kept, so a front is deterministi
 
 :class:`Front` accumulates the front of every plan the evaluator prices when the
 workload's objective is ``pareto``, in flight at every concurrency the plan can run
-(:func:`~shardlab.costmodel.evaluate.evaluate_points`); every method therefore
+(:func:`~shardlab.costmodel.evaluate_points`); every method therefore
 reports the front of the plans it tried, and the methods that search the front itself
 (``optuna``'s multi-objective study, ``cpsat``'s exact front) report a better one.
 """

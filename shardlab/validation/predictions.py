@@ -26,7 +26,8 @@ from shardlab.problems.calibration import Calibration
 from shardlab.problems.disagg import DisaggPlan
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
-from shardlab.validation.measurements import MODEL_METRICS, Measurement, load_measurements
+from shardlab.validation.loading import load_measurements
+from shardlab.validation.measurements import MODEL_METRICS, Measurement
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,7 +145,7 @@ def collective_seconds(m: Measurement, timing: str, engine: str) -> float:
     if timing == "silicon" and silicon.covers(key):
         measured = silicon.kernels(key, engine).collective("all_reduce", 8, nbytes, nccl=True)
     if measured is None:
-        measured = collective_time("all_reduce", Span(8, 8), nbytes, m.cluster)
+        measured = collective_time("all_reduce", Span(size=8, local=8), nbytes, m.cluster)
     return float(measured)
 
 
