@@ -533,7 +533,7 @@ def _solve_serving(
     """``--serving disagg`` or ``best``: the disaggregated optimum (and the aggregated
     one, for ``best``), each with its plan and metrics."""
     from shardlab.solvers import Budget
-    from shardlab.solvers.disagg import solve_disagg
+    from shardlab.solvers.cpsat.disagg import solve_disagg
 
     check_disagg(problem)
     if method != "cpsat":

@@ -142,7 +142,7 @@ def _run(task: Task) -> dict[str, Any]:
 def _run_disagg(task: Task, problem: Problem) -> dict[str, Any]:
     """One disaggregated solve, as :func:`run_task` records a run (its evaluations are
     the pools' CP-SAT solves)."""
-    from shardlab.solvers.disagg import solve_disagg
+    from shardlab.solvers.cpsat.disagg import solve_disagg
 
     try:
         r = solve_disagg(

@@ -6,7 +6,7 @@ edges, plus the residual stream's hop from each layer to the next, plus the mode
 ends. Layers interact only through that hop, so the choice along the layers is a
 shortest path whose state is the residual stream's option: a layer's cost for each
 residual option is the least sum over its other operators (variable elimination,
-:func:`~shardlab.solvers.minsum.argmin_sum`), and the path runs through the layers
+:func:`~shardlab.solvers.cpsat.minsum.argmin_sum`), and the path runs through the layers
 in order. What it ignores (memory, the SLOs) is checked afterwards: when the fastest
 plan also fits and meets them it is the subproblem's optimum, proven, without a CP-SAT
 model of hundreds of layers.
@@ -32,7 +32,7 @@ from shardlab.problems.operators import HEAD_OPS, layer_ops
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.problems.space import balanced_boundaries, max_shift
-from shardlab.solvers.minsum import Factor, argmin_sum
+from shardlab.solvers.cpsat.minsum import Factor, argmin_sum
 
 
 def _layer_factors(

@@ -61,7 +61,7 @@ from shardlab.problems.disagg import (
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Budget, Status
-from shardlab.solvers.cpsat import subproblems
+from shardlab.solvers.cpsat.bounds import subproblems
 from shardlab.solvers.evaluator import Progress
 from shardlab.solvers.registry import get_solver
 
