@@ -71,7 +71,7 @@ ROUNDING = 1e-9
 METHODS = ("cpsat",)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Pool:
     """One pool problem's solve: its best plan's request rate (0: no plan)."""
 
@@ -86,7 +86,7 @@ class Pool:
 
 
 # A pool that has no problem: too few GPUs for the weights, or no degrees of a layout.
-NO_POOL = Pool("skipped", None, None, 0.0)
+NO_POOL = Pool(status="skipped", plan=None, metrics=None, rate=0.0)
 
 
 def _offerless(pool: Problem) -> tuple:
@@ -216,7 +216,12 @@ class DisaggSearch:
             assert kept.metrics is not None
             if kept.metrics.concurrency <= offer:
                 m = evaluate(pool, kept.plan)
-                return Pool(kept.status, kept.plan, m, self._rate(pool, m.throughput_tok_s))
+                return Pool(
+                    status=kept.status,
+                    plan=kept.plan,
+                    metrics=m,
+                    rate=self._rate(pool, m.throughput_tok_s),
+                )
         return None
 
     def solve_pool(self, pool: Problem, what: str) -> Pool:
@@ -238,7 +243,12 @@ class DisaggSearch:
             raise KeyboardInterrupt
         feasible = r.metrics is not None and r.metrics.feasible
         rate = self._rate(pool, r.metrics.throughput_tok_s) if r.metrics and feasible else 0.0
-        result = Pool(r.status, r.plan if feasible else None, r.metrics if feasible else None, rate)
+        result = Pool(
+            status=r.status,
+            plan=r.plan if feasible else None,
+            metrics=r.metrics if feasible else None,
+            rate=rate,
+        )
         self.pools[pool] = result
         self.offers.setdefault(_offerless(pool), []).append((pool.workload.batch, result))
         return result
@@ -294,7 +304,12 @@ class DisaggSearch:
             return NO_POOL
         m = evaluate(pool, free.plan)
         if m.feasible:
-            return Pool(free.status, free.plan, m, self._rate(pool, m.throughput_tok_s))
+            return Pool(
+                status=free.status,
+                plan=free.plan,
+                metrics=m,
+                rate=self._rate(pool, m.throughput_tok_s),
+            )
         return self.prefill(gpus, instances, layout, one_node)
 
     def decode_bound(self, gpus: int) -> float:
@@ -466,8 +481,10 @@ def solve_disagg(
     """The best disaggregated plan of ``problem`` (see the module docstring)."""
     if method not in METHODS:
         raise ShardlabError(
-            f"--serving disagg is searched by cpsat (pools proven, pairs enumerated); "
-            f"{method} searches one pool's plan: use --method cpsat or --serving agg"
+            "disaggregated serving is searched by cpsat (pools proven, pairs enumerated); "
+            f"{method} searches one pool's plan",
+            field="method",
+            fix="use method cpsat, or aggregated serving",
         )
     check_disagg(problem)
     budget = budget or Budget(max_evals=None, seconds=600.0)
