@@ -78,7 +78,7 @@ class SubproblemModel:
         """``check`` is called between the families of constraints (the clock);
         ``limits`` bounds ``ttft_ms`` and ``tpot_ms`` beyond the workload's SLOs;
         ``floor``: the relaxation of every subproblem with ``per_dp`` requests or more
-        (see :class:`_Feasibility`)."""
+        (see :class:`~shardlab.solvers.cpsat.solves.Feasibility`)."""
         self.problem = problem
         self.limits = limits or {}
         self.space = problem.space
