@@ -26,7 +26,7 @@ from shardlab.problems.disagg import (
     prefill_problem,
 )
 from shardlab.solvers import Budget
-from shardlab.solvers.disagg import solve_disagg
+from shardlab.solvers.cpsat.disagg import solve_disagg
 from shardlab.solvers.exhaustive import enumerate_codes
 
 

@@ -280,7 +280,7 @@ def test_cli_launch_with_draft_tokens(tmp_path: Path, capsys, monkeypatch) -> No
 def test_disaggregated_plan_launches_both_pools_and_a_router(engine: str) -> None:
     from shardlab.launch import build_disagg_launch
     from shardlab.solvers import Budget
-    from shardlab.solvers.disagg import solve_disagg
+    from shardlab.solvers.cpsat.disagg import solve_disagg
 
     problem = Problem.build(
         "llama-3.1-70b",

@@ -20,15 +20,21 @@ import pytest
 import sqlalchemy
 from optuna.trial import FixedTrial, TrialState
 
-import shardlab.solvers.optuna_search as optuna_search
-import shardlab.solvers.optuna_storage as optuna_storage
+import shardlab.solvers.optuna.storage as optuna_storage
 from shardlab import Problem, ShardlabError
 from shardlab.costmodel import evaluate, evaluate_batch
 from shardlab.problems.suite import get_instance
 from shardlab.solvers import Budget, available_solvers, get_solver
-from shardlab.solvers.optuna_encodings import ENCODINGS, ClassLayout, SharedLayout, layout_for
-from shardlab.solvers.optuna_search import OptunaSolver, default_study_name
-from shardlab.solvers.optuna_storage import open_storage
+from shardlab.solvers.optuna import (
+    ENCODINGS,
+    SAMPLERS,
+    ClassLayout,
+    OptunaSolver,
+    SharedLayout,
+    default_study_name,
+    layout_for,
+    open_storage,
+)
 
 SMALL = get_instance("llama8b-h100x2-chat").problem()
 BUDGET = 150
@@ -125,7 +131,7 @@ def test_ctrl_c_returns_the_best_plan_so_far_and_leaves_no_trial_running() -> No
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
-@pytest.mark.parametrize("sampler", optuna_search.SAMPLERS)
+@pytest.mark.parametrize("sampler", SAMPLERS)
 def test_every_sampler_runs(sampler: str, encoding: str) -> None:
     # GP fits a Gaussian process (torch) per trial after 10 random ones: keep it short.
     budget = Budget(max_evals=14 if sampler == "gp" else 40, seconds=120)
@@ -137,9 +143,7 @@ def test_every_sampler_runs(sampler: str, encoding: str) -> None:
 
 
 def test_module_does_not_import_torch() -> None:
-    code = (
-        "import sys, shardlab.solvers.optuna_search; sys.exit(1 if 'torch' in sys.modules else 0)"
-    )
+    code = "import sys, shardlab.solvers.optuna; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
@@ -208,7 +212,7 @@ def test_shared_encoding_turns_any_parameters_into_a_valid_plan(instance: str) -
 def test_a_study_of_another_encoding_is_refused() -> None:
     storage = optuna.storages.InMemoryStorage()
     run(budget=Budget(max_evals=5), storage=storage, study="enc", encoding="class")
-    with pytest.raises(ShardlabError, match="--encoding class"):
+    with pytest.raises(ShardlabError, match="encoding 'class' to continue it"):
         run(budget=Budget(max_evals=5), storage=storage, study="enc", encoding="shared")
 
 
@@ -272,7 +276,7 @@ def test_resuming_replays_the_finished_trials_and_counts_them() -> None:
 WORKER = textwrap.dedent(
     """
     import json, sys
-    import shardlab.solvers.optuna_search
+    import shardlab.solvers.optuna
     from shardlab.problems.suite import get_instance
     from shardlab.solvers import Budget, get_solver
 
@@ -430,7 +434,7 @@ def _tpe_order(t: optuna.trial.FrozenTrial) -> tuple[float, float]:
 
 
 def test_windowed_tpe_sees_the_best_trials_of_the_whole_study_and_the_latest() -> None:
-    from shardlab.solvers.optuna_history import WindowedTPESampler
+    from shardlab.solvers.optuna.history import WindowedTPESampler
 
     study = _filled_study(700, ["maximize"])
     sampler = WindowedTPESampler(window=100, elite=25, seed=0)
@@ -457,7 +461,7 @@ def test_windowed_tpe_sees_the_best_trials_of_the_whole_study_and_the_latest() -
 
 
 def test_windowed_tpe_keeps_the_feasible_front_of_a_multi_objective_study() -> None:
-    from shardlab.solvers.optuna_history import WindowedTPESampler
+    from shardlab.solvers.optuna.history import WindowedTPESampler
 
     study = _filled_study(400, ["maximize", "minimize"], seed=1)
     sampler = WindowedTPESampler(window=50, seed=0)

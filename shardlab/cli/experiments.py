@@ -23,6 +23,7 @@ from shardlab.executors import check_executor
 from shardlab.files import check_output_dir, check_output_file, folder_name, write_text
 from shardlab.journal import JOURNAL, Journal
 from shardlab.problems.problem import Problem
+from shardlab.solvers.base import EXACT_SECONDS
 
 SuiteOpt = Annotated[
     str, typer.Option(help="Instances to train on: train, small, medium, all or a name.")
@@ -278,7 +279,7 @@ def bench(
     what: WhatOpt,
     instances: InstancesOpt = None,
     out_path: OutPathOpt = None,
-    time_limit: TimeLimitOpt = 600.0,
+    time_limit: TimeLimitOpt = EXACT_SECONDS,
     repeats: RepeatsOpt = 3,
     fmt: FormatOpt = Format.table,
 ) -> None:

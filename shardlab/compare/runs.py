@@ -16,7 +16,7 @@ from shardlab.solvers import Budget, solve
 # The label of CP-SAT over the free space in a comparison of engine spaces.
 FREE_OPTIMUM = "cpsat@free"
 
-# The label of the disaggregated optimum (shardlab.solvers.disagg).
+# The label of the disaggregated optimum (shardlab.solvers.cpsat.disagg).
 DISAGG_OPTIMUM = "cpsat/disagg"
 
 

@@ -22,8 +22,8 @@ BUILTIN: dict[str, str] = {
     "anneal": "shardlab.solvers.anneal",
     "genetic": "shardlab.solvers.genetic",
     "exhaustive": "shardlab.solvers.exhaustive",
-    "cpsat": "shardlab.solvers.cpsat",
-    "optuna": "shardlab.solvers.optuna_search",
+    "cpsat": "shardlab.solvers.cpsat.solver",
+    "optuna": "shardlab.solvers.optuna.solver",
     "rl": "shardlab.solvers.rl.solver",
 }
 

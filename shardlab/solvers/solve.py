@@ -27,10 +27,6 @@ from shardlab.solvers.front import FrontPoint
 from shardlab.solvers.megatron import megatron_baseline
 from shardlab.solvers.registry import get_solver, solver_class
 
-# The methods that search disaggregated serving (each pool proven, the pools' sizes
-# enumerated): a pool's optimum must be proven for the enumeration's bounds to hold.
-DISAGG_METHODS = ("cpsat",)
-
 
 @dataclass(frozen=True, kw_only=True)
 class Baseline:
@@ -313,16 +309,10 @@ def _served(
 ) -> Solution:
     """``disagg``: the disaggregated optimum; ``best``: the aggregated one first (on
     half the time when there is a limit), then the disaggregated, the better chosen."""
-    from shardlab.solvers.disagg import solve_disagg
+    from shardlab.solvers.cpsat.disagg import check_method, solve_disagg
 
     check_disagg(problem)
-    if method not in DISAGG_METHODS:
-        raise ShardlabError(
-            f"serving {serving!r} is searched by {', '.join(DISAGG_METHODS)} (each pool "
-            f"proven, the pools' sizes enumerated); {method} does not search it",
-            field="method",
-            fix=f"use method {DISAGG_METHODS[0]!r}, or serving 'agg'",
-        )
+    check_method(method)
     agg = None
     if serving == "best":
         half = budget

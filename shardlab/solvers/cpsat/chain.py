@@ -6,7 +6,7 @@ edges, plus the residual stream's hop from each layer to the next, plus the mode
 ends. Layers interact only through that hop, so the choice along the layers is a
 shortest path whose state is the residual stream's option: a layer's cost for each
 residual option is the least sum over its other operators (variable elimination,
-:func:`~shardlab.solvers.minsum.argmin_sum`), and the path runs through the layers
+:func:`~shardlab.solvers.cpsat.minsum.argmin_sum`), and the path runs through the layers
 in order. What it ignores (memory, the SLOs) is checked afterwards: when the fastest
 plan also fits and meets them it is the subproblem's optimum, proven, without a CP-SAT
 model of hundreds of layers.
@@ -32,7 +32,7 @@ from shardlab.problems.operators import HEAD_OPS, layer_ops
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.problems.space import balanced_boundaries, max_shift
-from shardlab.solvers.minsum import Factor, argmin_sum
+from shardlab.solvers.cpsat.minsum import Factor, argmin_sum
 
 
 def _layer_factors(
@@ -46,7 +46,7 @@ def _layer_factors(
     return factors
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Layers:
     """A degree tuple's layers under weighted tables, reduced to the residual stream:
     each layer's least cost per residual option (its other operators eliminated), the
@@ -311,11 +311,39 @@ def pipeline_plan(
     partition and boundary option compared. None: the time depends on several steps
     (their stage maxima do not add up), residual streams that differ by layer kind, or
     more than :data:`MAX_PIPELINE_COMBOS` combinations."""
-    m = problem.model
-    d = t.degrees
-    pp, n_layers = d.pp, m.num_layers
+    pp, n_layers = t.degrees.pp, problem.model.num_layers
     assert pp > 1
-    n_steps = len(t.steps)
+    step = _only_step(time_of, len(t.steps))
+    if step is None:
+        return None
+    w = _weighted(t, np.eye(len(t.steps), dtype=np.int64)[step])
+    ly = _layers(problem, t, w, valid)
+    if ly is None:
+        return None
+    base = balanced_boundaries(n_layers, pp)
+    shift = max_shift(n_layers, pp)
+    cuts = [range(b - shift, b + shift + 1) for b in base]
+    if math.prod(len(c) for c in cuts) * len(ly.res) ** (pp - 1) > MAX_PIPELINE_COMBOS:
+        return None
+    entry, entry_pick = _input_end(w, ly)
+    paths = _stage_tables(ly, w, entry, cuts, n_layers)
+    cost, bounds, states = _best_partition(ly, paths, cuts, n_layers, step, len(t.steps), time_of)
+    edges = (0, *bounds, n_layers)
+    path: list[int] = []
+    for s in range(pp):
+        at_end, back = paths[(s, edges[s])]
+        final = at_end[edges[s + 1]]
+        enter = 0 if s == 0 else int(states[s - 1])
+        last = int(states[s]) if s < pp - 1 else int(final[enter].argmin())
+        path += _trace(back, enter, last, edges[s + 1] - edges[s])
+    stage_layers = tuple(int(b - a) for a, b in itertools.pairwise(edges))
+    return _plan(problem, t, ly, stage_layers, path, entry_pick[path[0]], concurrency), cost
+
+
+def _only_step(
+    time_of: Callable[[list[np.ndarray], list[np.ndarray]], np.ndarray], n_steps: int
+) -> int | None:
+    """The one step whose stage times the time depends on; None: several (or none)."""
     zero = [np.zeros(1, dtype=np.int64)] * n_steps
     rest = time_of(zero, zero)
     depends = []
@@ -323,33 +351,46 @@ def pipeline_plan(
         one = [np.full(1, 1 if i == k else 0, dtype=np.int64) for i in range(n_steps)]
         if time_of(one, one)[0] != rest[0]:
             depends.append(k)
-    if len(depends) != 1:
-        return None
-    step = depends[0]
-    w = _weighted(t, np.eye(n_steps, dtype=np.int64)[step])
-    ly = _layers(problem, t, w, valid)
-    if ly is None:
-        return None
-    n_res = len(ly.res)
-    base = balanced_boundaries(n_layers, pp)
-    shift = max_shift(n_layers, pp)
-    cuts = [range(b - shift, b + shift + 1) for b in base]
-    if math.prod(len(c) for c in cuts) * n_res ** (pp - 1) > MAX_PIPELINE_COMBOS:
-        return None
-    entry, entry_pick = _input_end(w, ly)
-    p2p = w["p2p"][:, ly.res]  # (boundary, residual of the stage's last layer)
+    return depends[0] if len(depends) == 1 else None
 
-    # stage s from layer a: (entering option, last option) costs at each possible end,
-    # with the back pointers of its shortest paths
+
+Paths = dict[tuple[int, int], tuple[dict[int, np.ndarray], list[np.ndarray]]]
+
+
+def _stage_tables(
+    ly: _Layers,
+    w: dict[str, np.ndarray],
+    entry: np.ndarray,
+    cuts: list[range],
+    n_layers: int,
+) -> Paths:
+    """Stage ``s`` from layer ``a``: its (entering option, last option) costs at each
+    possible end, with the back pointers of its shortest paths, keyed ``(s, a)``."""
+    pp = len(cuts) + 1
+    p2p = w["p2p"][:, ly.res]  # (boundary, residual of the stage's last layer)
     starts = [[0], *cuts]
     ends = [*cuts, [n_layers]]
-    paths: dict[tuple[int, int], tuple[dict[int, np.ndarray], list[np.ndarray]]] = {}
+    paths: Paths = {}
     for s in range(pp):
         exit_cost = p2p[s] if s < pp - 1 else ly.tail_cost
         for a in starts[s]:
             into = entry[None, :] if s == 0 else ly.inter  # from the previous stage's last
             paths[(s, a)] = _stage_paths(ly, into, a, list(ends[s]), exit_cost)
+    return paths
 
+
+def _best_partition(
+    ly: _Layers,
+    paths: Paths,
+    cuts: list[range],
+    n_layers: int,
+    step: int,
+    n_steps: int,
+    time_of: Callable[[list[np.ndarray], list[np.ndarray]], np.ndarray],
+) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """The least time over every partition and boundary option: (time, the stage
+    boundaries, the residual option each stage but the last ends on)."""
+    pp, n_res = len(cuts) + 1, len(ly.res)
     top: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
     for bounds in itertools.product(*cuts):
         edges = (0, *bounds, n_layers)
@@ -376,14 +417,4 @@ def pipeline_plan(
         if top is None or int(total.flat[i]) < top[0]:
             top = (int(total.flat[i]), bounds, np.unravel_index(i, grid))
     assert top is not None
-    cost, bounds, states = top
-    edges = (0, *bounds, n_layers)
-    path: list[int] = []
-    for s in range(pp):
-        at_end, back = paths[(s, edges[s])]
-        final = at_end[edges[s + 1]]
-        enter = 0 if s == 0 else int(states[s - 1])
-        last = int(states[s]) if s < pp - 1 else int(final[enter].argmin())
-        path += _trace(back, enter, last, edges[s + 1] - edges[s])
-    stage_layers = tuple(int(b - a) for a, b in itertools.pairwise(edges))
-    return _plan(problem, t, ly, stage_layers, path, entry_pick[path[0]], concurrency), cost
+    return top

@@ -61,7 +61,7 @@ from shardlab.problems.disagg import (
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Budget, Status
-from shardlab.solvers.cpsat import subproblems
+from shardlab.solvers.cpsat.bounds import subproblems
 from shardlab.solvers.evaluator import Progress
 from shardlab.solvers.registry import get_solver
 
@@ -71,7 +71,19 @@ ROUNDING = 1e-9
 METHODS = ("cpsat",)
 
 
-@dataclass(frozen=True)
+def check_method(method: str) -> None:
+    """Refuse a method that cannot search disaggregated serving: the pairs of pools are
+    enumerated against bounds that hold only for a pool's proven optimum."""
+    if method not in METHODS:
+        raise ShardlabError(
+            "disaggregated serving is searched by cpsat (pools proven, pairs enumerated); "
+            f"{method} searches one pool's plan",
+            field="method",
+            fix="use method cpsat, or aggregated serving",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Pool:
     """One pool problem's solve: its best plan's request rate (0: no plan)."""
 
@@ -86,7 +98,7 @@ class Pool:
 
 
 # A pool that has no problem: too few GPUs for the weights, or no degrees of a layout.
-NO_POOL = Pool("skipped", None, None, 0.0)
+NO_POOL = Pool(status="skipped", plan=None, metrics=None, rate=0.0)
 
 
 def _offerless(pool: Problem) -> tuple:
@@ -216,7 +228,12 @@ class DisaggSearch:
             assert kept.metrics is not None
             if kept.metrics.concurrency <= offer:
                 m = evaluate(pool, kept.plan)
-                return Pool(kept.status, kept.plan, m, self._rate(pool, m.throughput_tok_s))
+                return Pool(
+                    status=kept.status,
+                    plan=kept.plan,
+                    metrics=m,
+                    rate=self._rate(pool, m.throughput_tok_s),
+                )
         return None
 
     def solve_pool(self, pool: Problem, what: str) -> Pool:
@@ -230,7 +247,7 @@ class DisaggSearch:
         options = {"workers": self.workers} if self.workers else {}
         r = get_solver("cpsat", **options).solve(
             pool,
-            budget=Budget(max_evals=None, seconds=left if left is not None else 600.0),
+            budget=Budget(max_evals=None, seconds=left) if left is not None else Budget.exact(),
             seed=self.seed,
             callback=self._report if self.callback is not None else None,
         )
@@ -238,7 +255,12 @@ class DisaggSearch:
             raise KeyboardInterrupt
         feasible = r.metrics is not None and r.metrics.feasible
         rate = self._rate(pool, r.metrics.throughput_tok_s) if r.metrics and feasible else 0.0
-        result = Pool(r.status, r.plan if feasible else None, r.metrics if feasible else None, rate)
+        result = Pool(
+            status=r.status,
+            plan=r.plan if feasible else None,
+            metrics=r.metrics if feasible else None,
+            rate=rate,
+        )
         self.pools[pool] = result
         self.offers.setdefault(_offerless(pool), []).append((pool.workload.batch, result))
         return result
@@ -294,7 +316,12 @@ class DisaggSearch:
             return NO_POOL
         m = evaluate(pool, free.plan)
         if m.feasible:
-            return Pool(free.status, free.plan, m, self._rate(pool, m.throughput_tok_s))
+            return Pool(
+                status=free.status,
+                plan=free.plan,
+                metrics=m,
+                rate=self._rate(pool, m.throughput_tok_s),
+            )
         return self.prefill(gpus, instances, layout, one_node)
 
     def decode_bound(self, gpus: int) -> float:
@@ -464,13 +491,9 @@ def solve_disagg(
     workers: int | None = None,
 ) -> DisaggResult:
     """The best disaggregated plan of ``problem`` (see the module docstring)."""
-    if method not in METHODS:
-        raise ShardlabError(
-            f"--serving disagg is searched by cpsat (pools proven, pairs enumerated); "
-            f"{method} searches one pool's plan: use --method cpsat or --serving agg"
-        )
+    check_method(method)
     check_disagg(problem)
-    budget = budget or Budget(max_evals=None, seconds=600.0)
+    budget = budget or Budget.exact()
     if budget.seconds is not None and budget.started is None:
         budget = dataclasses.replace(budget, started=time.perf_counter())
     return DisaggSearch(problem, budget, seed, callback, workers).run()

@@ -80,7 +80,7 @@ def _register(distributions: dict[str, BaseDistribution], name: str, dist: BaseD
 # -- shared ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Option:
     var: int
     name: str
@@ -121,7 +121,7 @@ class SharedLayout:
                 continue
             if var.role == "option":
                 labels = tuple(o.name for o in ops[v].options)
-                self.options.append(_Option(v, var.name, labels))
+                self.options.append(_Option(var=v, name=var.name, labels=labels))
                 _register(distributions, var.name, CategoricalDistribution(labels))
             else:
                 valid = np.flatnonzero(ever)
@@ -173,7 +173,7 @@ class SharedLayout:
 # -- class -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Param:
     var: int  # variable index in the encoding
     name: str

@@ -3,8 +3,10 @@ heartbeat, so that a killed worker's running trial does not stay RUNNING forever
 
 A URL is a SQLAlchemy database URL (``sqlite:///study.db``,
 ``postgresql://user@host/db``). It is checked when the solver is made (its form, its
-dialect, an SQLite file's directory) and connected when the study opens; every failure
-is one :class:`ShardlabError` naming the URL without its password.
+dialect, an SQLite file's directory and the file itself when it exists: a folder, an
+unreadable file or one that is not an SQLite database is refused) and connected when
+the study opens; every failure is one :class:`ShardlabError` (field ``storage``)
+naming the URL without its password.
 
 Heartbeat: while a trial runs, a thread marks it alive in the storage every
 ``HEARTBEAT_S`` seconds (Optuna's own mechanism, which ``study.optimize`` drives and an
@@ -42,38 +44,64 @@ def _safe(url: str) -> str:
         return repr(url)
 
 
+def _refuse(url: str, message: str, fix: str) -> ShardlabError:
+    return ShardlabError(f"storage {_safe(url)}: {message}", field="storage", fix=fix)
+
+
 def check_storage_url(url: str) -> URL:
     """The parsed URL of a storage a study can open, or a refusal that says why."""
-    where = f"--storage {_safe(url)}"
-    example = "e.g. sqlite:///study.db or postgresql://user@host/db"
+    example = "give a database URL, e.g. sqlite:///study.db or postgresql://user@host/db"
     if not url.strip():
-        raise ShardlabError(f"{where}: give a database URL, {example}")
+        raise _refuse(url, "no URL given", example)
     try:
         parsed = make_url(url)
     except sqlalchemy.exc.ArgumentError:
-        raise ShardlabError(f"{where}: not a database URL; {example}") from None
+        raise _refuse(url, "not a database URL", example) from None
     if parsed.drivername.startswith("redis"):
-        raise ShardlabError(f"{where}: Redis is a journal storage; give a database URL, {example}")
+        raise _refuse(url, "Redis is a journal storage", example)
     try:
         dialect = parsed.get_dialect()
     except sqlalchemy.exc.NoSuchModuleError:
-        raise ShardlabError(f"{where}: unknown database {parsed.drivername!r}; {example}") from None
+        raise _refuse(url, f"unknown database {parsed.drivername!r}", example) from None
     try:
         dialect.import_dbapi()
     except ImportError as exc:
         other = " (or postgresql+psycopg2://, shardlab's test driver)"
-        raise ShardlabError(
-            f"{where}: its driver {exc.name or ''} is not installed; pip install it"
-            + (other if parsed.get_backend_name() == "postgresql" else "")
+        raise _refuse(
+            url,
+            f"its driver {exc.name or ''} is not installed",
+            "pip install it" + (other if parsed.get_backend_name() == "postgresql" else ""),
         ) from None
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        folder = Path(parsed.database).parent
-        if not folder.is_dir():
-            raise ShardlabError(
-                f"{where}: the database's folder {folder} does not exist; create it or "
-                "give another path"
-            )
+        _check_sqlite_file(url, Path(parsed.database))
     return parsed
+
+
+# The first bytes of every SQLite database file (an empty file is a new database).
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _check_sqlite_file(url: str, path: Path) -> None:
+    """Refuse an SQLite path SQLite cannot hold a study at: a missing folder, a folder,
+    a file that cannot be read, or one that is not an SQLite database."""
+    fix = "give the path of an SQLite database or of a file to create"
+    if not path.parent.is_dir():
+        raise _refuse(
+            url,
+            f"the database's folder {path.parent} does not exist",
+            "create it or give another path",
+        )
+    if path.is_dir():
+        raise _refuse(url, f"{path} is a folder, not a database file", fix)
+    if not path.exists():
+        return
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise _refuse(url, f"cannot read {path} ({exc.strerror or exc})", fix) from None
+    if head and head != SQLITE_HEADER:
+        raise _refuse(url, f"{path} is not an SQLite database", f"{fix}; move that file away")
 
 
 def open_storage(storage: str | BaseStorage | None) -> BaseStorage | None:
@@ -92,16 +120,19 @@ def open_storage(storage: str | BaseStorage | None) -> BaseStorage | None:
             heartbeat_interval=HEARTBEAT_S,
             grace_period=GRACE_S,
         )
-    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as exc:
+    except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+        raise  # workers racing to create the tables: the study's opening retries
+    except (sqlalchemy.exc.DatabaseError, sqlalchemy.exc.InterfaceError) as exc:
+        # not reachable or not writable, or a damaged SQLite file behind a valid header
         reason = " ".join(str(exc.orig or exc).split())[:200]
-        raise ShardlabError(
-            f"--storage {_safe(storage)}: cannot open the database ({reason}); check that it "
-            "is reachable and writable"
+        raise _refuse(
+            storage,
+            f"cannot open the database ({reason})",
+            "check that it is reachable, writable and a database",
         ) from None
     except ImportError as exc:
-        raise ShardlabError(
-            f"--storage {_safe(storage)}: its driver is not installed ({exc.name or exc}); "
-            "pip install it"
+        raise _refuse(
+            storage, f"its driver is not installed ({exc.name or exc})", "pip install it"
         ) from None
 
 

@@ -1,0 +1,127 @@
+"""The regime's forms inside one (degrees, requests) subproblem: exact coefficients for
+its CP-SAT model, float ones for the bounds, and the objective a time gives."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from shardlab.costmodel import (
+    Form,
+    Forms,
+    basic_times,
+    clients_per_rank,
+    degree_tables,
+    forms,
+    handoff_ns,
+    tokens,
+)
+from shardlab.problems.plan import Degrees
+from shardlab.problems.problem import Problem
+
+
+def subproblem_forms(problem: Problem, d: Degrees, per_dp: int, *, floor: bool = False) -> Forms:
+    """The regime of subproblem ``(d, per_dp)`` with exact coefficients, times in ns
+    (:func:`shardlab.costmodel.regimes.forms`). ``floor``: the least coefficients of
+    every subproblem with ``per_dp`` requests or more (the wait for a slot, which
+    shrinks as more run, left out; every other coefficient grows with them)."""
+    t = degree_tables(problem, d)
+    kinds = [s.kind for s in t.steps]
+    clients = per_dp if floor else int(clients_per_rank(problem, d, per_dp))
+    return forms(
+        problem,
+        kinds,
+        per_dp,
+        clients,
+        t.engine.max_tokens,
+        handoff_ns(problem, d.pp, d.tp),
+        exact=True,
+    )
+
+
+def bound_forms(problem: Problem, d: Degrees, per_dp: np.ndarray) -> Forms:
+    """The regime's forms for several requests per rank at once (float coefficients,
+    times in ns): for bounds."""
+    t = degree_tables(problem, d)
+    kinds = [s.kind for s in t.steps]
+    return forms(
+        problem,
+        kinds,
+        per_dp,
+        clients_per_rank(problem, d, per_dp),
+        np.full(len(per_dp), t.engine.max_tokens),
+        float(handoff_ns(problem, d.pp, d.tp)),
+        exact=False,
+        ns=True,
+    )
+
+
+def scaled(form: Form, rnd: Any, prompt: Any) -> tuple[Any, int]:
+    """``form`` at CP-SAT expressions as an integer expression, and the factor it is
+    scaled by (the least common denominator of its coefficients)."""
+    coefficients = [Fraction(form.round), Fraction(form.prompt), Fraction(form.const)]
+    scale = math.lcm(*(c.denominator for c in coefficients))
+    a, b, c = (int(x * scale) for x in coefficients)
+    return a * rnd + b * prompt + c, scale
+
+
+def step_weights(f: Forms, form: Form, n_steps: int) -> tuple[list[Any], Any]:
+    """``form`` as a weighted sum of step times plus a constant (exact with one stage,
+    where the round and the prompt are their steps' times)."""
+    weights: list[Any] = [0.0] * n_steps
+    const = form.const
+    if f.round_step is not None:
+        weights[f.round_step] = weights[f.round_step] + form.round
+        const = const + form.round * f.iteration
+    if f.prompt_step is not None:
+        weights[f.prompt_step] = weights[f.prompt_step] + form.prompt
+    return weights, const
+
+
+def chain_weights(problem: Problem, d: Degrees, per_dp: int) -> tuple[np.ndarray, float]:
+    """The objective's time in subproblem ``(d, per_dp)`` as step weights and a
+    constant (exact with one stage): what the layers' shortest path minimizes."""
+    f = subproblem_forms(problem, d, per_dp)
+    n_steps = len(degree_tables(problem, d).steps)
+    listed, const = step_weights(f, f.time(problem.workload.objective), n_steps)
+    return np.array([float(x) for x in listed]), float(const)
+
+
+def time_function(
+    problem: Problem, d: Degrees, per_dp: int
+) -> Callable[[list[np.ndarray], list[np.ndarray]], np.ndarray]:
+    """The objective's time in subproblem ``(d, per_dp)`` from per-step stage sums and
+    maxima (numpy, ns): what a pipeline's shortest path minimizes."""
+    f = subproblem_forms(problem, d, per_dp)
+    objective = f.time(problem.workload.objective)
+    m = min(d.pp, per_dp)
+    a, b, c = float(objective.round), float(objective.prompt), float(objective.const)
+
+    def time_of(sums: list[np.ndarray], maxes: list[np.ndarray]) -> np.ndarray:
+        rnd, prompt = basic_times(f, m, sums, maxes, np.maximum)
+        return a * rnd + b * prompt + c
+
+    return time_of
+
+
+def objectives(problem: Problem, d: Degrees, per_dp: np.ndarray, time_ns: np.ndarray) -> np.ndarray:
+    """The workload's objective (higher is better) for subproblem times in ns."""
+    time_ns = np.asarray(time_ns, dtype=float)
+    if problem.workload.objective == "latency":
+        out = -time_ns / 1e6
+    else:
+        per_replica = degree_tables(problem, d).batching.per_replica
+        served = tokens(problem, d, per_replica, np.asarray(per_dp))
+        with np.errstate(divide="ignore"):
+            out = served / (time_ns / 1e9)
+        if problem.workload.per_gpu:
+            out = out / problem.cluster.num_gpus
+    return np.where(time_ns <= 0, math.inf, out)
+
+
+def objective_of(problem: Problem, d: Degrees, per_dp: int, time_ns: float) -> float:
+    return float(objectives(problem, d, np.array([per_dp]), np.array([time_ns]))[0])
