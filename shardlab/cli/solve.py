@@ -27,7 +27,7 @@ from shardlab.problems.problem import Problem
 from shardlab.solvers.registry import available_solvers
 
 if TYPE_CHECKING:
-    from shardlab.solvers import Solution
+    from shardlab.solvers import Budget, Solution
 
 METHODS = ", ".join(available_solvers())
 
@@ -135,7 +135,6 @@ def solve(
     up to ``--batch``; static, powers of two up to it), as a table, in JSON a
     ``pareto`` list, and with ``--plot`` a PNG.
     """
-    from shardlab.solvers import Budget, default_budget
     from shardlab.solvers import solve as solve_problem
 
     options = _solver_options(
@@ -156,10 +155,7 @@ def solve(
         if problem.workload.objective != "pareto":
             raise ShardlabError("--plot draws the pareto front: add --objective pareto")
         check_output_file(plot, flag="--plot")
-    if max_evals is None and time_limit is None:
-        budget = default_budget(method)
-    else:  # the limit is the command's: its clock started with the command
-        budget = Budget(max_evals=max_evals, seconds=time_limit, started=STARTED)
+    budget = _budget(method, max_evals, time_limit)
     with solve_progress(method, budget.max_evals, budget.seconds, budget.started) as callback:
         solution = solve_problem(
             problem,
@@ -189,6 +185,16 @@ def solve(
             out.print(f"wrote {out_file}" + _which(solution))
     if solution.status == "error":
         raise SystemExit(1)
+
+
+def _budget(method: str, max_evals: int | None, time_limit: float | None) -> Budget:
+    """The method's default, or the limits given: the command's, its clock started with
+    the command."""
+    from shardlab.solvers import Budget, default_budget
+
+    if max_evals is None and time_limit is None:
+        return default_budget(method)
+    return Budget(max_evals=max_evals, seconds=time_limit, started=STARTED)
 
 
 def _which(solution: Solution) -> str:

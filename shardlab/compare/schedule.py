@@ -60,14 +60,7 @@ def run_comparison(
     (``cpsat/disagg``) instead of ``methods`` (megatron's aggregated plan stays, the
     reference); ``best`` runs it beside them.
     """
-    runs = [(m, m, {}, space_kind, "agg") for m in dict.fromkeys([*methods, "megatron"])]
-    runs += [(label, m, opts, space_kind, "agg") for label, m, opts in variants]
-    if vs_free and space_kind != "free":
-        runs.append((FREE_OPTIMUM, "cpsat", {}, "free", "agg"))
-    if serving == "disagg":
-        runs = [r for r in runs if r[1] == "megatron"]
-    if serving in ("disagg", "best"):
-        runs.append((DISAGG_OPTIMUM, "cpsat", {}, space_kind, "disagg"))
+    runs = _runs(methods, variants, space_kind, vs_free, serving)
     tasks = [
         Task(
             case=case,
@@ -89,6 +82,44 @@ def run_comparison(
         for b in _budgets_of(m, max_evals, budgets)
         for s in (range(seeds) if m != "megatron" else range(1))
     ]
+    return _run_all(tasks, budgets, journal, executor, jobs, address, on_done, on_resume)
+
+
+# (label, method, options, space, serving) of one kind of run
+Run = tuple[str, str, dict[str, object], str, str]
+
+
+def _runs(
+    methods: Sequence[str],
+    variants: Sequence[tuple[str, str, dict[str, object]]],
+    space_kind: str,
+    vs_free: bool,
+    serving: str,
+) -> list[Run]:
+    """The kinds of run on every case: the methods, megatron (always: the reference),
+    the variants, the free optimum and the disaggregated one when asked for."""
+    runs: list[Run] = [(m, m, {}, space_kind, "agg") for m in dict.fromkeys([*methods, "megatron"])]
+    runs += [(label, m, opts, space_kind, "agg") for label, m, opts in variants]
+    if vs_free and space_kind != "free":
+        runs.append((FREE_OPTIMUM, "cpsat", {}, "free", "agg"))
+    if serving == "disagg":
+        runs = [r for r in runs if r[1] == "megatron"]
+    if serving in ("disagg", "best"):
+        runs.append((DISAGG_OPTIMUM, "cpsat", {}, space_kind, "disagg"))
+    return runs
+
+
+def _run_all(
+    tasks: list[Task],
+    budgets: Sequence[int] | None,
+    journal: Journal | None,
+    executor: Executor,
+    jobs: int,
+    address: str | None,
+    on_done: Callable[[dict[str, Any]], None] | None,
+    on_resume: Callable[[int, int], None] | None,
+) -> list[dict[str, Any]]:
+    """Run the tasks the journal lacks; every task's record, in order."""
     keys = [task_key(t) for t in tasks]
     finished: dict[int, dict[str, Any]] = {}
     if journal is not None:
