@@ -138,7 +138,7 @@ def linearize(m: Measurement, timing: str, engine: str) -> Linearized:
 def _linearized(m: Measurement, problem: Problem, plan: Plan, metrics: Metrics) -> Linearized:
     """``metrics`` (with its breakdown) of ``plan`` on ``problem`` as a linear form."""
     d = plan.degrees
-    per_dp = np.array([int(assemble_plan(problem, plan)[1].per_dp[0])])
+    requests_per_rank = np.array([int(assemble_plan(problem, plan)[1].requests_per_rank[0])])
     t = degree_tables(problem, d)
     kinds = [s.kind for s in t.steps]
     parts = np.zeros((len(kinds), len(CLASSES)))
@@ -158,9 +158,11 @@ def _linearized(m: Measurement, problem: Problem, plan: Plan, metrics: Metrics) 
             iteration_ns=round(iteration_s * 1e9),
             prefill_first=prefill_first,
         )
-        clients = clients_per_rank(problem, d, per_dp)
+        clients = clients_per_rank(problem, d, requests_per_rank)
         budget = np.array([t.engine.max_tokens])
-        return forms(problem, kinds, per_dp, clients, budget, handoff, exact=False, costs=costs)
+        return forms(
+            problem, kinds, requests_per_rank, clients, budget, handoff, exact=False, costs=costs
+        )
 
     # the fixed costs' coefficients: the forms are affine in them (1 s of each apart)
     f, with_request, with_iteration = regime(0, 0), regime(1, 0), regime(0, 1)
@@ -170,7 +172,9 @@ def _linearized(m: Measurement, problem: Problem, plan: Plan, metrics: Metrics) 
         served = 0.0
     else:
         pick = lambda x: x.rate  # noqa: E731
-        served = float(tokens(problem, d, t.batching.per_replica, per_dp)[0]) / _per(m, problem)
+        served = float(
+            tokens(problem, d, t.request_range.per_replica, requests_per_rank)[0]
+        ) / _per(m, problem)
     form = pick(f)
     if form is None:
         raise ShardlabError(f"{m.id}: {m.metric} is not a latency of its workload")
@@ -178,7 +182,7 @@ def _linearized(m: Measurement, problem: Problem, plan: Plan, metrics: Metrics) 
     round_parts = parts[f.round_step] if f.round_step is not None else zero
     prompt_parts = parts[f.prompt_step] if f.prompt_step is not None else zero
     if f.prompt_batches:  # balanced stages: the fill and drain of m micro-batches
-        m_batches = min(d.pp, int(per_dp[0]))
+        m_batches = min(d.pp, int(requests_per_rank[0]))
         prompt_parts = prompt_parts * (1 + (m_batches - 1) / d.pp)
     a_round = _scalar(form.round) if f.round_step is not None else 0.0
     const = _scalar(form.const)

@@ -81,8 +81,8 @@ def _vllm(t: Target) -> BuildOut:
     if "sequence-parallel" in f:  # in every step, as priced (not above a token count)
         sp = {"pass_config": {"enable_sp": True, "sp_min_token_num": 1}}
         argv += ["--compilation-config", json.dumps(sp)]
-    if plan.concurrency is not None:
-        argv += ["--max-num-seqs", str(plan.concurrency)]  # per DP engine core
+    if plan.requests_per_rank is not None:
+        argv += ["--max-num-seqs", str(plan.requests_per_rank)]  # per DP engine core
     if problem.max_tokens is not None:
         argv += ["--max-num-batched-tokens", str(problem.max_tokens)]
     if problem.kv_dtype == "fp8":
@@ -154,8 +154,8 @@ def _sglang(t: Target) -> BuildOut:
         argv += ["--moe-a2a-backend", "deepep"]
     if "dense-tp1" in f:
         argv += ["--moe-dense-tp-size", "1"]
-    if plan.concurrency is not None:  # the server's limit, divided over its DP ranks
-        argv += ["--max-running-requests", str(plan.concurrency * d.dp_attn)]
+    if plan.requests_per_rank is not None:  # the server's limit, divided over its DP ranks
+        argv += ["--max-running-requests", str(plan.requests_per_rank * d.dp_attn)]
     if problem.max_tokens is not None:  # divided over DP ranks (server_args.py:5053)
         argv += ["--chunked-prefill-size", str(problem.max_tokens * d.dp_attn)]
     if problem.kv_dtype == "fp8":
@@ -204,9 +204,9 @@ def _trtllm(t: Target) -> BuildOut:
     serve += ["--tp_size", str(d.group), "--pp_size", str(d.pp)]
     if problem.model.is_moe:
         serve += ["--ep_size", str(d.ep)]
-    if plan.concurrency is not None:  # it admits pp x max_batch_size requests
+    if plan.requests_per_rank is not None:  # it admits pp x max_batch_size requests
         # (tensorrt_llm/_torch/pyexecutor/model_engine.py:1334-1339)
-        serve += ["--max_batch_size", str(-(-plan.concurrency // d.pp))]
+        serve += ["--max_batch_size", str(-(-plan.requests_per_rank // d.pp))]
     if problem.max_tokens is not None:
         serve += ["--max_num_tokens", str(problem.max_tokens)]
     if t.trust_remote_code:

@@ -22,11 +22,11 @@ METRICS = ("ttft_ms", "tpot_ms")
 BANDS = ((1, 8), (9, 32), (33, 128), (129, 512), (513, None))
 
 
-def band(per_rank: int | None) -> str:
-    if per_rank is None:
+def band(requests_per_rank: int | None) -> str:
+    if requests_per_rank is None:
         return "-"
     for lo, hi in BANDS:
-        if hi is None or per_rank <= hi:
+        if hi is None or requests_per_rank <= hi:
             return f"{lo}+" if hi is None else f"{lo}-{hi}"
     return "-"
 
@@ -214,7 +214,7 @@ def _errors(rows: list[Row]) -> list[str]:
         *_table(
             "By clients per attention-DP rank (aggregated rows)",
             agg,
-            lambda r: (r.measurement.protocol, band(r.measurement.per_rank)),  # type: ignore[union-attr]
+            lambda r: (r.measurement.protocol, band(r.measurement.requests_per_rank)),  # type: ignore[union-attr]
             ("protocol", "clients per rank"),
             order=lambda g: (g[0], _band_order(g[1]), g[2]),
         ),
@@ -251,7 +251,7 @@ def _csv(rows: list[Row], measured: MeasurementSet) -> str:
         w.writerow(
             [r.id, r.metric, "predicted", f"{r.measured:.4f}", f"{r.predicted:.4f}",
              f"{r.ratio:.4f}", m.gpu, m.engine or "", m.family, m.mode, m.protocol,
-             m.per_rank or "", r.description, r.note]
+             m.requests_per_rank or "", r.description, r.note]
         )  # fmt: skip
     for x in measured.refused:
         w.writerow([x.id, "", "refused", "", "", "", "", "", "", "", "", "", "", x.reason])

@@ -142,7 +142,7 @@ def test_evaluate_json_and_plan_round_trip(tmp_path: Path, capsys, monkeypatch) 
     again = json.loads(out2)
     # the plan JSON carries the concurrency evaluation chose; re-evaluated at it
     assert data["concurrency_chosen"] and not again["concurrency_chosen"]
-    assert again["plan"]["concurrency"] == data["plan"]["concurrency"]
+    assert again["plan"]["requests_per_rank"] == data["plan"]["requests_per_rank"]
     assert again["throughput_tok_s"] == pytest.approx(data["throughput_tok_s"], rel=1e-12)
 
 

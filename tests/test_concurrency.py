@@ -42,7 +42,7 @@ def every_plan(problem: Problem) -> np.ndarray:
 def offered(problem: Problem, codes: np.ndarray) -> np.ndarray:
     """Most requests per dp rank each row's degree tuple is offered."""
     tuples = problem.space.degree_tuples
-    tops = [degree_tables(problem, d).batching.per_dp_max for d in tuples]
+    tops = [degree_tables(problem, d).request_range.max_requests_per_rank for d in tuples]
     return np.asarray(tops)[codes[:, 0]]
 
 
@@ -52,7 +52,7 @@ def best_over_plan_and_c(problem: Problem, codes: np.ndarray) -> np.ndarray:
     best = np.full(len(codes), -np.inf)
     for c in range(1, int(top.max()) + 1):
         rows = np.flatnonzero(top >= c)
-        m = evaluate_batch(problem, codes[rows], per_rank=np.full(len(rows), c))
+        m = evaluate_batch(problem, codes[rows], requests_per_rank=np.full(len(rows), c))
         best[rows] = np.maximum(best[rows], np.where(m.feasible, m.objective, -np.inf))
     return best
 
@@ -70,13 +70,13 @@ def test_free_concurrency_is_the_enumeration_over_plans_and_concurrencies(case: 
     np.testing.assert_allclose(got, truth, rtol=1e-12)
     # ... at a concurrency it names and that re-evaluates to the same point
     some = np.flatnonzero(chosen.feasible)[:: max(1, int(chosen.feasible.sum()) // 50)]
-    again = evaluate_batch(problem, codes[some], per_rank=chosen.requests_per_rank[some])
+    again = evaluate_batch(problem, codes[some], requests_per_rank=chosen.requests_per_rank[some])
     np.testing.assert_allclose(again.objective, chosen.objective[some], rtol=1e-12)
     # and CP-SAT proves the optimum over (plan, concurrency)
     r = solve(problem, "cpsat", budget=Budget(max_evals=None, seconds=300), seed=0)
     assert r.status == "optimal" and r.plan is not None
     assert r.objective == pytest.approx(truth.max(), rel=ROUNDING)
-    assert r.plan.concurrency == r.metrics.requests_per_rank
+    assert r.plan.requests_per_rank == r.metrics.requests_per_rank
 
 
 @pytest.mark.parametrize("batch", [2, 8, 24, 64])
@@ -86,7 +86,7 @@ def test_free_optimum_is_at_least_the_fixed_batch_optimum(batch: int) -> None:
     problem = Problem.build("qwen3-32b", "h100x2", "chat", batch=batch, tpot_ms=30.0)
     codes = problem.space.sample(3000, seed=1)
     free = evaluate_batch(problem, codes)
-    fill = evaluate_batch(problem, codes, per_rank=np.maximum(free.capacity_per_rank, 1))
+    fill = evaluate_batch(problem, codes, requests_per_rank=np.maximum(free.capacity_per_rank, 1))
     assert (free.capacity_per_rank <= offered(problem, codes)).all()
     free_obj = np.where(free.feasible, free.objective, -np.inf)
     fill_obj = np.where(fill.feasible, fill.objective, -np.inf)
@@ -101,34 +101,34 @@ def test_a_plan_carries_its_concurrency_and_evaluation_honours_it() -> None:
     problem = Problem.build("llama-3.1-8b", "h100x2", "chat", batch=64, tpot_ms=12.0)
     r = solve(problem, "cpsat", budget=Budget(max_evals=None, seconds=120), seed=0)
     assert r.plan is not None and r.metrics is not None
-    c = r.plan.concurrency
+    c = r.plan.requests_per_rank
     assert c == r.metrics.requests_per_rank and 1 <= c <= r.metrics.capacity_per_rank
     text = r.plan.to_json(problem.model)
-    assert json.loads(text)["concurrency"] == c
+    assert json.loads(text)["requests_per_rank"] == c
     plan = Plan.from_json(text, problem.model)
     assert plan == r.plan
     assert evaluate(problem, plan).objective == pytest.approx(r.objective)
-    fewer = evaluate(problem, dataclasses.replace(plan, concurrency=max(c // 2, 1)))
+    fewer = evaluate(problem, dataclasses.replace(plan, requests_per_rank=max(c // 2, 1)))
     assert fewer.requests_per_rank == max(c // 2, 1)
     assert fewer.tpot_ms <= r.metrics.tpot_ms
     assert fewer.throughput_tok_s < r.metrics.throughput_tok_s
-    over = dataclasses.replace(plan, concurrency=r.metrics.capacity_per_rank + 1)
-    if over.concurrency <= offered(problem, problem.space.encode(plan)[None])[0]:
+    over = dataclasses.replace(plan, requests_per_rank=r.metrics.capacity_per_rank + 1)
+    if over.requests_in_flight <= offered(problem, problem.space.encode(plan)[None])[0]:
         assert "memory" in evaluate(problem, over).violations
     with pytest.raises(ShardlabError, match="more than this workload offers"):
-        evaluate(problem, dataclasses.replace(plan, concurrency=10_000))
+        evaluate(problem, dataclasses.replace(plan, requests_per_rank=10_000))
 
 
 def test_the_static_schedule_runs_its_batch() -> None:
     problem = Problem.build("llama-3.1-8b", "h100x2", "batch-offline", batch=32)
     plan = problem.space.megatron_plan(problem.space.degree_tuples[0])
     m = evaluate(problem, plan)
-    share = degree_tables(problem, plan.degrees).batching.per_dp_max
-    assert m.concurrency == 32 and m.requests_per_rank == share
+    share = degree_tables(problem, plan.degrees).request_range.max_requests_per_rank
+    assert m.requests_in_flight == 32 and m.requests_per_rank == share
     r = solve(problem, "random", budget=Budget(max_evals=50), seed=0)
-    assert r.plan is not None and r.plan.concurrency is None
+    assert r.plan is not None and r.plan.requests_per_rank is None
     with pytest.raises(ShardlabError, match="static schedule runs its batch"):
-        evaluate(problem, dataclasses.replace(plan, concurrency=share + 1))
+        evaluate(problem, dataclasses.replace(plan, requests_per_rank=share + 1))
 
 
 @settings(max_examples=25, deadline=None)
@@ -138,7 +138,7 @@ def test_the_floor_tables_bound_every_larger_concurrency(seed: int, which: str) 
     # subproblem from c on infeasible, though the times themselves are not monotone
     problem = Problem.build(which, "h100x4", "chat", batch=64)
     plan = problem.space.decode(problem.space.sample(1, seed=seed)[0])
-    top = degree_tables(problem, plan.degrees).batching.per_dp_max
+    top = degree_tables(problem, plan.degrees).request_range.max_requests_per_rank
     cs = np.arange(1, top + 1)
     ttft = np.array(
         [
@@ -157,7 +157,7 @@ def test_the_floor_tables_bound_every_larger_concurrency(seed: int, which: str) 
         assert low.timing.tpot_s[0] <= tpot[c - 1 :].min() + 1e-12
         assert low.timing.ttft_s[0] <= ttft[c - 1 :].min() + 1e-12
     mem = [
-        evaluate(problem, dataclasses.replace(plan, concurrency=int(c))).memory_gb_per_gpu
+        evaluate(problem, dataclasses.replace(plan, requests_per_rank=int(c))).memory_gb_per_gpu
         for c in cs
     ]
     assert (np.diff(mem) >= 0).all()
@@ -173,7 +173,7 @@ def test_evaluate_says_when_it_chose_the_concurrency() -> None:
     assert fixed.exit_code == 0, fixed.output
     data = json.loads(fixed.output)
     assert data["concurrency_chosen"] is False
-    assert data["requests_per_rank"] == 4 and data["plan"]["concurrency"] == 4
+    assert data["requests_per_rank"] == 4 and data["plan"]["requests_per_rank"] == 4
 
 
 # Deep pipelines (micro-batches of several requests), SLOs, a latency objective, a
@@ -200,7 +200,7 @@ def test_the_chosen_concurrency_is_the_fewest_requests_of_the_best(case: str) ->
     score = np.full((n, c_max), -np.inf)
     for c in range(1, c_max + 1):
         rows = np.flatnonzero(top >= c)
-        m = evaluate_batch(problem, codes[rows], per_rank=np.full(len(rows), c))
+        m = evaluate_batch(problem, codes[rows], requests_per_rank=np.full(len(rows), c))
         score[rows, c - 1] = np.where(m.feasible, m.objective, -np.inf)
     best = score.max(axis=1)
     has = np.isfinite(best)

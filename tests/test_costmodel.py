@@ -64,13 +64,13 @@ def test_scalar_batched_and_tables_agree(key: str, seed: int) -> None:
         for name in ("objective", "ttft_ms", "tpot_ms", "throughput_tok_s", "memory_gb_per_gpu"):
             assert getattr(m, name) == pytest.approx(getattr(batch, name)[i], rel=1e-9, abs=1e-12)
         assert m.feasible == bool(batch.feasible[i])
-        assert m.concurrency == int(batch.concurrency[i])
+        assert m.requests_in_flight == int(batch.requests_in_flight[i])
         # Integer tables: nanoseconds and bytes, rounded per entry (see decompose.py).
         tables = integer_tables(problem, plan.degrees, requests_per_rank(problem, plan))
         cost = price(problem, tables, plan)
-        assert cost.timing.throughput[0] == pytest.approx(m.throughput_tok_s, rel=1e-4)
-        assert cost.timing.tpot_s[0] * 1e3 == pytest.approx(m.tpot_ms, rel=1e-4, abs=1e-6)
-        assert cost.timing.ttft_s[0] * 1e3 == pytest.approx(m.ttft_ms, rel=1e-4, abs=1e-6)
+        assert cost.latencies.throughput[0] == pytest.approx(m.throughput_tok_s, rel=1e-4)
+        assert cost.latencies.tpot_s[0] * 1e3 == pytest.approx(m.tpot_ms, rel=1e-4, abs=1e-6)
+        assert cost.latencies.ttft_s[0] * 1e3 == pytest.approx(m.ttft_ms, rel=1e-4, abs=1e-6)
         assert cost.stage_bytes.max() / 1e9 == pytest.approx(m.memory_gb_per_gpu, rel=1e-9)
         assert cost.fits == ("memory" not in m.violations)
 
@@ -219,7 +219,7 @@ def test_known_physics() -> None:
     ds = Problem.build("deepseek-v3", "h200x16", "long-context", batch=4096)
     tp = evaluate(ds, ds.space.megatron_plan(Degrees(tp=16, ep=16, etp=1)))
     dp = evaluate(ds, ds.space.megatron_plan(Degrees(tp=1, dp_attn=16, ep=16, etp=1)))
-    assert tp.concurrency < dp.concurrency
+    assert tp.requests_in_flight < dp.requests_in_flight
 
 
 # -- the serving engine's limits ------------------------------------------------------
@@ -237,17 +237,17 @@ def test_engine_budget_bounds_memory_and_concurrency(engine: str) -> None:
     m = evaluate(problem, plan)
     assert m.feasible and m.memory_gb_per_gpu <= m.hbm_gb
     limits = engine_limits(problem, 4, 1, 1)
-    assert m.concurrency <= limits.max_batch
+    assert m.requests_in_flight <= limits.max_batch
     # the KV cache gets only the engine's share: the bytes themselves stay below HBM
     assert m.weights_gb + m.kv_cache_gb + m.activations_gb < m.memory_gb_per_gpu
     capped = evaluate(dataclasses.replace(problem, max_batch=64), plan)
-    assert capped.concurrency == 64 and capped.tpot_ms < m.tpot_ms
+    assert capped.requests_in_flight == 64 and capped.tpot_ms < m.tpot_ms
 
 
 def test_engines_budget_memory_differently() -> None:
     plan = _kv_bound().space.megatron_plan(Degrees(tp=4, etp=4))
     held = {
-        e: evaluate(dataclasses.replace(_kv_bound(), engine=e), plan).concurrency
+        e: evaluate(dataclasses.replace(_kv_bound(), engine=e), plan).requests_in_flight
         for e in ("trtllm", "vllm", "sglang")
     }
     assert len(set(held.values())) == 3, held
@@ -257,7 +257,7 @@ def test_max_tokens_caps_the_requests_of_a_round() -> None:
     problem = dataclasses.replace(_kv_bound(), max_tokens=1000)
     plan = problem.space.megatron_plan(Degrees(tp=4, etp=4))
     # a chat round brings 1 + 1024/256 = 5 tokens per request
-    assert evaluate(problem, plan).concurrency == 200
+    assert evaluate(problem, plan).requests_in_flight == 200
 
 
 @settings(max_examples=15, deadline=None)

@@ -193,36 +193,36 @@ def test_a_subproblem_presolve_once_called_infeasible_is_solved() -> None:
     assert evaluate(problem, result.plan).feasible
 
 
-def _layer_subproblem(model: str, degrees: str, per_dp: int):
+def _layer_subproblem(model: str, degrees: str, requests_per_rank: int):
     """A chat problem with options per layer on 4 H100, and the index of ``degrees``."""
     p = Problem.build(model, "h100x4", "chat", tie="layer", batch=256)
     di = next(i for i, d in enumerate(p.space.degree_tuples) if d.short() == degrees)
-    return p, di, integer_tables(p, p.space.degree_tuples[di], per_dp)
+    return p, di, integer_tables(p, p.space.degree_tuples[di], requests_per_rank)
 
 
 @pytest.mark.parametrize(
-    "model,degrees,per_dp",
+    "model,degrees,requests_per_rank",
     [
         ("llama-3.1-8b", "replicas=2 pp=2 tp=1 dp_attn=1 ep=1 etp=1", 128),
         ("llama-3.1-70b", "replicas=1 pp=4 tp=1 dp_attn=1 ep=1 etp=1", 256),
     ],
 )
 def test_pipeline_shortest_path_is_the_cp_sat_optimum(
-    model: str, degrees: str, per_dp: int
+    model: str, degrees: str, requests_per_rank: int
 ) -> None:
     """With stages, the shortest path per stage over every partition finds the time
     CP-SAT's model proves optimal (its plan fits and meets the SLOs here)."""
-    p, di, t = _layer_subproblem(model, degrees, per_dp)
+    p, di, t = _layer_subproblem(model, degrees, requests_per_rank)
     d = p.space.degree_tuples[di]
-    time_of = time_function(p, d, per_dp)
-    found = pipeline_plan(p, t, valid_options(p.space, di), per_dp, time_of)
+    time_of = time_function(p, d, requests_per_rank)
+    found = pipeline_plan(p, t, valid_options(p.space, di), requests_per_rank, time_of)
     assert found is not None
     plan, time_ns = found
     cost = price(p, t, plan)
     # the plan's own time, summed from the tables, is the time the search reports
     sums, maxes = cost.stage_ns.sum(1, keepdims=True), cost.stage_ns.max(1, keepdims=True)
     assert cost.fits and time_ns == int(time_of(list(sums), list(maxes))[0])
-    exact = SubproblemModel(p, di, per_dp).solve(120, 2, 0, lambda _: None)
+    exact = SubproblemModel(p, di, requests_per_rank).solve(120, 2, 0, lambda _: None)
     assert exact.status == "optimal" and exact.time_ns == time_ns
 
 

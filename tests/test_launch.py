@@ -48,7 +48,7 @@ def runnable_plan(
     if i is None:
         return None
     plan = space.config_plan(i)
-    return problem, Plan(**{**plan.__dict__, "concurrency": 16})
+    return problem, Plan(**{**plan.__dict__, "requests_per_rank": 16})
 
 
 def case_plan(engine: str, model: str, cluster: str, d: Degrees, feats: tuple) -> tuple:

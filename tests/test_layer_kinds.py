@@ -84,7 +84,7 @@ def test_a_chunked_layer_caches_its_chunk_and_costs_less_than_a_full_one() -> No
         problem = Problem.build(model, "h100x1", "chat", input_len=8192, output_len=256)
         plans.append(evaluate(problem, problem.space.megatron_plan(problem.space.degree_tuples[0])))
     c, f = plans
-    per_request = [m.kv_cache_gb / m.concurrency for m in plans]
+    per_request = [m.kv_cache_gb / m.requests_in_flight for m in plans]
     # KV per request: the chunk (1024) against the context a request holds on average.
     assert problem is not None
     ratio = 1024 / kv_context(problem.workload)

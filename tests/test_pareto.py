@@ -166,8 +166,8 @@ def test_cpsat_front_over_levels_is_proven_and_sorted() -> None:
     r = solve_front(problem, "cpsat", budget=Budget(max_evals=None, seconds=300), seed=0)
     assert r.status == "optimal"
     assert [b for b, _ in r.runs] == [64]  # in flight the concurrency is each plan's own
-    assert all(p.plan.concurrency is not None for p in r.front)
-    assert len({p.plan.concurrency for p in r.front}) > 1
+    assert all(p.plan.requests_per_rank is not None for p in r.front)
+    assert len({p.plan.requests_per_rank for p in r.front}) > 1
     tpots = [p.metrics.tpot_ms for p in r.front]
     assert tpots == sorted(tpots)
     for p in r.front:  # every point is priced at its own batch
@@ -244,7 +244,7 @@ def test_cli_pareto_json_table_and_figure(tmp_path) -> None:
     assert tpots == sorted(tpots)
     assert data["plan"] is not None and data["megatron"]
     assert {lv["batch"] for lv in data["levels"]} == {16}
-    assert all(p["plan"]["concurrency"] >= 1 for p in front)
+    assert all(p["plan"]["requests_per_rank"] >= 1 for p in front)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*.tmp"))
     plan_file = tmp_path / "best.json"
@@ -261,6 +261,6 @@ def test_static_fronts_are_solved_at_every_power_of_two_of_the_batch() -> None:
     r = solve_front(problem, "cpsat", budget=Budget(max_evals=None, seconds=300), seed=0)
     assert r.status == "optimal"
     assert [b for b, _ in r.runs] == [8, 4, 2, 1]
-    assert r.front and all(p.plan.concurrency is None for p in r.front)
+    assert r.front and all(p.plan.requests_per_rank is None for p in r.front)
     for p in r.front:
         assert p.metrics == evaluate(at_batch(problem, p.batch), p.plan)

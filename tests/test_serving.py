@@ -178,7 +178,7 @@ def test_a_users_file_in_the_samples_columns_reports_its_good_rows(tmp_path: Pat
     assert {m.metric for m in b} == {"ttft_ms", "tpot_ms"}
     plan = b[0].disagg
     assert plan is not None and (plan.prefill_instances, plan.decode_instances) == (2, 1)
-    assert plan.decode.concurrency == 32 and plan.prefill.concurrency == 1
+    assert plan.decode.requests_per_rank == 32 and plan.prefill.requests_per_rank == 1
     rows = {(m.id, m.metric): predict(m, "silicon", "trtllm") for m in measured.rows}
     assert all(r.predicted > 0 for r in rows.values())
     disagg = rows[("b", "ttft_ms")]

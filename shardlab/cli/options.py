@@ -220,12 +220,14 @@ def plan_command(func: Callable[..., None]) -> Callable[..., None]:
             for name in DEGREE_NAMES
         ),
         inspect.Parameter(
-            "concurrency",
+            "requests_per_rank",
             inspect.Parameter.KEYWORD_ONLY,
             default=None,
             annotation=Annotated[
                 int | None,
                 typer.Option(
+                    "--requests-per-rank",
+                    "--concurrency",
                     min=1,
                     help="In flight: requests per attention-DP rank (the engine's max batch "
                     "size); default: the plan's, else the best under the SLOs.",
@@ -239,14 +241,14 @@ def plan_command(func: Callable[..., None]) -> Callable[..., None]:
         plan_file = kwargs.pop("plan_file")
         degrees = {name: kwargs.pop(name) for name in DEGREE_NAMES}
         plan = plan_from_options(kwargs["problem"], plan_file, degrees)
-        concurrency = kwargs.pop("concurrency")
-        if concurrency is not None:
+        requests_per_rank = kwargs.pop("requests_per_rank")
+        if requests_per_rank is not None:
             if isinstance(plan, DisaggPlan):
                 raise ShardlabError(
-                    "--concurrency sets one plan's; a disaggregated plan carries each pool's "
-                    "'concurrency' in its JSON"
+                    "--requests-per-rank sets one plan's; a disaggregated plan carries each "
+                    "pool's 'requests_per_rank' in its JSON"
                 )
-            plan = dataclasses.replace(plan, concurrency=concurrency)
+            plan = dataclasses.replace(plan, requests_per_rank=requests_per_rank)
         func(plan=plan, **kwargs)
 
     _extend(func, wrapper, "plan", extra)

@@ -34,7 +34,7 @@ def _report(problem: Problem, plan: Plan | DisaggPlan, fmt: Format, *, top: int 
         _report_disagg(problem, plan, fmt, top=top)
         return
     metrics = cost_evaluate(problem, plan, breakdown=top is not None)
-    chosen = problem.workload.schedule == "inflight" and plan.concurrency is None
+    chosen = problem.workload.schedule == "inflight" and plan.requests_per_rank is None
     plan = with_concurrency(problem, plan, metrics)
     if fmt is Format.json:
         emit_json(
@@ -52,8 +52,8 @@ def _report(problem: Problem, plan: Plan | DisaggPlan, fmt: Format, *, top: int 
     if chosen:
         out.print(
             f"  concurrency chosen: {metrics.requests_per_rank} requests per attention-DP "
-            "rank, the best under the SLOs (give --concurrency or the plan's "
-            "'concurrency' to fix it)"
+            "rank, the best under the SLOs (give --requests-per-rank or the plan's "
+            "'requests_per_rank' to fix it)"
         )
     if top is not None:
         print_breakdown(metrics, top=top)

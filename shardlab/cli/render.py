@@ -166,9 +166,9 @@ def plan_json(problem: Problem, plan: Plan) -> dict:
 
 def print_plan(problem: Problem, plan: Plan) -> None:
     out.print(f"[bold]plan[/] {plan.degrees.short()}  stages {list(plan.stage_layers)}")
-    if plan.concurrency is not None:
+    if plan.requests_per_rank is not None:
         out.print(
-            f"  concurrency {plan.concurrency} requests per attention-DP rank "
+            f"  concurrency {plan.requests_per_rank} requests per attention-DP rank "
             "(the engine's max batch size)"
         )
     kinds = problem.model.kinds
@@ -197,7 +197,7 @@ def print_metrics(m: Metrics) -> None:
         out.print(f"[red]infeasible: {', '.join(m.violations)}[/]")
     out.print(
         f"  throughput {m.throughput_tok_s:,.0f} tok/s ({m.throughput_tok_s_per_gpu:,.1f} per "
-        f"GPU, {m.num_gpus} GPUs, {m.concurrency} requests in flight: "
+        f"GPU, {m.num_gpus} GPUs, {m.requests_in_flight} requests in flight: "
         f"{m.requests_per_rank} per attention-DP rank, of at most {m.capacity_per_rank} "
         "its offer and KV cache allow)"
     )
@@ -305,7 +305,7 @@ def print_front(
         table.add_column("degrees")
         for p in points:
             table.add_row(
-                str(p.metrics.concurrency),
+                str(p.metrics.requests_in_flight),
                 str(p.metrics.requests_per_rank),
                 f"{p.metrics.throughput_tok_s_per_gpu:,.1f}",
                 *(f"{getattr(p.metrics, a):,.2f}" for a in axes),

@@ -16,7 +16,7 @@ Definitions:
 - ``inflight`` schedule: the concurrency ``c`` (requests per dp rank, the engine's max
   batch size) is a decision of the plan, ``1 <= c <=`` what the workload offers a rank
   (the workload's batch over the replicas and dp ranks, within the engine's max batch
-  and max tokens). A plan that fixes it (``Plan.concurrency``) runs with it; otherwise
+  and max tokens). A plan that fixes it (``Plan.requests_per_rank``) runs with it; otherwise
   every ``c`` up to what its KV cache holds is priced and the best one under the SLOs
   is kept (none feasible: ``c = 1``, the least memory and, but for bumps in measured
   kernel tables, the least latency). TPOT is the mixed round; TTFT the closed loop's
@@ -52,7 +52,7 @@ TIE = 1e-9
 class Assembled:
     metrics: BatchMetrics
     b_index: np.ndarray  # (n,) column of the slot's tables (its b) at the chosen concurrency
-    per_dp: np.ndarray  # (n,) requests per dp rank: the chosen concurrency
+    requests_per_rank: np.ndarray  # (n,) requests per dp rank: the chosen concurrency
     fullest_stage: np.ndarray
     curves: dict[str, np.ndarray]  # every candidate concurrency, flat ("plan": whose)
 
@@ -104,7 +104,7 @@ class _Candidates:
     """The concurrencies each plan is priced at, flat and plan by plan."""
 
     plan: np.ndarray  # (C,) plan of each candidate
-    per_dp: np.ndarray  # (C,) requests per dp rank
+    requests_per_rank: np.ndarray  # (C,) requests per dp rank
     col: np.ndarray  # (C,) b column of the tables it reads
     first: np.ndarray  # (n,) first candidate of each plan
     need: np.ndarray  # (n,) b columns each plan reads
@@ -112,27 +112,33 @@ class _Candidates:
 
 def _candidates(
     problem: Problem,
-    per_dp: np.ndarray | None,
+    requests_per_rank: np.ndarray | None,
     capacity: np.ndarray,
     pp: np.ndarray,
-    per_dp_max: np.ndarray,
+    max_requests_per_rank: np.ndarray,
     in_flight_per_rank: np.ndarray,
 ) -> _Candidates:
-    """The static schedule runs its batch; a fixed ``per_dp`` runs itself; in flight
+    """The static schedule runs its batch; a fixed ``requests_per_rank`` runs itself; in flight
     every concurrency the KV cache holds is a candidate (none: one request), and of the
     concurrencies sharing a micro-batch size only the one that can be best, unless a
     TTFT bound or axis tells them apart (their TTFT grows with the requests: the
     closed loop's first wave, :mod:`shardlab.costmodel.regimes`)."""
     n = len(pp)
     if problem.workload.schedule != "inflight":  # the tables have the batch's b only
-        c = per_dp_max if per_dp is None else np.asarray(per_dp, dtype=np.int64)
-        return _Candidates(
-            plan=np.arange(n), per_dp=c, col=0 * c, first=np.arange(n), need=0 * c + 1
+        c = (
+            max_requests_per_rank
+            if requests_per_rank is None
+            else np.asarray(requests_per_rank, dtype=np.int64)
         )
-    if per_dp is not None:
-        c = np.asarray(per_dp, dtype=np.int64)
+        return _Candidates(
+            plan=np.arange(n), requests_per_rank=c, col=0 * c, first=np.arange(n), need=0 * c + 1
+        )
+    if requests_per_rank is not None:
+        c = np.asarray(requests_per_rank, dtype=np.int64)
         col = -(-c // np.minimum(pp, c)) - 1
-        return _Candidates(plan=np.arange(n), per_dp=c, col=col, first=np.arange(n), need=col + 1)
+        return _Candidates(
+            plan=np.arange(n), requests_per_rank=c, col=col, first=np.arange(n), need=col + 1
+        )
     top = np.maximum(capacity, 1)  # more than the KV cache holds never fits
     small = np.minimum(pp, top)  # c <= pp: one request per micro-batch (b = 1)
     n_b = -(-top // small)
@@ -144,7 +150,7 @@ def _candidates(
         plan = np.repeat(np.arange(n), top)
         c = np.arange(int(top.sum())) - first[plan] + 1
         col = -(-c // np.minimum(pp[plan], c)) - 1
-        return _Candidates(plan=plan, per_dp=c, col=col, first=first, need=n_b)
+        return _Candidates(plan=plan, requests_per_rank=c, col=col, first=first, need=n_b)
     count = small + n_b - 1
     first = np.cumsum(count) - count
     plan = np.repeat(np.arange(n), count)
@@ -162,11 +168,11 @@ def _candidates(
         rep = np.clip(in_flight_per_rank[plan], lo, hi)
     c = np.where(in_small, k + 1, rep)
     col = np.where(in_small, 0, b - 1)
-    return _Candidates(plan=plan, per_dp=c, col=col, first=first, need=n_b)
+    return _Candidates(plan=plan, requests_per_rank=c, col=col, first=first, need=n_b)
 
 
-def assemble(problem: Problem, u: Units, per_dp: np.ndarray | None = None) -> Assembled:
-    """Metrics of the plans ``u`` (any degree tuples) at ``per_dp`` requests per dp rank,
+def assemble(problem: Problem, u: Units, requests_per_rank: np.ndarray | None = None) -> Assembled:
+    """Metrics of the plans ``u`` (any degree tuples) at ``requests_per_rank`` requests per dp rank,
     or, when None, at the concurrency each plan does best with (see the module
     docstring; the static schedule runs its batch)."""
     stack = u.stack
@@ -179,25 +185,29 @@ def assemble(problem: Problem, u: Units, per_dp: np.ndarray | None = None) -> As
     replicas = stack.scalar("replicas", u.slot).astype(np.int64)
     dp_attn = stack.scalar("dp_attn", u.slot).astype(np.int64)
     saturated = -(-problem.workload.batch // (replicas * dp_attn))  # per rank, all in flight
-    per_dp_max = stack.scalar("per_dp_max", u.slot).astype(np.int64)
-    cs = _candidates(problem, per_dp, mem.capacity, pp, per_dp_max, saturated)
+    max_requests_per_rank = stack.scalar("max_requests_per_rank", u.slot).astype(np.int64)
+    cs = _candidates(problem, requests_per_rank, mem.capacity, pp, max_requests_per_rank, saturated)
     tm = _latencies(problem, u, terms, sr, rid, cs)
-    fits = cs.per_dp <= mem.capacity[cs.plan]
+    fits = cs.requests_per_rank <= mem.capacity[cs.plan]
     j = judge(problem, tm, fits)
     pick = _pick(cs, j, len(u.slot))
-    c = cs.per_dp[pick]
+    c = cs.requests_per_rank[pick]
     metrics, fullest = _batch_metrics(problem, mem, tm, j, fits, pick, c)
     gpus = problem.cluster.num_gpus
     curves = {
         "plan": cs.plan,
-        "per_rank": cs.per_dp,
+        "requests_per_rank": cs.requests_per_rank,
         "feasible": j.feasible,
         "throughput_tok_s_per_gpu": tm.throughput / gpus,
         "ttft_ms": tm.ttft_s * 1e3,
         "tpot_ms": tm.tpot_s * 1e3,
     }
     return Assembled(
-        metrics=metrics, b_index=cs.col[pick], per_dp=c, fullest_stage=fullest, curves=curves
+        metrics=metrics,
+        b_index=cs.col[pick],
+        requests_per_rank=c,
+        fullest_stage=fullest,
+        curves=curves,
     )
 
 
@@ -277,7 +287,7 @@ def _memory(
     base = np.where(real, w_stage * ws + reserve, NO_STAGE)
     kvf_charged, kvs_charged = kvf_stage * ks, kvs_stage * ks
     tp = stack.scalar("tp", slot).astype(np.int64)
-    per_dp_max = stack.scalar("per_dp_max", slot).astype(np.int64)
+    max_requests_per_rank = stack.scalar("max_requests_per_rank", slot).astype(np.int64)
     return _Memory(
         weights=w_stage,
         kv_full=kvf_stage,
@@ -286,7 +296,7 @@ def _memory(
         base=base,
         kv_full_charged=kvf_charged,
         kv_split_charged=kvs_charged,
-        capacity=_capacity(base, kvf_charged, kvs_charged, tp, hbm, per_dp_max),
+        capacity=_capacity(base, kvf_charged, kvs_charged, tp, hbm, max_requests_per_rank),
         tp=tp,
     )
 
@@ -322,7 +332,7 @@ def _latencies(
         degrees,
         stack.steps,
         scalar("per_replica")[cp],
-        cs.per_dp,
+        cs.requests_per_rank,
         sums,
         maxes,
         scalar("max_tokens")[cp],
@@ -372,7 +382,7 @@ def _batch_metrics(
         throughput_tok_s_per_gpu=throughput / gpus,
         memory_gb_per_gpu=mem_stage[rows, fullest] / 1e9,
         num_gpus=np.full(n, gpus),
-        concurrency=tm.concurrency[pick].astype(np.int64),
+        requests_in_flight=tm.requests_in_flight[pick].astype(np.int64),
         requests_per_rank=c.astype(np.int64),
         capacity_per_rank=mem.capacity,
         weights_gb=mem.weights[rows, fullest] / 1e9,

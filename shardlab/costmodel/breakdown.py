@@ -102,7 +102,7 @@ class _Plan:
     terms: Terms
     u: Units
     b_run: int  # the b column of the tables at its concurrency
-    per_dp: int  # requests per dp rank
+    requests_per_rank: int  # requests per dp rank
     fullest: int  # its fullest stage
     res: np.ndarray  # (U,) each unit's residual-stream option
 
@@ -116,7 +116,7 @@ def breakdown_of(problem: Problem, plan: Plan, u: Units, a: Assembled) -> tuple[
         terms=terms_of(problem, u.layout),
         u=u,
         b_run=int(a.b_index[0]),
-        per_dp=int(a.per_dp[0]),
+        requests_per_rank=int(a.requests_per_rank[0]),
         fullest=int(a.fullest_stage[0]),
         res=u.opts[0, :, t.res_index],
     )
@@ -137,7 +137,7 @@ def breakdown_of(problem: Problem, plan: Plan, u: Units, a: Assembled) -> tuple[
 def _layer_rows(p: _Plan, acc: _Rows, si: int, bi: int) -> None:
     """The layers' operators of step ``si`` at b column ``bi``, unit by unit."""
     m, t, terms, u = p.problem.model, p.t, p.terms, p.u
-    split_reqs = -(-p.per_dp // t.degrees.tp)
+    split_reqs = -(-p.requests_per_rank // t.degrees.tp)
     layers = terms.cs_unit[-1].astype(int)  # (U,)
     stage = (u.starts[0, p.fullest], u.ends[0, p.fullest])
     on_fullest = (terms.cs_unit[stage[1]] - terms.cs_unit[stage[0]]).astype(int)
@@ -160,7 +160,7 @@ def _layer_rows(p: _Plan, acc: _Rows, si: int, bi: int) -> None:
         for ki, op in enumerate(ops):
             c = t.op_costs[si][ci][ki][int(opts[ki])]
             assert c is not None
-            kv = c.kv_bytes_per_req * (split_reqs if c.kv_split_tp else p.per_dp)
+            kv = c.kv_bytes_per_req * (split_reqs if c.kv_split_tp else p.requests_per_rank)
             name = f"{kind}.{op.name}"
             if mixers and op.family in ("kv_cache", "attention"):
                 # Mixers of different kinds hold, cache and read differently.

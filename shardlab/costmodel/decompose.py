@@ -1,7 +1,7 @@
 """The cost of a plan as integer tables, for exact search (CP-SAT).
 
 For a fixed degree tuple and a fixed number of requests per attention-data-parallel
-rank (``per_dp``: the static batch, or one candidate concurrency in flight), the time
+rank (``requests_per_rank``: the static batch, or one candidate concurrency in flight), the time
 of every step is, per pipeline stage, a sum of table entries:
 
     stage time = sum over its layers of (chosen option of each operator
@@ -47,7 +47,7 @@ def _bytes(values: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, kw_only=True)
 class IntegerTables:
-    """Integer cost tables of one degree tuple at ``per_dp`` requests per dp rank.
+    """Integer cost tables of one degree tuple at ``requests_per_rank`` requests per dp rank.
 
     Indices: ``step`` into :attr:`steps`; ``cls`` into :attr:`classes` (layer kind,
     span); ``kind`` into :attr:`kinds`; ``op`` into that kind's operators
@@ -56,7 +56,7 @@ class IntegerTables:
     """
 
     degrees: Degrees
-    per_dp: int
+    requests_per_rank: int
     steps: tuple  # the workload's Step objects
     classes: tuple
     kinds: tuple
@@ -80,15 +80,15 @@ class IntegerTables:
 
 
 def time_ns(
-    problem: Problem, degrees: Degrees, per_dp: np.ndarray, *, floor: bool = False
+    problem: Problem, degrees: Degrees, requests_per_rank: np.ndarray, *, floor: bool = False
 ) -> dict[str, np.ndarray]:
     """The time tables of :class:`IntegerTables` for several concurrencies at once: each
-    table gains a trailing axis, one entry per value of ``per_dp``. ``floor``: each
+    table gains a trailing axis, one entry per value of ``requests_per_rank``. ``floor``: each
     entry is the least over that concurrency and every larger one
     (:meth:`~shardlab.costmodel.tables.DegreeTables.floor`), a lower bound valid for
     all of them."""
     t = degree_tables(problem, degrees)
-    bi = t.b_index(t.batching.b_of(np.asarray(per_dp), degrees.pp))
+    bi = t.b_index(t.request_range.b_of(np.asarray(requests_per_rank), degrees.pp))
 
     def at(name: str) -> np.ndarray:
         """Slice the b axis: the run's micro-batch, or one request for single steps."""
@@ -112,40 +112,47 @@ def time_ns(
     }
 
 
-def kv_bytes(problem: Problem, degrees: Degrees, per_dp: np.ndarray) -> np.ndarray:
-    """KV-cache bytes per GPU of every (class, op, option) for each value of ``per_dp``
+def kv_bytes(problem: Problem, degrees: Degrees, requests_per_rank: np.ndarray) -> np.ndarray:
+    """KV-cache bytes per GPU of every (class, op, option) for each value of ``requests_per_rank``
     (a trailing axis): its per-request bytes times the requests the GPU holds, as the
     engine budgets them (its KV share; the other tables' bytes likewise)."""
     t = degree_tables(problem, degrees)
-    per_dp = np.asarray(per_dp)
-    held = np.where(t.op_kv_split[..., None], -(-per_dp // degrees.tp), per_dp)
+    requests_per_rank = np.asarray(requests_per_rank)
+    held = np.where(
+        t.op_kv_split[..., None], -(-requests_per_rank // degrees.tp), requests_per_rank
+    )
     return _bytes(t.op_kv[..., None] * held * t.engine.kv_scale)
 
 
 def integer_tables(
-    problem: Problem, degrees: Degrees, per_dp: int, *, floor: bool = False
+    problem: Problem, degrees: Degrees, requests_per_rank: int, *, floor: bool = False
 ) -> IntegerTables:
-    """Tables of ``degrees`` with ``per_dp`` requests on each dp rank (``floor``: times
-    that bound every concurrency from ``per_dp`` on from below, see :func:`time_ns`)."""
+    """Tables of ``degrees`` with ``requests_per_rank`` requests on each dp rank (``floor``: times
+    that bound every concurrency from ``requests_per_rank`` on from below, see :func:`time_ns`)."""
     t = degree_tables(problem, degrees)
-    bt = t.batching
-    if not 1 <= per_dp <= bt.per_dp_max or (not bt.inflight and per_dp != bt.per_dp_max):
-        raise ValueError(f"per_dp={per_dp} is outside 1..{bt.per_dp_max} for this workload")
+    bt = t.request_range
+    if not 1 <= requests_per_rank <= bt.max_requests_per_rank or (
+        not bt.inflight and requests_per_rank != bt.max_requests_per_rank
+    ):
+        raise ValueError(
+            f"requests_per_rank={requests_per_rank} is outside 1..{bt.max_requests_per_rank} for this workload"
+        )
     act, head_act = t.workspace()
     times = {
-        k: v[..., 0] for k, v in time_ns(problem, degrees, np.array([per_dp]), floor=floor).items()
+        k: v[..., 0]
+        for k, v in time_ns(problem, degrees, np.array([requests_per_rank]), floor=floor).items()
     }
     e = t.engine
     return IntegerTables(
         degrees=degrees,
-        per_dp=per_dp,
+        requests_per_rank=requests_per_rank,
         steps=t.steps,
         classes=t.classes,
         kinds=t.kinds,
         edges=t.edges,
         **times,
         weight_bytes=_bytes(t.op_weight * e.weight_scale),
-        kv_bytes=kv_bytes(problem, degrees, np.array([per_dp]))[..., 0],
+        kv_bytes=kv_bytes(problem, degrees, np.array([requests_per_rank]))[..., 0],
         act_bytes=_bytes(act * e.reserve_scale),
         head_weight_bytes=_bytes(t.head_weight * e.weight_scale),
         head_act_bytes=_bytes(head_act * e.reserve_scale),
@@ -161,7 +168,7 @@ class TableCost:
     stage_ns: np.ndarray  # (step, stage)
     stage_bytes: np.ndarray  # (stage,) memory per GPU
     hbm_bytes: int
-    timing: Latencies
+    latencies: Latencies
 
     @property
     def fits(self) -> bool:
@@ -171,7 +178,7 @@ class TableCost:
 def requests_per_rank(problem: Problem, plan: Plan) -> int:
     """Requests per dp rank that :func:`shardlab.evaluate` runs ``plan`` with: its own
     concurrency, else the best."""
-    return int(assemble_plan(problem, plan)[1].per_dp[0])
+    return int(assemble_plan(problem, plan)[1].requests_per_rank[0])
 
 
 def price(problem: Problem, tables: IntegerTables, plan: Plan) -> TableCost:
@@ -227,11 +234,11 @@ def price(problem: Problem, tables: IntegerTables, plan: Plan) -> TableCost:
         d,
         tables.steps,
         per_replica,
-        np.array([tables.per_dp]),
+        np.array([tables.requests_per_rank]),
         [seconds[i : i + 1].sum(1) for i in range(ns)],
         [seconds[i : i + 1].max(1) for i in range(ns)],
         np.array([degree_tables(problem, d).engine.max_tokens]),
     )
     return TableCost(
-        stage_ns=stage_ns, stage_bytes=stage_bytes, hbm_bytes=tables.hbm_bytes, timing=tm
+        stage_ns=stage_ns, stage_bytes=stage_bytes, hbm_bytes=tables.hbm_bytes, latencies=tm
     )

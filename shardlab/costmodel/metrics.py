@@ -45,7 +45,7 @@ class Metrics:
     memory_gb_per_gpu: float
     hbm_gb: float
     num_gpus: int
-    concurrency: int  # requests in flight in the whole cluster
+    requests_in_flight: int  # in the whole cluster
     # requests per attention-DP rank the plan runs with (the engine's max batch size),
     # and the most whose KV cache fits (at most what the workload offers a rank)
     requests_per_rank: int
@@ -78,7 +78,7 @@ class BatchMetrics:
     throughput_tok_s_per_gpu: np.ndarray
     memory_gb_per_gpu: np.ndarray
     num_gpus: np.ndarray
-    concurrency: np.ndarray
+    requests_in_flight: np.ndarray
     requests_per_rank: np.ndarray
     capacity_per_rank: np.ndarray
     weights_gb: np.ndarray
@@ -97,7 +97,7 @@ class ConcurrencyPoints:
     """Feasible (plan, concurrency) points: ``row`` indexes the codes they came from."""
 
     row: np.ndarray
-    per_rank: np.ndarray
+    requests_per_rank: np.ndarray
     throughput_tok_s_per_gpu: np.ndarray
     ttft_ms: np.ndarray
     tpot_ms: np.ndarray

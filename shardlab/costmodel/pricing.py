@@ -45,16 +45,18 @@ def evaluate_batch(
     codes: np.ndarray,
     *,
     check: bool = True,
-    per_rank: np.ndarray | None = None,
+    requests_per_rank: np.ndarray | None = None,
 ) -> BatchMetrics:
     """Evaluate encoded plans (rows of ``problem.space``'s encoding), each at the
-    concurrency it does best with, or at ``per_rank`` requests per dp rank (one value
+    concurrency it does best with, or at ``requests_per_rank`` requests per dp rank (one value
     per row, within the workload's offer; in flight only).
 
     ``check=False`` skips the validity check, for callers whose codes come from the
     space's own sampling and masks.
     """
-    return _evaluate(problem, codes, check=check, per_rank=per_rank, points=False)[0]
+    return _evaluate(
+        problem, codes, check=check, requests_per_rank=requests_per_rank, points=False
+    )[0]
 
 
 def evaluate_points(
@@ -64,7 +66,7 @@ def evaluate_points(
     in flight one per concurrency each plan can run that no other concurrency of the
     same plan dominates (the trade-off a Pareto front is over); static, each plan's one
     point."""
-    m, points = _evaluate(problem, codes, check=check, per_rank=None, points=True)
+    m, points = _evaluate(problem, codes, check=check, requests_per_rank=None, points=True)
     assert points is not None
     return m, points
 
@@ -74,7 +76,7 @@ def _evaluate(
     codes: np.ndarray,
     *,
     check: bool,
-    per_rank: np.ndarray | None,
+    requests_per_rank: np.ndarray | None,
     points: bool,
 ) -> tuple[BatchMetrics, ConcurrencyPoints | None]:
     space = problem.space
@@ -95,7 +97,9 @@ def _evaluate(
     for i in range(0, max(len(codes), 1), per_pass):
         rows = np.arange(i, min(i + per_pass, len(codes)))
         u = units.take(rows)
-        fixed = None if per_rank is None else _requests(problem, u, per_rank[rows])
+        fixed = (
+            None if requests_per_rank is None else _requests(problem, u, requests_per_rank[rows])
+        )
         a = assemble(problem, u, fixed)
         parts.append(a.metrics)
         if points:
@@ -119,35 +123,35 @@ def _evaluate(
     )
 
 
-def _requests(problem: Problem, u: Units, per_rank: np.ndarray) -> np.ndarray:
+def _requests(problem: Problem, u: Units, requests_per_rank: np.ndarray) -> np.ndarray:
     """Requests per dp rank given to plans, checked against what the workload offers."""
-    per_rank = np.asarray(per_rank, dtype=np.int64)
+    requests_per_rank = np.asarray(requests_per_rank, dtype=np.int64)
     stack = u.stack
     stack.ensure(u.slot)
-    offer = stack.scalar("per_dp_max", u.slot).astype(np.int64)
+    offer = stack.scalar("max_requests_per_rank", u.slot).astype(np.int64)
     if problem.workload.schedule != "inflight":
-        if (per_rank != offer).any():
-            i = int(np.flatnonzero(per_rank != offer)[0])
+        if (requests_per_rank != offer).any():
+            i = int(np.flatnonzero(requests_per_rank != offer)[0])
             raise ShardlabError(
-                f"plan concurrency {int(per_rank[i])} per rank: the static schedule runs "
+                f"plan concurrency {int(requests_per_rank[i])} per rank: the static schedule runs "
                 f"its batch ({offer[i]} per attention-DP rank)",
-                field="plan.concurrency",
-                fix="drop the plan's 'concurrency', or serve the workload in flight "
+                field="plan.requests_per_rank",
+                fix="drop the plan's requests_per_rank, or serve the workload in flight "
                 "(schedule 'inflight')",
             )
-        return per_rank
-    bad = (per_rank < 1) | (per_rank > offer)
+        return requests_per_rank
+    bad = (requests_per_rank < 1) | (requests_per_rank > offer)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         d = stack.degrees[int(u.slot[i])]
         raise ShardlabError(
-            f"plan concurrency {int(per_rank[i])} per rank is more than this workload "
+            f"plan concurrency {int(requests_per_rank[i])} per rank is more than this workload "
             f"offers an attention-DP rank under {d.short()} ({offer[i]}: the workload's "
             "batch over replicas and dp_attn, within the engine's max batch and max tokens)",
-            field="plan.concurrency",
-            fix="raise the workload's batch or lower the plan's 'concurrency'",
+            field="plan.requests_per_rank",
+            fix="raise the workload's batch or lower the plan's requests_per_rank",
         )
-    return per_rank
+    return requests_per_rank
 
 
 def assemble_plan(problem: Problem, plan: Plan) -> tuple[Units, Assembled]:
@@ -155,17 +159,17 @@ def assemble_plan(problem: Problem, plan: Plan) -> tuple[Units, Assembled]:
     else at the concurrency it does best with."""
     units = units_of_plan(problem, plan)
     fixed = None
-    if plan.concurrency is not None:
-        fixed = _requests(problem, units, np.array([plan.concurrency]))
+    if plan.requests_per_rank is not None:
+        fixed = _requests(problem, units, np.array([plan.requests_per_rank]))
     return units, assemble(problem, units, fixed)
 
 
 def with_concurrency(problem: Problem, plan: Plan, metrics: Metrics) -> Plan:
     """``plan`` with the concurrency ``metrics`` were evaluated at (in flight), so that
     its JSON says the engine's max batch size and re-evaluates to the same point."""
-    if problem.workload.schedule != "inflight" or plan.concurrency is not None:
+    if problem.workload.schedule != "inflight" or plan.requests_per_rank is not None:
         return plan
-    return dataclasses.replace(plan, concurrency=metrics.requests_per_rank)
+    return dataclasses.replace(plan, requests_per_rank=metrics.requests_per_rank)
 
 
 def at_capacity(problem: Problem, plan: Plan) -> Plan:
@@ -174,9 +178,9 @@ def at_capacity(problem: Problem, plan: Plan) -> Plan:
     "max-throughput" serving are taken there, not at the best concurrency."""
     if problem.workload.schedule != "inflight":
         return plan
-    free = dataclasses.replace(plan, concurrency=None)
+    free = dataclasses.replace(plan, requests_per_rank=None)
     held = assemble(problem, units_of_plan(problem, free)).metrics.capacity_per_rank[0]
-    return dataclasses.replace(plan, concurrency=max(int(held), 1))
+    return dataclasses.replace(plan, requests_per_rank=max(int(held), 1))
 
 
 def evaluate(problem: Problem, plan: Plan, *, breakdown: bool = True) -> Metrics:
@@ -206,7 +210,7 @@ def evaluate(problem: Problem, plan: Plan, *, breakdown: bool = True) -> Metrics
         memory_gb_per_gpu=float(bm.memory_gb_per_gpu[0]),
         hbm_gb=problem.cluster.accelerator.hbm_gb,
         num_gpus=int(bm.num_gpus[0]),
-        concurrency=int(bm.concurrency[0]),
+        requests_in_flight=int(bm.requests_in_flight[0]),
         requests_per_rank=int(bm.requests_per_rank[0]),
         capacity_per_rank=int(bm.capacity_per_rank[0]),
         weights_gb=float(bm.weights_gb[0]),

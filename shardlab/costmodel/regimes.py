@@ -303,7 +303,7 @@ class Latencies:
     tpot_s: np.ndarray
     latency_s: np.ndarray
     throughput: np.ndarray  # tokens/s of the whole cluster
-    concurrency: np.ndarray  # requests in flight in the whole cluster
+    requests_in_flight: np.ndarray  # in the whole cluster
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -318,12 +318,12 @@ def in_flight_requests(
     problem: Problem,
     degrees: Degrees | DegreeArrays,
     per_replica: int | np.ndarray,
-    per_dp: np.ndarray | int,
+    requests_per_rank: np.ndarray | int,
 ) -> np.ndarray:
     """Requests the whole cluster serves at once: the offered batch, or what the
-    replicas hold when each dp rank holds ``per_dp`` (the in-flight KV cap)."""
+    replicas hold when each dp rank holds ``requests_per_rank`` (the in-flight KV cap)."""
     d = degrees
-    held = d.replicas * np.minimum(per_replica, np.asarray(per_dp) * d.dp_attn)
+    held = d.replicas * np.minimum(per_replica, np.asarray(requests_per_rank) * d.dp_attn)
     return np.minimum(problem.workload.batch, held).astype(float)
 
 
@@ -336,11 +336,13 @@ def clients_per_rank(problem: Problem, degrees: Degrees | DegreeArrays, running:
     return -(-clients // (degrees.replicas * degrees.dp_attn))
 
 
-def tokens(problem: Problem, degrees: Degrees | DegreeArrays, per_replica: Any, per_dp: Any) -> Any:
+def tokens(
+    problem: Problem, degrees: Degrees | DegreeArrays, per_replica: Any, requests_per_rank: Any
+) -> Any:
     """The tokens a regime serves in its rate's time (throughput = tokens / rate)."""
     w = problem.workload
     inflight = w.schedule == "inflight"
-    served = in_flight_requests(problem, degrees, per_replica, per_dp)
+    served = in_flight_requests(problem, degrees, per_replica, requests_per_rank)
     if not inflight:
         served = np.full_like(served, float(w.batch))
     if w.phase == "prefill":
@@ -355,24 +357,24 @@ def latencies(
     degrees: Degrees | DegreeArrays,
     steps: tuple[Step, ...],
     per_replica: int | np.ndarray,
-    per_dp: np.ndarray,
+    requests_per_rank: np.ndarray,
     sums: list[np.ndarray],
     maxes: list[np.ndarray],
     budget: np.ndarray,
 ) -> Latencies:
     """TTFT, TPOT, latency, throughput from per-step stage-time sums and maxima (in
-    seconds), for plans at ``per_dp`` requests per rank under an engine budget of
+    seconds), for plans at ``requests_per_rank`` requests per rank under an engine budget of
     ``budget`` tokens per iteration per rank."""
     w = problem.workload
     d = degrees
-    per_dp = np.asarray(per_dp)
-    m = np.minimum(d.pp, per_dp)
-    handoff = np.broadcast_to(handoff_seconds(problem, d.pp, d.tp), per_dp.shape)
+    requests_per_rank = np.asarray(requests_per_rank)
+    m = np.minimum(d.pp, requests_per_rank)
+    handoff = np.broadcast_to(handoff_seconds(problem, d.pp, d.tp), requests_per_rank.shape)
     f = forms(
         problem,
         [s.kind for s in steps],
-        per_dp,
-        clients_per_rank(problem, d, per_dp),
+        requests_per_rank,
+        clients_per_rank(problem, d, requests_per_rank),
         np.asarray(budget),
         handoff,
         exact=False,
@@ -382,9 +384,9 @@ def latencies(
     zeros = np.zeros(np.shape(latency))
     ttft = zeros if f.ttft is None else f.ttft.at(rnd, prompt)
     tpot = zeros if f.tpot is None else f.tpot.at(rnd, prompt)
-    throughput = tokens(problem, d, per_replica, per_dp) / f.rate.at(rnd, prompt)
+    throughput = tokens(problem, d, per_replica, requests_per_rank) / f.rate.at(rnd, prompt)
     inflight = w.schedule == "inflight"
-    in_flight = in_flight_requests(problem, d, per_replica, per_dp)
+    in_flight = in_flight_requests(problem, d, per_replica, requests_per_rank)
     concurrency = in_flight if inflight else np.full_like(in_flight, float(w.batch))
     shape = np.shape(throughput)
     return Latencies(
@@ -392,7 +394,7 @@ def latencies(
         tpot_s=np.broadcast_to(tpot, shape),
         latency_s=np.broadcast_to(latency, shape),
         throughput=throughput,
-        concurrency=np.broadcast_to(concurrency, shape),
+        requests_in_flight=np.broadcast_to(concurrency, shape),
     )
 
 

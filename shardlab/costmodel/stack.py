@@ -99,7 +99,7 @@ SCALARS = (
     "dp_attn",
     "replicas",
     "per_replica",
-    "per_dp_max",
+    "max_requests_per_rank",
     "max_tokens",
     "weight_scale",
     "reserve_scale",
@@ -193,14 +193,14 @@ class Stack:
 
     def _build(self, s: int) -> None:
         t = degree_tables(self.problem, self.degrees[s])
-        d, bt, e = t.degrees, t.batching, t.engine
+        d, bt, e = t.degrees, t.request_range, t.engine
         values = {
             "pp": d.pp,
             "tp": d.tp,
             "dp_attn": d.dp_attn,
             "replicas": d.replicas,
             "per_replica": bt.per_replica,
-            "per_dp_max": bt.per_dp_max,
+            "max_requests_per_rank": bt.max_requests_per_rank,
             "max_tokens": e.max_tokens,
             "weight_scale": e.weight_scale,
             "reserve_scale": e.reserve_scale,

@@ -74,19 +74,19 @@ class DegreeTables:
         self.degrees = degrees
         self.engine = engine_limits(problem, degrees.tp, degrees.pp, degrees.dp_attn)
         self.steps: tuple[Step, ...] = steps_of(problem.workload)
-        self.batching = request_range(
+        self.request_range = request_range(
             problem.workload,
             degrees,
             max_batch=self.engine.max_batch,
             max_tokens=self.engine.max_tokens,
             round_tokens=self.steps[0].tokens,  # tokens a request brings to one round
         )
-        bt = self.batching
+        bt = self.request_range
         if bt.inflight:
-            b_max = int(bt.b_of(bt.per_dp_max, degrees.pp))
+            b_max = int(bt.b_of(bt.max_requests_per_rank, degrees.pp))
             self.b = np.arange(1, b_max + 1)
         else:
-            self.b = np.array([int(bt.b_of(bt.per_dp_max, degrees.pp))])
+            self.b = np.array([int(bt.b_of(bt.max_requests_per_rank, degrees.pp))])
         self.ctx = CostContext(problem, degrees, self.b)
         m = problem.model
         self.classes = layer_classes_of(m)

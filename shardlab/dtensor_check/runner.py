@@ -233,10 +233,10 @@ def run_checks(cases: Sequence[CheckCase], world_size: int) -> list[CheckResult]
                 seed=c.seed,
             )
         )
-    per_rank = _launch(_worker, (world_size, _free_port(), inner), world_size)
+    requests_per_rank = _launch(_worker, (world_size, _free_port(), inner), world_size)
     results = []
     for i, (c, case) in enumerate(zip(cases, inner, strict=True)):
-        ranks = [per_rank[r][i] for r in range(world_size)]
+        ranks = [requests_per_rank[r][i] for r in range(world_size)]
         results.append(_merge(case, c, ranks, world_size))
     return results
 

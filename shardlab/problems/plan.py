@@ -8,11 +8,12 @@ A plan is serialized as JSON with a versioned schema (``PLAN_SCHEMA``)::
      "options": {"head": {"embedding": "vocab_sharded", ...},
                  "dense": {"qkv_proj": "column", ...}, "moe": {...}},
      "layers": [{"qkv_proj": "column", ...}, ...],
-     "concurrency": 96}
+     "requests_per_rank": 96}
 
 ``options`` holds one entry per layer kind when every layer of a kind has the same
 options; otherwise ``layers`` lists every layer's options and ``options`` holds only
-``head``. ``concurrency`` (in-flight schedule; optional) is the requests each
+``head``. ``requests_per_rank`` (in-flight schedule; optional; ``concurrency`` in older
+files) is the requests each
 attention-DP rank runs at once, the engine's max batch size; a plan without it is
 evaluated at the concurrency it does best with.
 """
@@ -94,12 +95,12 @@ class Plan:
     head_options: tuple[str, ...]
     # requests per attention-DP rank in flight (the engine's max batch size); None:
     # the evaluator chooses the best
-    concurrency: int | None = None
+    requests_per_rank: int | None = None
 
     def __post_init__(self) -> None:
-        c = self.concurrency
+        c = self.requests_per_rank
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
-            raise ShardlabError(f"plan: concurrency must be a positive integer, got {c!r}")
+            raise ShardlabError(f"plan: requests_per_rank must be a positive integer, got {c!r}")
         if len(self.stage_layers) != self.degrees.pp:
             raise ShardlabError(
                 f"plan: {len(self.stage_layers)} pipeline stages listed but pp={self.degrees.pp}"
@@ -150,8 +151,8 @@ class Plan:
                 data["options"].setdefault(kind, opts)
         else:
             data["layers"] = per_layer
-        if self.concurrency is not None:
-            data["concurrency"] = self.concurrency
+        if self.requests_per_rank is not None:
+            data["requests_per_rank"] = self.requests_per_rank
         return data
 
     @classmethod
@@ -174,7 +175,7 @@ class Plan:
             stage_layers=stages,
             layer_options=rows,
             head_options=head,
-            concurrency=_read_concurrency(data, where),
+            requests_per_rank=_read_requests_per_rank(data, where),
         )
 
     def to_json(self, model: Model, *, cluster: str = "") -> str:
@@ -324,13 +325,14 @@ def _read_plan_options(
     return tuple(per_kind[kind] for kind in model.layer_kinds), head
 
 
-def _read_concurrency(data: Mapping[str, Any], where: str) -> int | None:
-    concurrency = data.get("concurrency")
-    if concurrency is not None and (
-        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-    ):
+def _read_requests_per_rank(data: Mapping[str, Any], where: str) -> int | None:
+    """The plan's requests per attention-DP rank; ``concurrency`` is the key's name in
+    plan files written before the name said what it counts."""
+    key = "requests_per_rank" if "requests_per_rank" in data else "concurrency"
+    value = data.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ShardlabError(
-            f"{where}: key 'concurrency' must be a positive integer (requests per "
-            f"attention-DP rank), got {concurrency!r}"
+            f"{where}: key {key!r} must be a positive integer (requests per "
+            f"attention-DP rank), got {value!r}"
         )
-    return concurrency
+    return value

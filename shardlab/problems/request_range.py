@@ -17,17 +17,17 @@ class RequestRange:
     """How a replica's requests are spread: per dp rank, in micro-batches."""
 
     per_replica: int  # requests a replica is offered
-    per_dp_max: int  # most requests a dp rank is offered
+    max_requests_per_rank: int  # most requests a dp rank is offered
     inflight: bool
 
-    def microbatches(self, per_dp: int | np.ndarray, pp: int) -> np.ndarray:
-        return np.minimum(pp, per_dp)
+    def microbatches(self, requests_per_rank: int | np.ndarray, pp: int) -> np.ndarray:
+        return np.minimum(pp, requests_per_rank)
 
-    def b_of(self, per_dp: int | np.ndarray, pp: int) -> np.ndarray:
+    def b_of(self, requests_per_rank: int | np.ndarray, pp: int) -> np.ndarray:
         """Requests per dp rank in one micro-batch."""
-        per_dp = np.asarray(per_dp)
-        m = self.microbatches(per_dp, pp)
-        return -(-per_dp // m)
+        requests_per_rank = np.asarray(requests_per_rank)
+        m = self.microbatches(requests_per_rank, pp)
+        return -(-requests_per_rank // m)
 
 
 def request_range(
@@ -42,9 +42,11 @@ def request_range(
     at most what its engine takes per iteration: its max batch (``max_batch``), and the
     requests whose tokens per round (``round_tokens`` each) fit its ``max_tokens``."""
     per_replica = -(-workload.batch // degrees.replicas)
-    per_dp = -(-per_replica // degrees.dp_attn)
+    requests_per_rank = -(-per_replica // degrees.dp_attn)
     inflight = workload.schedule == "inflight"
     if inflight:
         by_tokens = max(int(max_tokens // round_tokens), 1)
-        per_dp = min(per_dp, max_batch, by_tokens)
-    return RequestRange(per_replica=per_replica, per_dp_max=per_dp, inflight=inflight)
+        requests_per_rank = min(requests_per_rank, max_batch, by_tokens)
+    return RequestRange(
+        per_replica=per_replica, max_requests_per_rank=requests_per_rank, inflight=inflight
+    )

@@ -104,7 +104,7 @@ class Front:
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
         self.codes = np.zeros((0, problem.space.n_vars), dtype=np.int64)
-        self.per_rank = np.zeros(0, dtype=np.int64)
+        self.requests_per_rank = np.zeros(0, dtype=np.int64)
         self.values = np.zeros((0, len(axes(problem))))
 
     def __len__(self) -> int:
@@ -112,17 +112,17 @@ class Front:
 
     def add(self, codes: np.ndarray, points: ConcurrencyPoints) -> None:
         """Add the points of ``codes`` (:func:`~shardlab.costmodel.evaluate_points`)."""
-        new_codes, new_rank = codes[points.row], points.per_rank
+        new_codes, new_rank = codes[points.row], points.requests_per_rank
         new_values = minimized(self.problem, points)
         fresh = ~dominated_by(self.values, new_values)
         new_codes, new_rank, new_values = new_codes[fresh], new_rank[fresh], new_values[fresh]
         # In chunks: the pairwise test is quadratic, the front stays small.
         for i in range(0, len(new_codes), CHUNK):
             codes = np.concatenate([self.codes, new_codes[i : i + CHUNK]])
-            ranks = np.concatenate([self.per_rank, new_rank[i : i + CHUNK]])
+            ranks = np.concatenate([self.requests_per_rank, new_rank[i : i + CHUNK]])
             values = np.concatenate([self.values, new_values[i : i + CHUNK]])
             keep = nondominated(values)
-            self.codes, self.per_rank, self.values = codes[keep], ranks[keep], values[keep]
+            self.codes, self.requests_per_rank, self.values = codes[keep], ranks[keep], values[keep]
 
     def points(self) -> tuple[FrontPoint, ...]:
         """The front as plans and metrics, by the first latency axis (then throughput)."""
@@ -131,7 +131,7 @@ class Front:
         for i in order:
             plan = self.problem.space.decode(self.codes[i])
             if self.problem.workload.schedule == "inflight":
-                plan = dataclasses.replace(plan, concurrency=int(self.per_rank[i]))
+                plan = dataclasses.replace(plan, requests_per_rank=int(self.requests_per_rank[i]))
             out.append(
                 FrontPoint(
                     plan=plan,

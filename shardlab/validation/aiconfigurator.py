@@ -79,9 +79,9 @@ def against_reference(
             timing=timing,
             engine=engine,
         )
-        if degree_tables(problem, degrees).batching.per_dp_max < b * pp:
+        if degree_tables(problem, degrees).request_range.max_requests_per_rank < b * pp:
             continue  # the engine takes fewer per iteration (its token budget): not the point
-        plan = dataclasses.replace(problem.space.megatron_plan(degrees), concurrency=b * pp)
+        plan = dataclasses.replace(problem.space.megatron_plan(degrees), requests_per_rank=b * pp)
         m = evaluate(problem, plan)
         if "memory" in m.violations:
             continue  # the KV cache holds fewer: not the same point
@@ -187,20 +187,20 @@ def side_by_side(path: str | Path) -> list[dict[str, Any]]:
         replicas = problem.cluster.num_gpus // (tp * pp * dp)
         d = Degrees(replicas=replicas, pp=pp, tp=tp, dp_attn=dp, ep=ep, etp=etp)
         theirs_plan = dataclasses.replace(
-            problem.space.megatron_plan(d), concurrency=int(r["its_bs"]) * pp
+            problem.space.megatron_plan(d), requests_per_rank=int(r["its_bs"]) * pp
         )
         theirs = evaluate(problem, theirs_plan, breakdown=False)
         out.append(
             {
                 "problem": r["problem"],
                 "ours": ours.degrees.short(),
-                "ours_per_rank": ours.concurrency,
+                "ours_per_rank": ours.requests_per_rank,
                 "ours_tok_s_gpu": mine.throughput_tok_s_per_gpu,
                 "ours_by_it": float(r["its_tok_s_gpu_of_ours"]),
                 "ours_it_slo": f"{float(r['its_ttft_ms_of_ours']):,.0f} / "
                 f"{float(r['its_tpot_ms_of_ours']):.1f}",
                 "theirs": d.short(),
-                "theirs_per_rank": theirs_plan.concurrency,
+                "theirs_per_rank": theirs_plan.requests_per_rank,
                 "theirs_tok_s_gpu": float(r["its_tok_s_gpu"]),
                 "theirs_by_us": theirs.throughput_tok_s_per_gpu,
                 "theirs_by_us_slo": f"{theirs.ttft_ms:,.0f} / {theirs.tpot_ms:.1f}",

@@ -96,7 +96,7 @@ class Measurement:
     # what the reports group by: the model's family (catalog name), the benchmark's
     # clients per attention-DP rank, the serving mode and the source's protocol
     family: str = ""
-    per_rank: int | None = None
+    requests_per_rank: int | None = None
     mode: str = "agg"
     protocol: str = ""
 

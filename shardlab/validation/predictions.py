@@ -68,8 +68,10 @@ def measured_plan(problem: Problem, m: Measurement) -> Plan:
     offered request the cache holds: "max-throughput" serving)."""
     assert m.degrees is not None
     plan = at_capacity(problem, problem.space.megatron_plan(m.degrees))
-    if m.per_rank is not None and plan.concurrency is not None:
-        plan = dataclasses.replace(plan, concurrency=min(m.per_rank, plan.concurrency))
+    if m.requests_per_rank is not None and plan.requests_per_rank is not None:
+        plan = dataclasses.replace(
+            plan, requests_per_rank=min(m.requests_per_rank, plan.requests_per_rank)
+        )
     return plan
 
 
@@ -131,10 +133,10 @@ def measured_disagg(problem: Problem, plan: DisaggPlan) -> DisaggPlan:
 
 
 def _within_capacity(problem: Problem, plan: Plan) -> Plan:
-    held = at_capacity(problem, dataclasses.replace(plan, concurrency=None)).concurrency
-    if plan.concurrency is None or held is None:
+    held = at_capacity(problem, dataclasses.replace(plan, requests_per_rank=None)).requests_per_rank
+    if plan.requests_per_rank is None or held is None:
         return plan
-    return dataclasses.replace(plan, concurrency=min(plan.concurrency, held))
+    return dataclasses.replace(plan, requests_per_rank=min(plan.requests_per_rank, held))
 
 
 def collective_seconds(m: Measurement, timing: str, engine: str) -> float:

@@ -328,9 +328,11 @@ def _measurements(row: Mapping[str, str], rid: str) -> list[Measurement]:
     mode = (row.get("mode") or "").strip()
     try:
         if mode == "agg":
-            problem, degrees, plan, per_rank, note = _agg(row, model, engine, weights, kv, stated)
+            problem, degrees, plan, requests_per_rank, note = _agg(
+                row, model, engine, weights, kv, stated
+            )
         elif mode == "disagg":
-            problem, degrees, plan, per_rank, note = _disagg(
+            problem, degrees, plan, requests_per_rank, note = _disagg(
                 row, model, engine, weights, kv, stated
             )
         else:
@@ -353,7 +355,7 @@ def _measurements(row: Mapping[str, str], rid: str) -> list[Measurement]:
         "engine": engine,
         "disagg": plan,
         "family": FAMILIES.get(path, model.name),
-        "per_rank": per_rank,
+        "requests_per_rank": requests_per_rank,
         "mode": mode,
         "protocol": _protocol(source),
     }
@@ -393,14 +395,14 @@ def _agg(
     stated: re.Match | None,
 ) -> tuple[Problem, Degrees, None, int, str]:
     d = _degrees(row, "", model)
-    per_rank = _count(row, "batch_size")
-    clients = per_rank * d.dp_attn
+    requests_per_rank = _count(row, "batch_size")
+    clients = requests_per_rank * d.dp_attn
     note = ""
     if stated is not None and int(stated.group(1)) != clients:
         note = f"the source states concurrency {stated.group(1)}; batch_size gives {clients}"
     problem = _problem(row, model, engine, _workload(row, clients, weights, kv), d.num_gpus)
     problem.space.degree_index(d)  # refused here when the model cannot run the degrees
-    return problem, d, None, per_rank, note
+    return problem, d, None, requests_per_rank, note
 
 
 def _disagg(
@@ -436,9 +438,9 @@ def _disagg(
     )
     decode = decode_problem(problem, dd.num_gpus, y)
     plan = DisaggPlan(
-        prefill=dataclasses.replace(prefill.space.megatron_plan(dp_), concurrency=bp),
+        prefill=dataclasses.replace(prefill.space.megatron_plan(dp_), requests_per_rank=bp),
         prefill_instances=x,
-        decode=dataclasses.replace(decode.space.megatron_plan(dd), concurrency=bd),
+        decode=dataclasses.replace(decode.space.megatron_plan(dd), requests_per_rank=bd),
         decode_instances=y,
     )
     return problem, dd, plan, bd, ""

@@ -14,7 +14,7 @@ from shardlab.serving_report import band, peer_section, stats, write_serving_rep
 from shardlab.validation import Measurement, MeasurementSet, Refusal, Row
 
 
-def _row(rid: str, metric: str, predicted: float, measured: float, per_rank: int) -> Row:
+def _row(rid: str, metric: str, predicted: float, measured: float, requests_per_rank: int) -> Row:
     m = Measurement(
         id=rid,
         metric=metric,
@@ -29,7 +29,7 @@ def _row(rid: str, metric: str, predicted: float, measured: float, per_rank: int
         message_bytes=None,
         engine="vllm",
         family="llama",
-        per_rank=per_rank,
+        requests_per_rank=requests_per_rank,
         protocol="inferencex",
     )
     return Row(

@@ -25,7 +25,7 @@ D = Degrees(replicas=2, pp=2, tp=2, etp=2)
 def test_entries_are_the_tables_in_whole_nanoseconds() -> None:
     t = degree_tables(PROBLEM, D)
     tables = integer_tables(PROBLEM, D, 5)
-    b = int(t.batching.b_of(5, D.pp))  # 5 requests in 2 micro-batches: 3 a micro-batch
+    b = int(t.request_range.b_of(5, D.pp))  # 5 requests in 2 micro-batches: 3 a micro-batch
     assert b == 3
     for si, step in enumerate(t.steps):
         col = 0 if step.single else t.b_index(b)
@@ -34,13 +34,13 @@ def test_entries_are_the_tables_in_whole_nanoseconds() -> None:
         np.testing.assert_array_equal(
             tables.p2p_ns[si], np.rint(t.p2p[si][..., col] * 1e9).astype(np.int64)
         )
-    assert tables.op_ns.dtype == np.int64 and tables.per_dp == 5
+    assert tables.op_ns.dtype == np.int64 and tables.requests_per_rank == 5
 
 
 def test_floors_bound_every_larger_concurrency_from_below() -> None:
-    per_dp = np.arange(1, 40)
-    exact = time_ns(PROBLEM, D, per_dp)
-    floor = time_ns(PROBLEM, D, per_dp, floor=True)
+    requests_per_rank = np.arange(1, 40)
+    exact = time_ns(PROBLEM, D, requests_per_rank)
+    floor = time_ns(PROBLEM, D, requests_per_rank, floor=True)
     for name, table in exact.items():
         lo = floor[name]
         assert (lo <= table).all(), name
@@ -61,13 +61,13 @@ def test_kv_bytes_grow_with_the_requests_a_gpu_holds() -> None:
 
 
 def test_requests_outside_the_range_are_refused() -> None:
-    top = degree_tables(PROBLEM, D).batching.per_dp_max
+    top = degree_tables(PROBLEM, D).request_range.max_requests_per_rank
     with pytest.raises(ValueError, match="outside"):
         integer_tables(PROBLEM, D, 0)
     with pytest.raises(ValueError, match="outside"):
         integer_tables(PROBLEM, D, top + 1)
     static = Problem.build("llama-3.1-8b", "h100x8", "chat", timing="roofline", schedule="static")
-    full = degree_tables(static, D).batching.per_dp_max
+    full = degree_tables(static, D).request_range.max_requests_per_rank
     integer_tables(static, D, full)
     with pytest.raises(ValueError, match="outside"):
         integer_tables(static, D, full - 1)  # a static batch runs whole
@@ -82,9 +82,9 @@ def test_the_priced_plan_is_the_evaluated_plan(seed: int) -> None:
     cost = price(PROBLEM, integer_tables(PROBLEM, plan.degrees, c), plan)
     assert cost.stage_ns.shape == (len(degree_tables(PROBLEM, plan.degrees).steps), plan.degrees.pp)
     # whole nanoseconds an entry: a round is off by well under a microsecond
-    assert cost.timing.tpot_s[0] * 1e3 == pytest.approx(m.tpot_ms, rel=0, abs=1e-3)
-    assert cost.timing.ttft_s[0] * 1e3 == pytest.approx(m.ttft_ms, rel=1e-4)
-    assert cost.timing.throughput[0] == pytest.approx(m.throughput_tok_s, rel=1e-4)
+    assert cost.latencies.tpot_s[0] * 1e3 == pytest.approx(m.tpot_ms, rel=0, abs=1e-3)
+    assert cost.latencies.ttft_s[0] * 1e3 == pytest.approx(m.ttft_ms, rel=1e-4)
+    assert cost.latencies.throughput[0] == pytest.approx(m.throughput_tok_s, rel=1e-4)
     # memory as the engine budgets it, on the fullest stage, within a byte an entry
     assert cost.stage_bytes.max() / 1e9 == pytest.approx(m.memory_gb_per_gpu, rel=1e-6)
     assert cost.fits == (m.memory_gb_per_gpu <= m.hbm_gb)

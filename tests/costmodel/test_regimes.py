@@ -47,7 +47,7 @@ def test_a_static_request_is_its_prefill_then_its_decode_rounds() -> None:
     assert t.tpot_s[0] == pytest.approx(round_ + i)
     assert t.latency_s[0] == pytest.approx(prompt + i + 63 * (round_ + i))
     assert t.throughput[0] == pytest.approx(16 * 64 / t.latency_s[0])
-    assert t.concurrency[0] == 16
+    assert t.requests_in_flight[0] == 16
 
 
 def test_static_prefill_and_decode_phases() -> None:
@@ -126,7 +126,7 @@ def test_judge_flags_each_slo_and_ranks_by_the_objective() -> None:
         tpot_s=np.array([0.010, 0.010, 0.030]),
         latency_s=np.array([3.0, 3.0, 7.0]),
         throughput=np.array([800.0, 800.0, 800.0]),
-        concurrency=np.array([8.0, 8.0, 8.0]),
+        requests_in_flight=np.array([8.0, 8.0, 8.0]),
     )
     j = judge(problem, t, np.array([True, True, False]))
     assert j.ttft_violation.tolist() == [False, True, False]

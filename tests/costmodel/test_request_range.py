@@ -22,32 +22,32 @@ def test_the_batch_is_spread_over_replicas_then_dp_ranks(schedule: str) -> None:
     w = CHAT.with_overrides(schedule=schedule)
     r = request_range(w, Degrees(replicas=3, tp=2, dp_attn=2, etp=4), **LOOSE)
     assert r.per_replica == 34  # ceil(100 / 3): the busiest replica
-    assert r.per_dp_max == 17  # ceil(34 / 2)
+    assert r.max_requests_per_rank == 17  # ceil(34 / 2)
     assert r.inflight == (schedule == "inflight")
 
 
 def test_in_flight_the_engine_caps_the_requests_per_rank() -> None:
     w = CHAT.with_overrides(schedule="inflight")
     d = Degrees(tp=2, etp=2)
-    assert request_range(w, d, **{**LOOSE, "max_batch": 64}).per_dp_max == 64
+    assert request_range(w, d, **{**LOOSE, "max_batch": 64}).max_requests_per_rank == 64
     # 6 tokens a request per round: 300 tokens an iteration hold 50 requests
-    assert request_range(w, d, **{**LOOSE, "max_tokens": 300}).per_dp_max == 50
+    assert request_range(w, d, **{**LOOSE, "max_tokens": 300}).max_requests_per_rank == 50
     # a budget below one request's round still runs one
-    assert request_range(w, d, **{**LOOSE, "max_tokens": 2}).per_dp_max == 1
+    assert request_range(w, d, **{**LOOSE, "max_tokens": 2}).max_requests_per_rank == 1
 
 
 def test_a_static_batch_ignores_the_engine_limits() -> None:
     w = CHAT.with_overrides(schedule="static")
     tight = {"max_batch": 1, "max_tokens": 1, "round_tokens": 6.0}
-    assert request_range(w, Degrees(), **tight).per_dp_max == 100
+    assert request_range(w, Degrees(), **tight).max_requests_per_rank == 100
 
 
 def test_micro_batches_split_a_ranks_requests_over_the_stages() -> None:
-    r = RequestRange(per_replica=100, per_dp_max=100, inflight=True)
-    per_dp = np.array([1, 3, 4, 5, 9, 100])
-    assert r.microbatches(per_dp, 4).tolist() == [1, 3, 4, 4, 4, 4]
-    assert r.b_of(per_dp, 4).tolist() == [1, 1, 1, 2, 3, 25]
-    assert r.b_of(per_dp, 1).tolist() == per_dp.tolist()
+    r = RequestRange(per_replica=100, max_requests_per_rank=100, inflight=True)
+    requests_per_rank = np.array([1, 3, 4, 5, 9, 100])
+    assert r.microbatches(requests_per_rank, 4).tolist() == [1, 3, 4, 4, 4, 4]
+    assert r.b_of(requests_per_rank, 4).tolist() == [1, 1, 1, 2, 3, 25]
+    assert r.b_of(requests_per_rank, 1).tolist() == requests_per_rank.tolist()
 
 
 def test_the_tables_cover_every_b_the_range_reaches() -> None:
@@ -62,5 +62,7 @@ def test_the_tables_cover_every_b_the_range_reaches() -> None:
         max_tokens=e.max_tokens,
         round_tokens=steps_of(problem.workload)[0].tokens,
     )
-    assert t.batching == expected
-    assert t.b.tolist() == list(range(1, int(expected.b_of(expected.per_dp_max, d.pp)) + 1))
+    assert t.request_range == expected
+    assert t.b.tolist() == list(
+        range(1, int(expected.b_of(expected.max_requests_per_rank, d.pp)) + 1)
+    )

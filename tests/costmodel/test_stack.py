@@ -46,7 +46,10 @@ def test_scalars_are_the_tables_degrees_and_limits() -> None:
         assert stack.scalar("pp", np.array([s]))[0] == d.pp
         assert stack.scalar("tp", np.array([s]))[0] == d.tp
         assert stack.scalar("replicas", np.array([s]))[0] == d.replicas
-        assert stack.scalar("per_dp_max", np.array([s]))[0] == t.batching.per_dp_max
+        assert (
+            stack.scalar("max_requests_per_rank", np.array([s]))[0]
+            == t.request_range.max_requests_per_rank
+        )
         assert stack.scalar("max_tokens", np.array([s]))[0] == t.engine.max_tokens
         assert stack.scalar("kv_scale", np.array([s]))[0] == t.engine.kv_scale
 

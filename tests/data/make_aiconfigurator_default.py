@@ -73,7 +73,7 @@ def main() -> None:
         d = ours["degrees"]
         estimate = cli_estimate(
             model, system, mode="agg", backend_name="trtllm", isl=ISL, osl=OSL,
-            batch_size=-(-ours["concurrency"] // d["pp"]), tp_size=d["tp"], pp_size=d["pp"],
+            batch_size=-(-ours["requests_per_rank"] // d["pp"]), tp_size=d["tp"], pp_size=d["pp"],
             attention_dp_size=d["dp_attn"], moe_tp_size=d["etp"], moe_ep_size=d["ep"],
         )  # fmt: skip
         rows.append(
@@ -96,7 +96,7 @@ def main() -> None:
                 "our_dp": d["dp_attn"],
                 "our_moe_tp": d["etp"],
                 "our_moe_ep": d["ep"],
-                "our_bs": ours["concurrency"],
+                "our_bs": ours["requests_per_rank"],
                 "its_tok_s_gpu_of_ours": round(float(estimate.raw["tokens/s/gpu"]), 3),
                 "its_ttft_ms_of_ours": round(float(estimate.ttft), 3),
                 "its_tpot_ms_of_ours": round(float(estimate.tpot), 3),

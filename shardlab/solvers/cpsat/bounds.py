@@ -38,7 +38,7 @@ def cutoff(best: float) -> float:
 @dataclass(frozen=True, kw_only=True)
 class Subproblem:
     degree_index: int
-    per_dp: int
+    requests_per_rank: int
     bound: float  # upper bound on the objective of any plan in it
     # lower bounds on its plans' TTFT and TPOT in ns (None: not a latency of the workload)
     ttft_low: float | None = None
@@ -70,14 +70,14 @@ def _memory_low(
     d: Degrees,
     valid: dict[tuple[str, str], list[int]],
     t: IntegerTables,
-    per_dp: np.ndarray,
+    requests_per_rank: np.ndarray,
 ) -> np.ndarray:
     """The least memory of the fullest stage over every plan, for each value of
-    ``per_dp``: an equal share of the least memory. ``t`` gives what does not depend on
+    ``requests_per_rank``: an equal share of the least memory. ``t`` gives what does not depend on
     the requests; ``valid`` the options the degree tuple allows (:func:`valid_options`)."""
     m = problem.model
-    kv = kv_bytes(problem, d, per_dp)  # (cls, op, opt, per_dp)
-    mem_low = np.zeros(len(per_dp))
+    kv = kv_bytes(problem, d, requests_per_rank)  # (cls, op, opt, requests_per_rank)
+    mem_low = np.zeros(len(requests_per_rank))
     act_low = 0.0
     for ci, (kind, _) in enumerate(t.classes):
         count = sum(
@@ -119,7 +119,7 @@ def _layer_kind_times(
     layer_units = list(zip(m.layer_kinds, m.attention_layers, strict=True))
     per_step = np.zeros((n_steps, n_c))
     joint = np.zeros(n_c)
-    inter_min = ns["inter_ns"].reshape(n_steps, -1, n_c).min(axis=1)  # (step, per_dp)
+    inter_min = ns["inter_ns"].reshape(n_steps, -1, n_c).min(axis=1)  # (step, requests_per_rank)
     for ci, cls in enumerate(t.classes):
         kind = cls[0]
         opts = [valid[(kind, n)] for n in op_names(problem.space, kind)]
@@ -153,7 +153,7 @@ def _head_times(
     ns: dict[str, np.ndarray], valid: dict[tuple[str, str], list[int]], n_steps: int, n_c: int
 ) -> np.ndarray:
     """The model's ends at every joint choice of the head operators' options:
-    (step, choice, per_dp)."""
+    (step, choice, requests_per_rank)."""
     heads = _combos(tuple(tuple(valid[("head", op.name)]) for op in HEAD_OPS))
     cost = np.zeros((n_steps, len(heads), n_c))
     for ki in range(len(HEAD_OPS)):
@@ -169,22 +169,22 @@ def _time_bounds(
     problem: Problem,
     d: Degrees,
     t: IntegerTables,
-    per_dp: np.ndarray,
+    requests_per_rank: np.ndarray,
     valid: dict[tuple[str, str], list[int]],
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Lower bounds on (the time to minimize, TTFT, TPOT) of any plan, for each value of
-    ``per_dp``: each layer kind (and the model's ends) at its best joint choice of
+    ``requests_per_rank``: each layer kind (and the model's ends) at its best joint choice of
     options, ignoring memory and the pipeline's balance, plus the least send between
     stages at each boundary. A layer kind's best joint choice is a least sum over its
     operators' graph (:func:`min_sum`), per step and for the regime's weighted sum of
     steps."""
     m = problem.model
-    n_steps, n_c, pp = len(t.steps), len(per_dp), d.pp
-    f = bound_forms(problem, d, per_dp)
+    n_steps, n_c, pp = len(t.steps), len(requests_per_rank), d.pp
+    f = bound_forms(problem, d, requests_per_rank)
     objective = f.time(problem.workload.objective)
     listed, const = step_weights(f, objective, n_steps)
     weights = np.array([np.broadcast_to(w, (n_c,)) for w in listed], dtype=float)
-    ns = time_ns(problem, d, per_dp)  # each table: (step, ..., per_dp)
+    ns = time_ns(problem, d, requests_per_rank)  # each table: (step, ..., requests_per_rank)
     per_step, joint = _layer_kind_times(problem, t, ns, valid, weights)
     if pp > 1:  # each stage but the last sends the residual stream on, once
         res = valid[(m.layer_kinds[0], op_names(problem.space, m.layer_kinds[0])[0])]
@@ -194,7 +194,9 @@ def _time_bounds(
     joint += (weights[:, None, :] * cost).sum(axis=0).min(axis=0)
     sums = list(per_step)
     # every coefficient of a form is nonnegative: the forms at the least times bound
-    rnd, prompt = basic_times(f, np.minimum(pp, per_dp), sums, [x / pp for x in sums], np.maximum)
+    rnd, prompt = basic_times(
+        f, np.minimum(pp, requests_per_rank), sums, [x / pp for x in sums], np.maximum
+    )
     time_low = objective.at(rnd, prompt)
     ttft = None if f.ttft is None else f.ttft.at(rnd, prompt)
     tpot = None if f.tpot is None else f.tpot.at(rnd, prompt)
@@ -242,8 +244,8 @@ def subproblems(
     discarded = 0
     for di, d in enumerate(space.degree_tuples):
         check()
-        bt = degree_tables(problem, d).batching
-        top = bt.per_dp_max
+        bt = degree_tables(problem, d).request_range
+        top = bt.max_requests_per_rank
         cs = np.arange(1, top + 1) if bt.inflight else np.array([top])
         t = integer_tables(problem, d, top)
         valid = valid_options(space, di)
@@ -263,7 +265,7 @@ def subproblems(
             out += [
                 Subproblem(
                     degree_index=di,
-                    per_dp=int(c),
+                    requests_per_rank=int(c),
                     bound=float(bound),
                     ttft_low=_finite(a),
                     tpot_low=_finite(b),
@@ -272,7 +274,7 @@ def subproblems(
                     chunk[~miss], bounds[~miss], ttft[~miss], tpot[~miss], strict=True
                 )
             ]
-    out.sort(key=lambda s: (-s.bound, s.degree_index, -s.per_dp))
+    out.sort(key=lambda s: (-s.bound, s.degree_index, -s.requests_per_rank))
     return out, discarded
 
 

@@ -226,7 +226,7 @@ class DisaggSearch:
             if kept.status != "optimal" or kept.plan is None:
                 continue
             assert kept.metrics is not None
-            if kept.metrics.concurrency <= offer:
+            if kept.metrics.requests_in_flight <= offer:
                 m = evaluate(pool, kept.plan)
                 return Pool(
                     status=kept.status,

@@ -24,18 +24,20 @@ from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
 
 
-def subproblem_forms(problem: Problem, d: Degrees, per_dp: int, *, floor: bool = False) -> Forms:
-    """The regime of subproblem ``(d, per_dp)`` with exact coefficients, times in ns
+def subproblem_forms(
+    problem: Problem, d: Degrees, requests_per_rank: int, *, floor: bool = False
+) -> Forms:
+    """The regime of subproblem ``(d, requests_per_rank)`` with exact coefficients, times in ns
     (:func:`shardlab.costmodel.regimes.forms`). ``floor``: the least coefficients of
-    every subproblem with ``per_dp`` requests or more (the wait for a slot, which
+    every subproblem with ``requests_per_rank`` requests or more (the wait for a slot, which
     shrinks as more run, left out; every other coefficient grows with them)."""
     t = degree_tables(problem, d)
     kinds = [s.kind for s in t.steps]
-    clients = per_dp if floor else int(clients_per_rank(problem, d, per_dp))
+    clients = requests_per_rank if floor else int(clients_per_rank(problem, d, requests_per_rank))
     return forms(
         problem,
         kinds,
-        per_dp,
+        requests_per_rank,
         clients,
         t.engine.max_tokens,
         handoff_ns(problem, d.pp, d.tp),
@@ -43,7 +45,7 @@ def subproblem_forms(problem: Problem, d: Degrees, per_dp: int, *, floor: bool =
     )
 
 
-def bound_forms(problem: Problem, d: Degrees, per_dp: np.ndarray) -> Forms:
+def bound_forms(problem: Problem, d: Degrees, requests_per_rank: np.ndarray) -> Forms:
     """The regime's forms for several requests per rank at once (float coefficients,
     times in ns): for bounds."""
     t = degree_tables(problem, d)
@@ -51,9 +53,9 @@ def bound_forms(problem: Problem, d: Degrees, per_dp: np.ndarray) -> Forms:
     return forms(
         problem,
         kinds,
-        per_dp,
-        clients_per_rank(problem, d, per_dp),
-        np.full(len(per_dp), t.engine.max_tokens),
+        requests_per_rank,
+        clients_per_rank(problem, d, requests_per_rank),
+        np.full(len(requests_per_rank), t.engine.max_tokens),
         float(handoff_ns(problem, d.pp, d.tp)),
         exact=False,
         ns=True,
@@ -82,23 +84,23 @@ def step_weights(f: Forms, form: Form, n_steps: int) -> tuple[list[Any], Any]:
     return weights, const
 
 
-def chain_weights(problem: Problem, d: Degrees, per_dp: int) -> tuple[np.ndarray, float]:
-    """The objective's time in subproblem ``(d, per_dp)`` as step weights and a
+def chain_weights(problem: Problem, d: Degrees, requests_per_rank: int) -> tuple[np.ndarray, float]:
+    """The objective's time in subproblem ``(d, requests_per_rank)`` as step weights and a
     constant (exact with one stage): what the layers' shortest path minimizes."""
-    f = subproblem_forms(problem, d, per_dp)
+    f = subproblem_forms(problem, d, requests_per_rank)
     n_steps = len(degree_tables(problem, d).steps)
     listed, const = step_weights(f, f.time(problem.workload.objective), n_steps)
     return np.array([float(x) for x in listed]), float(const)
 
 
 def time_function(
-    problem: Problem, d: Degrees, per_dp: int
+    problem: Problem, d: Degrees, requests_per_rank: int
 ) -> Callable[[list[np.ndarray], list[np.ndarray]], np.ndarray]:
-    """The objective's time in subproblem ``(d, per_dp)`` from per-step stage sums and
+    """The objective's time in subproblem ``(d, requests_per_rank)`` from per-step stage sums and
     maxima (numpy, ns): what a pipeline's shortest path minimizes."""
-    f = subproblem_forms(problem, d, per_dp)
+    f = subproblem_forms(problem, d, requests_per_rank)
     objective = f.time(problem.workload.objective)
-    m = min(d.pp, per_dp)
+    m = min(d.pp, requests_per_rank)
     a, b, c = float(objective.round), float(objective.prompt), float(objective.const)
 
     def time_of(sums: list[np.ndarray], maxes: list[np.ndarray]) -> np.ndarray:
@@ -108,14 +110,16 @@ def time_function(
     return time_of
 
 
-def objectives(problem: Problem, d: Degrees, per_dp: np.ndarray, time_ns: np.ndarray) -> np.ndarray:
+def objectives(
+    problem: Problem, d: Degrees, requests_per_rank: np.ndarray, time_ns: np.ndarray
+) -> np.ndarray:
     """The workload's objective (higher is better) for subproblem times in ns."""
     time_ns = np.asarray(time_ns, dtype=float)
     if problem.workload.objective == "latency":
         out = -time_ns / 1e6
     else:
-        per_replica = degree_tables(problem, d).batching.per_replica
-        served = tokens(problem, d, per_replica, np.asarray(per_dp))
+        per_replica = degree_tables(problem, d).request_range.per_replica
+        served = tokens(problem, d, per_replica, np.asarray(requests_per_rank))
         with np.errstate(divide="ignore"):
             out = served / (time_ns / 1e9)
         if problem.workload.per_gpu:
@@ -123,5 +127,5 @@ def objectives(problem: Problem, d: Degrees, per_dp: np.ndarray, time_ns: np.nda
     return np.where(time_ns <= 0, math.inf, out)
 
 
-def objective_of(problem: Problem, d: Degrees, per_dp: int, time_ns: float) -> float:
-    return float(objectives(problem, d, np.array([per_dp]), np.array([time_ns]))[0])
+def objective_of(problem: Problem, d: Degrees, requests_per_rank: int, time_ns: float) -> float:
+    return float(objectives(problem, d, np.array([requests_per_rank]), np.array([time_ns]))[0])

@@ -163,7 +163,7 @@ class SubproblemFront:
         it and, with two axes, sweep its TTFT."""
         ev, solves = self.ctx.evaluator, self.solves
         assert ev.front is not None
-        di, c = sub.degree_index, sub.per_dp
+        di, c = sub.degree_index, sub.requests_per_rank
         if solves.feasible.known_infeasible(di, c):
             self.stats["infeasible"] += 1
             return
@@ -178,7 +178,7 @@ class SubproblemFront:
         if r.plan is None:
             return
         while self.sweep_ttft:
-            at = evaluate(self.ctx.problem, dataclasses.replace(r.plan, concurrency=c))
+            at = evaluate(self.ctx.problem, dataclasses.replace(r.plan, requests_per_rank=c))
             limits = {"ttft_ms": at.ttft_ms * (1 - SWEEP_STEP)}
             r = self._solve(sub, f"{where}, TTFT <= {limits['ttft_ms']:.4g} ms", limits)
             if r.plan is None:

@@ -36,7 +36,7 @@ def table_objective(problem: Problem, plan: Plan | None) -> float | None:
         return None
     c = requests_per_rank(problem, plan)
     cost = price(problem, integer_tables(problem, plan.degrees, c), plan)
-    return float(judge(problem, cost.timing, np.array([cost.fits])).objective[0])
+    return float(judge(problem, cost.latencies, np.array([cost.fits])).objective[0])
 
 
 class ScalarSearch:
@@ -95,7 +95,7 @@ class ScalarSearch:
         assert self.subs is not None
         ev, solves = self.ev, self.solves
         where = f"subproblem {i + 1} of {len(self.subs)}"
-        if solves.feasible.known_infeasible(sub.degree_index, sub.per_dp):
+        if solves.feasible.known_infeasible(sub.degree_index, sub.requests_per_rank):
             self.counts["infeasible"] += 1  # its degrees' floor model failed at fewer
             self.done = i + 1
             return
@@ -122,7 +122,7 @@ class ScalarSearch:
             self.counts["unfinished"] += 1
             d = self.ctx.space.degree_tuples[sub.degree_index]
             self.open_bounds.append(
-                objective_of(self.ctx.problem, d, sub.per_dp, result.bound_ns)
+                objective_of(self.ctx.problem, d, sub.requests_per_rank, result.bound_ns)
                 if result.bound_ns
                 else sub.bound
             )

@@ -68,7 +68,7 @@ class Feasibility:
         plan = self.plans.get(di)
         if plan is None:
             return None
-        at = dataclasses.replace(plan, concurrency=c)
+        at = dataclasses.replace(plan, requests_per_rank=c)
         return at if evaluate(self.problem, at, breakdown=False).feasible else None
 
     def probe(self, di: int, c: int, best: float) -> int | None:
@@ -83,7 +83,11 @@ class Feasibility:
             return c
         hi = self.hi[di]
         cut = cutoff(best)
-        open_cs = [s.per_dp for s in self.subs.get(di, ()) if lo < s.per_dp < hi and s.bound > cut]
+        open_cs = [
+            s.requests_per_rank
+            for s in self.subs.get(di, ())
+            if lo < s.requests_per_rank < hi and s.bound > cut
+        ]
         if not open_cs:
             return None
         lo = max(lo, min(open_cs) - 1)
@@ -113,9 +117,9 @@ class Solves:
         ev, problem = self.ctx.evaluator, self.ctx.problem
         ev.enter(f"{where}: building its model")
         model = SubproblemModel(
-            problem, sub.degree_index, sub.per_dp, ev.check_time, limits, floor=floor
+            problem, sub.degree_index, sub.requests_per_rank, ev.check_time, limits, floor=floor
         )
-        hint = None if limits else self.feasible.hint(sub.degree_index, sub.per_dp)
+        hint = None if limits else self.feasible.hint(sub.degree_index, sub.requests_per_rank)
         if hint is not None:
             model.hint(hint)
         ev.enter(f"{where}: {'probing its floor' if floor else 'solving'}")
@@ -130,9 +134,9 @@ class Solves:
         self.count += 1
         if floor:
             if result.status == "infeasible":
-                self.feasible.floor_fails(sub.degree_index, sub.per_dp)
+                self.feasible.floor_fails(sub.degree_index, sub.requests_per_rank)
             elif result.plan is not None:
-                self.feasible.floor_holds(sub.degree_index, sub.per_dp)
+                self.feasible.floor_holds(sub.degree_index, sub.requests_per_rank)
         elif result.plan is not None and result.row is not None:
             self.feasible.found(sub.degree_index, result.plan)
             if result.row.tobytes() not in ev.cache:
@@ -151,20 +155,20 @@ class Solves:
         if problem.tie != "layer":
             return None
         ev.enter(f"{where}: the layers' shortest path")
-        t = integer_tables(problem, d, sub.per_dp)
+        t = integer_tables(problem, d, sub.requests_per_rank)
         valid = valid_options(space, sub.degree_index)
-        concurrency = sub.per_dp if problem.workload.schedule == "inflight" else None
-        weights, const = chain_weights(problem, d, sub.per_dp)  # the time with one stage
+        concurrency = sub.requests_per_rank if problem.workload.schedule == "inflight" else None
+        weights, const = chain_weights(problem, d, sub.requests_per_rank)  # the time with one stage
         if d.pp == 1:
             found = chain_plan(problem, t, weights, valid, concurrency)
         else:
-            time_of = time_function(problem, d, sub.per_dp)
+            time_of = time_function(problem, d, sub.requests_per_rank)
             found = pipeline_plan(problem, t, valid, concurrency, time_of)
         if found is None:
             return None
         plan = found[0]
         cost = price(problem, t, plan)
-        if judge(problem, cost.timing, np.array([cost.fits])).feasible[0]:
+        if judge(problem, cost.latencies, np.array([cost.fits])).feasible[0]:
             self.chained += 1
             self.feasible.found(sub.degree_index, plan)
             ev.evaluate_plan(plan)
@@ -175,7 +179,7 @@ class Solves:
             ev.enter(f"{where}: bounding the plans that fit")
             low = memory_bound(problem, t, weights, valid)
             if low is not None:
-                bound = objective_of(problem, d, sub.per_dp, max(low + const, 1.0))
+                bound = objective_of(problem, d, sub.requests_per_rank, max(low + const, 1.0))
                 if bound <= cutoff(best):
                     self.memory_bounded += 1
                     return "pruned"
@@ -185,8 +189,8 @@ class Solves:
         """After ``sub`` proved infeasible: bisect with floor models for the fewest
         requests from which no subproblem of its degrees holds a plan."""
         ev, di = self.ctx.evaluator, sub.degree_index
-        while (c := self.feasible.probe(di, sub.per_dp, ev.best_objective)) is not None:
-            probe = Subproblem(degree_index=di, per_dp=c, bound=sub.bound)
+        while (c := self.feasible.probe(di, sub.requests_per_rank, ev.best_objective)) is not None:
+            probe = Subproblem(degree_index=di, requests_per_rank=c, bound=sub.bound)
             answer = self.solve(probe, f"{where}, floor at {c} requests per rank", floor=True)
             ev.check_time()
             if answer.status not in ("infeasible", "feasible", "optimal"):

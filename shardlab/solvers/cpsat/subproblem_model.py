@@ -69,7 +69,7 @@ class SubproblemModel:
         self,
         problem: Problem,
         degree_index: int,
-        per_dp: int,
+        requests_per_rank: int,
         check: Callable[[], None] = lambda: None,
         limits: dict[str, float] | None = None,
         *,
@@ -77,7 +77,7 @@ class SubproblemModel:
     ) -> None:
         """``check`` is called between the families of constraints (the clock);
         ``limits`` bounds ``ttft_ms`` and ``tpot_ms`` beyond the workload's SLOs;
-        ``floor``: the relaxation of every subproblem with ``per_dp`` requests or more
+        ``floor``: the relaxation of every subproblem with ``requests_per_rank`` requests or more
         (see :class:`~shardlab.solvers.cpsat.solves.Feasibility`)."""
         self.problem = problem
         self.limits = limits or {}
@@ -85,9 +85,9 @@ class SubproblemModel:
         self.transformer = problem.model  # the network; self.cp is the CP-SAT model
         self.degree_index = degree_index
         self.d = self.space.degree_tuples[degree_index]
-        self.per_dp = per_dp
-        self.t = integer_tables(problem, self.d, per_dp, floor=floor)
-        self.forms = subproblem_forms(problem, self.d, per_dp, floor=floor)
+        self.requests_per_rank = requests_per_rank
+        self.t = integer_tables(problem, self.d, requests_per_rank, floor=floor)
+        self.forms = subproblem_forms(problem, self.d, requests_per_rank, floor=floor)
         self.cp = cp_model.CpModel()
         self.steps = len(self.t.steps)
         self._pair_cache: dict[tuple[int, int], dict[tuple[int, int], cp_model.IntVar]] = {}
@@ -317,7 +317,7 @@ class SubproblemModel:
             sums.append(sum(self.stage_time[step]))
             maxes.append(mx)
         f = self.forms
-        m = min(self.d.pp, self.per_dp)
+        m = min(self.d.pp, self.requests_per_rank)
         rnd, prompt = basic_times(f, m, sums, maxes, maximum)
         w = self.problem.workload
         for name, form in (("ttft_ms", f.ttft), ("tpot_ms", f.tpot)):
