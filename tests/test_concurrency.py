@@ -113,7 +113,7 @@ def test_a_plan_carries_its_concurrency_and_evaluation_honours_it() -> None:
     assert fewer.tpot_ms <= r.metrics.tpot_ms
     assert fewer.throughput_tok_s < r.metrics.throughput_tok_s
     over = dataclasses.replace(plan, requests_per_rank=r.metrics.capacity_per_rank + 1)
-    if over.requests_in_flight <= offered(problem, problem.space.encode(plan)[None])[0]:
+    if over.requests_per_rank <= offered(problem, problem.space.encode(plan)[None])[0]:
         assert "memory" in evaluate(problem, over).violations
     with pytest.raises(ShardlabError, match="more than this workload offers"):
         evaluate(problem, dataclasses.replace(plan, requests_per_rank=10_000))
@@ -142,20 +142,20 @@ def test_the_floor_tables_bound_every_larger_concurrency(seed: int, which: str) 
     cs = np.arange(1, top + 1)
     ttft = np.array(
         [
-            price(problem, integer_tables(problem, plan.degrees, c), plan).timing.ttft_s[0]
+            price(problem, integer_tables(problem, plan.degrees, c), plan).latencies.ttft_s[0]
             for c in cs
         ]
     )
     tpot = np.array(
         [
-            price(problem, integer_tables(problem, plan.degrees, c), plan).timing.tpot_s[0]
+            price(problem, integer_tables(problem, plan.degrees, c), plan).latencies.tpot_s[0]
             for c in cs
         ]
     )
     for c in cs[:: max(1, top // 8)]:
         low = price(problem, integer_tables(problem, plan.degrees, int(c), floor=True), plan)
-        assert low.timing.tpot_s[0] <= tpot[c - 1 :].min() + 1e-12
-        assert low.timing.ttft_s[0] <= ttft[c - 1 :].min() + 1e-12
+        assert low.latencies.tpot_s[0] <= tpot[c - 1 :].min() + 1e-12
+        assert low.latencies.ttft_s[0] <= ttft[c - 1 :].min() + 1e-12
     mem = [
         evaluate(problem, dataclasses.replace(plan, requests_per_rank=int(c))).memory_gb_per_gpu
         for c in cs

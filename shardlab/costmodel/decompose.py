@@ -135,7 +135,8 @@ def integer_tables(
         not bt.inflight and requests_per_rank != bt.max_requests_per_rank
     ):
         raise ValueError(
-            f"requests_per_rank={requests_per_rank} is outside 1..{bt.max_requests_per_rank} for this workload"
+            f"requests_per_rank={requests_per_rank} is outside "
+            f"1..{bt.max_requests_per_rank} for this workload"
         )
     act, head_act = t.workspace()
     times = {

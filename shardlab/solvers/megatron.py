@@ -13,24 +13,19 @@ replicas. SLOs play no part in the rule.
 
 from __future__ import annotations
 
-import time
-
-import numpy as np
-
-from shardlab.costmodel import Metrics
+from shardlab.costmodel import Metrics, evaluate
 from shardlab.problems.plan import Degrees, Plan
 from shardlab.problems.problem import Problem
-from shardlab.solvers.base import Budget, Outcome, SearchContext, Solver, priced
-from shardlab.solvers.evaluator import Evaluator
+from shardlab.solvers.base import Outcome, SearchContext, Solver, priced
 from shardlab.solvers.registry import register
 
 
-def megatron_candidates(ctx: SearchContext) -> list[Degrees]:
+def megatron_candidates(problem: Problem) -> list[Degrees]:
     """Degree tuples in the order the rule tries them."""
-    space = ctx.space
-    node = ctx.problem.cluster.node_size
-    n = ctx.problem.cluster.num_gpus
-    moe = ctx.problem.model.is_moe
+    space = problem.space
+    node = problem.cluster.node_size
+    n = problem.cluster.num_gpus
+    moe = problem.model.is_moe
     valid = set(space.degree_tuples)
 
     def degrees(tp: int, pp: int) -> Degrees | None:
@@ -62,7 +57,7 @@ def megatron_rule(ctx: SearchContext) -> tuple[Plan | None, list[Degrees]]:
     """The rule's plan (the first candidate that fits in memory; None if none does),
     and the degrees it tried; each candidate is priced by ``ctx.evaluator``."""
     tried = []
-    for d in megatron_candidates(ctx):
+    for d in megatron_candidates(ctx.problem):
         plan = ctx.space.megatron_plan(d)
         metrics = ctx.evaluator.metrics(ctx.space.encode(plan)[None])
         tried.append(d)
@@ -74,16 +69,12 @@ def megatron_rule(ctx: SearchContext) -> tuple[Plan | None, list[Degrees]]:
 def megatron_baseline(problem: Problem) -> tuple[Plan, Metrics] | None:
     """The rule's plan, priced as a solve prices its best plan; None when no candidate
     fits in memory. What every other method's ratio to Megatron is taken against."""
-    evaluator = Evaluator(problem, None, None, None, time.perf_counter())
-    ctx = SearchContext(
-        problem=problem,
-        evaluator=evaluator,
-        budget=Budget(max_evals=None),
-        seed=0,
-        rng=np.random.default_rng(0),
-    )
-    plan, _ = megatron_rule(ctx)
-    return priced(problem, plan) if plan is not None else None
+    for d in megatron_candidates(problem):
+        plan = problem.space.megatron_plan(d)
+        metrics = evaluate(problem, plan, breakdown=False)
+        if "memory" not in metrics.violations:
+            return priced(problem, plan, metrics)
+    return None
 
 
 @register("megatron")

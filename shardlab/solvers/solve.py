@@ -11,6 +11,7 @@ space). Each baseline is priced once, here, the way a solve prices its best plan
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -134,7 +135,8 @@ class Solution:
         plan = self.plan
         if plan is None:
             raise ShardlabError(f"{self.method} found no plan to write", field="out")
-        return plan.to_json(self.problem.model, cluster=self.problem.cluster.name)
+        data = plan.to_dict(self.problem.model, cluster=self.problem.cluster.name)
+        return json.dumps(data, indent=2)
 
     def to_dict(self) -> dict[str, Any]:
         """The solution as JSON: the shape depends on what was asked (a front, one

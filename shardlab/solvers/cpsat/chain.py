@@ -128,7 +128,7 @@ def _plan(
     stage_layers: tuple[int, ...],
     path: list[int],
     h0: int,
-    concurrency: int | None,
+    requests_per_rank: int | None,
 ) -> Plan:
     """The plan of residual options ``path`` (one per layer), each layer's other
     operators at their best for it, the embedding at ``h0`` and the output end at its
@@ -147,7 +147,7 @@ def _plan(
         stage_layers=stage_layers,
         layer_options=tuple(layer_options),
         head_options=tuple(op.options[o].name for op, o in zip(HEAD_OPS, head, strict=True)),
-        concurrency=concurrency,
+        requests_per_rank=requests_per_rank,
     )
 
 
@@ -156,14 +156,14 @@ def chain_plan(
     t: IntegerTables,
     weights: np.ndarray,
     valid: dict[tuple[str, str], list[int]],
-    concurrency: int | None,
+    requests_per_rank: int | None,
 ) -> tuple[Plan, int] | None:
     """The one-stage plan of least weighted time under ``t`` (degrees with pp = 1), and
     that time in ns (None: layer kinds whose residual streams differ, not a chain of
     one state). ``weights`` weigh the steps; ``valid`` holds the options the degrees
     allow per (layer kind or 'head', operator)."""
     assert t.degrees.pp == 1
-    return _one_stage(problem, t, _weighted(t, weights), valid, concurrency)
+    return _one_stage(problem, t, _weighted(t, weights), valid, requests_per_rank)
 
 
 def _one_stage(
@@ -171,7 +171,7 @@ def _one_stage(
     t: IntegerTables,
     w: dict[str, np.ndarray],
     valid: dict[tuple[str, str], list[int]],
-    concurrency: int | None,
+    requests_per_rank: int | None,
 ) -> tuple[Plan, int] | None:
     """:func:`chain_plan` under the weighted tables ``w``."""
     m = problem.model
@@ -183,7 +183,7 @@ def _one_stage(
     final = at_end[m.num_layers][0]
     last = int(final.argmin())
     path = _trace(back, 0, last, m.num_layers)
-    plan = _plan(problem, t, ly, (m.num_layers,), path, entry_pick[path[0]], concurrency)
+    plan = _plan(problem, t, ly, (m.num_layers,), path, entry_pick[path[0]], requests_per_rank)
     return plan, int(final[last])
 
 
@@ -295,7 +295,7 @@ def pipeline_plan(
     problem: Problem,
     t: IntegerTables,
     valid: dict[tuple[str, str], list[int]],
-    concurrency: int | None,
+    requests_per_rank: int | None,
     time_of: Callable[[list[np.ndarray], list[np.ndarray]], np.ndarray],
 ) -> tuple[Plan, int] | None:
     """The plan of least time under ``t`` with ``pp > 1`` stages, over the space's
@@ -337,7 +337,7 @@ def pipeline_plan(
         last = int(states[s]) if s < pp - 1 else int(final[enter].argmin())
         path += _trace(back, enter, last, edges[s + 1] - edges[s])
     stage_layers = tuple(int(b - a) for a, b in itertools.pairwise(edges))
-    return _plan(problem, t, ly, stage_layers, path, entry_pick[path[0]], concurrency), cost
+    return _plan(problem, t, ly, stage_layers, path, entry_pick[path[0]], requests_per_rank), cost
 
 
 def _only_step(

@@ -194,7 +194,13 @@ class DisaggSearch:
         w = self.problem.workload
         best = self.best_rate * w.output_len if self.best_rate else None
         self.callback(
-            Progress(len(self.pools), None, time.perf_counter() - self.start, best, phase)
+            Progress(
+                evals=len(self.pools),
+                max_evals=None,
+                seconds=time.perf_counter() - self.start,
+                best=best,
+                phase=phase,
+            )
         )
 
     def _rate(self, pool: Problem, throughput: float) -> float:

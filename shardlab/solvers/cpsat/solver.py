@@ -34,7 +34,9 @@ class CpSatSolver(Solver):
     def _diagnose(self, ctx: SearchContext) -> None:
         """No plan exists: price a few (Megatron's and a sample) so the message can say
         which constraint they all miss, and by how much."""
-        codes = [ctx.space.encode(ctx.space.megatron_plan(d)) for d in megatron_candidates(ctx)]
+        codes = [
+            ctx.space.encode(ctx.space.megatron_plan(d)) for d in megatron_candidates(ctx.problem)
+        ]
         codes += list(ctx.space.sample(64, seed=ctx.seed))
         with contextlib.suppress(BudgetExhausted):
             ctx.evaluator.evaluate(np.array(codes))

@@ -12,8 +12,6 @@ objective seen so far (rewards then move as the search improves). numpy only.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 
 from shardlab.costmodel import evaluate_batch
@@ -47,9 +45,7 @@ def rewards(fit: np.ndarray, reference: float | None, config: RLConfig) -> np.nd
 def megatron_codes(problem: Problem) -> np.ndarray:
     """Encodings of the Megatron plans, in the order the ``megatron`` rule tries them."""
     space = problem.space
-    shim = SimpleNamespace(space=space, problem=problem)
-    degrees = megatron_candidates(shim)  # type: ignore[arg-type]
-    rows = [space.encode(space.megatron_plan(d)) for d in degrees]
+    rows = [space.encode(space.megatron_plan(d)) for d in megatron_candidates(problem)]
     return np.array(rows, dtype=np.int64).reshape(-1, space.n_vars)
 
 
