@@ -2,7 +2,7 @@
 and config files, from the plan's engine configuration.
 
 Flags are the pinned versions' own (``shardlab/problems/data/engines/``, read off the
-engines' argument definitions; ``tests/test_launch.py`` checks every flag printed
+engines' argument definitions; ``tests/launch/test_launch.py`` checks every flag printed
 against them).
 """
 

@@ -1,12 +1,57 @@
+"""What several test modules share: data paths, the problems the budget tests and
+benchmarks time, and running the CLI in-process."""
+
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
 
 import pytest
 
+from shardlab import Problem
+
 MODEL_DIR = Path(str(resources.files("shardlab.problems") / "data" / "models"))
+DATA_DIR = Path(__file__).parent / "data"
+
+# No method finishes this in seconds: options per layer over 126 layers, scheduled
+# statically (tests/solvers/test_budgets.py and the overrun benchmarks).
+HARD = Problem.build(
+    model="llama-3.1-405b", cluster="h100x32", workload="chat", tie="layer", schedule="static"
+)
+# Under exhaustive's size cap (0.9 M plans), still far more than seconds of pricing.
+ENUMERABLE = Problem.build(model="llama-3.1-8b", cluster="h100x4", workload="chat")
+MARGIN = 6.0  # seconds, for slow machines; the benchmark reports the real figure
+
+
+def within_limit(wall: float, limit: float) -> bool:
+    """The budget contract: a run ends within max(1 s, 2%) of its limit (plus MARGIN)."""
+    return wall <= limit + max(1.0, 0.02 * limit) + MARGIN
+
+
+def run_cli(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str, str]:
+    """``shardlab ARGS`` in this process: its exit code, stdout and stderr."""
+    from shardlab.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["shardlab", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def cli_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m shardlab.cli ARGS`` in a child process started in ``cwd``."""
+    return subprocess.run(
+        [sys.executable, "-m", "shardlab.cli", *args], capture_output=True, text=True, cwd=cwd
+    )
 
 
 @pytest.fixture

@@ -7,13 +7,13 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
-from test_budgets import ENUMERABLE, HARD
 
 from shardlab import Problem
 from shardlab.costmodel import evaluate, evaluate_batch
 from shardlab.problems.suite import get_instance, get_suite
 from shardlab.solvers import Budget, available_solvers, solve
 from shardlab.solvers.base import quality
+from tests.conftest import ENUMERABLE, HARD
 
 BENCH_INSTANCES = ["llama70b-h100x4-chat", "deepseek-v3-h100x64-chat"]
 

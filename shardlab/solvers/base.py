@@ -64,7 +64,7 @@ class Budget:
 
     ``seconds`` is a contract: wall seconds from the call of :meth:`Solver.solve`, the
     method's own set-up included, and every phase of every method reads the clock (a
-    run ends within ``max(1 s, 2%)`` of it; ``tests/test_budgets.py``). When it runs
+    run ends within ``max(1 s, 2%)`` of it; ``tests/solvers/test_budgets.py``). When it runs
     out the run returns its best plan so far, ``feasible``, or ``unknown`` without one.
     """
 

@@ -144,7 +144,7 @@ class Solves:
         return result
 
     def by_chain(self, sub: Subproblem, where: str, best: float) -> str | None:
-        """Settle ``sub`` by the layers' shortest path (:mod:`shardlab.solvers.chain`;
+        """Settle ``sub`` by the layers' shortest path (:mod:`shardlab.solvers.cpsat.chain`;
         with a pipeline, one per stage over the partitions) when its plans have options
         per layer: ``solved`` when the fastest plan fits and meets the SLOs (it is then
         the subproblem's proven optimum); ``pruned`` when, with one stage, the least

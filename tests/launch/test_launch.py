@@ -6,18 +6,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from importlib import resources
 from pathlib import Path
 
 import pytest
 
-from shardlab.cli import main
 from shardlab.errors import ShardlabError
 from shardlab.launch import Launch, build_launch
 from shardlab.problems.engines import ENGINES
 from shardlab.problems.plan import Degrees, Plan
 from shardlab.problems.problem import Problem
+from tests.conftest import run_cli
 
 # (model, cluster, degrees, engine features wanted): one GPU per replica, several
 # replicas on a node, attention DP, pipeline stages, whole multi-node replicas
@@ -174,17 +173,6 @@ def test_workload_flags_follow_the_problem() -> None:
         )
         assert {"vllm": '"mtp"', "sglang": "EAGLE", "trtllm": "MTP"}[engine] in text
         assert "fp8" in text
-
-
-def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["shardlab", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_cli_solve_then_launch_writes_the_config(tmp_path: Path, capsys, monkeypatch) -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import run_cli
 
 from shardlab.costmodel import evaluate_batch
 from shardlab.costmodel.disagg import evaluate_disagg, instance_rate
@@ -28,6 +27,7 @@ from shardlab.problems.disagg import (
 from shardlab.solvers import Budget
 from shardlab.solvers.cpsat.disagg import solve_disagg
 from shardlab.solvers.exhaustive import enumerate_codes
+from tests.conftest import run_cli
 
 
 def brute_force(problem: Problem) -> float:
@@ -218,9 +218,8 @@ def test_what_disaggregated_serving_refuses(extra: list[str], needle: str, capsy
 
 
 def test_a_time_limit_ends_the_search_with_its_best_pair_so_far() -> None:
-    from test_budgets import within_limit
-
     from shardlab.problems.suite import get_instance
+    from tests.conftest import within_limit
 
     problem = get_instance("deepseek-v3-h100x64-prefill-heavy").problem()
     start = time.perf_counter()

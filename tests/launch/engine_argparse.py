@@ -1,5 +1,5 @@
 """Parse launch commands with an engine's own argument parser (run under a Python that
-has the engine installed; tests/test_launch.py calls it when one is configured).
+has the engine installed; tests/launch/test_launch.py calls it when one is configured).
 
 Usage: python engine_argparse.py vllm|sglang < commands.json
 Reads a JSON list of argv lists, prints a JSON list of the parsed degrees.

@@ -195,7 +195,7 @@ def test_runs_in_the_journal_are_not_run_again(tmp_path: Path) -> None:
 class _FakeRay(types.ModuleType):
     """The part of Ray's API the executor uses, run in this process: the executor's
     own logic (one task per run, completion order, cancelling on the way out) is
-    tested without a cluster; tests/test_resume.py::test_real_ray runs the real one."""
+    tested without a cluster; tests/compare/test_resume.py::test_real_ray runs the real one."""
 
     def __init__(self) -> None:
         super().__init__("ray")

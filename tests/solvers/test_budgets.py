@@ -15,22 +15,12 @@ import time
 
 import pytest
 
-from shardlab import Problem
 from shardlab.solvers import Budget, available_solvers, get_solver, solve
+from tests.conftest import ENUMERABLE, HARD, within_limit
 
 METHODS = available_solvers()
 LIMIT = 4.0
-MARGIN = 6.0  # for slow machines; the benchmark reports the real figure
 
-# No method finishes this in seconds: options per layer over 126 layers, scheduled
-# statically, so that a plan's time adds its prefill and its decode steps, each with
-# its own slowest stage; the stages' shortest paths (shardlab.solvers.cpsat.chain) do not
-# settle its pipelined subproblems and CP-SAT leaves it unproven after 60 s.
-HARD = Problem.build(
-    model="llama-3.1-405b", cluster="h100x32", workload="chat", tie="layer", schedule="static"
-)
-# Under exhaustive's size cap (0.9 M plans), still far more than seconds of pricing.
-ENUMERABLE = Problem.build(model="llama-3.1-8b", cluster="h100x4", workload="chat")
 # The budgets issue's example, DeepSeek-V3 on 16 H200 with both SLOs binding, at a TPOT
 # the Megatron plan misses at any concurrency: CP-SAT proves a plan in 7 s, none in 2 s.
 SLO_BOUND = [
@@ -38,10 +28,6 @@ SLO_BOUND = [
     "--output-len", "256", "--ttft-ms", "2000", "--tpot-ms", "20",
     "--schedule", "inflight", "--batch", "4096",
 ]  # fmt: skip
-
-
-def within_limit(wall: float, limit: float) -> bool:
-    return wall <= limit + max(1.0, 0.02 * limit) + MARGIN
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import subprocess
-import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
 from shardlab.validation import load_measurements, predict
 from shardlab.validation.serving_sample import SAMPLE, read_sample
+from tests.conftest import DATA_DIR, cli_process
 
 MIXED = ["mixed", "prefill"]
 
@@ -248,23 +247,17 @@ def test_a_fit_recovers_the_engine_costs_that_made_the_measurements(tmp_path: Pa
     assert np.allclose(predicted, rows.measured, rtol=1e-3)
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "shardlab.cli", *args], capture_output=True, text=True, cwd=cwd
-    )
-
-
 def test_cli_validates_and_fits_measured_serving(tmp_path: Path) -> None:
     path = tmp_path / "mine.csv"
     path.write_text(SAMPLE_HEADER + OWN_ROWS)
-    done = _cli("validate", "--measurements", str(path), "--out", "r/v.md", cwd=tmp_path)
+    done = cli_process("validate", "--measurements", str(path), "--out", "r/v.md", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     report = (tmp_path / "r" / "v.md").read_text()
     assert "By GPU, engine and model family" in report and "| a | ttft_ms |" in report
     with (tmp_path / "r" / "v.csv").open() as f:
         lines = list(csv.DictReader(f))
     assert {(x["id"], x["status"]) for x in lines} >= {("a", "predicted"), ("c", "refused")}
-    done = _cli(
+    done = cli_process(
         "calibrate", "--measurements", str(path), "--timing", "silicon", "--engines",
         "--hold-out", "row", "--out", "e.yaml", "--report", "fit.md", cwd=tmp_path,
     )  # fmt: skip
@@ -272,7 +265,7 @@ def test_cli_validates_and_fits_measured_serving(tmp_path: Path) -> None:
     written = yaml.safe_load((tmp_path / "e.yaml").read_text())
     assert set(written["engines"]) == {"vllm", "trtllm"}
     assert "leave-one-out" in (tmp_path / "fit.md").read_text()
-    done = _cli("validate", "--gpu", "h100", cwd=tmp_path)
+    done = cli_process("validate", "--gpu", "h100", cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.count("\n") == 1
 
 
@@ -298,7 +291,7 @@ def test_a_peers_estimates_of_the_same_rows_are_compared_on_the_rows_both_price(
     peer.write_text(
         "id,status,aic_ttft_ms,aic_tpot_ms\na,ok,300,10\nb,ok,1,1\nc,failed,,\n"
     )  # b is disaggregated: not compared
-    done = _cli(
+    done = cli_process(
         "validate", "--measurements", str(path), "--peer", str(peer), "--out", "v.md",
         cwd=tmp_path,
     )  # fmt: skip
@@ -308,7 +301,7 @@ def test_a_peers_estimates_of_the_same_rows_are_compared_on_the_rows_both_price(
     ttft = next(line for line in section.splitlines() if "| ttft_ms |" in line)
     # a's TTFT was measured 150 ms; the peer's 300 is off by 100%, a ratio of 2
     assert "| inferencex | ttft_ms | 1 |" in ttft and "| 100.0% |" in ttft and "| 2.00 |" in ttft
-    done = _cli("validate", "--peer", str(peer), cwd=tmp_path)
+    done = cli_process("validate", "--peer", str(peer), cwd=tmp_path)
     assert done.returncode == 2 and "measured serving" in done.stderr
 
 
@@ -319,7 +312,7 @@ def test_each_tool_scores_the_others_pick_on_aiconfigurators_default_problems(
     shardlab's picks, re-priced, and AIConfigurator's picks priced by shardlab."""
     from shardlab.validation import side_by_side, write_side_by_side
 
-    grid = Path(__file__).parent / "data" / "aiconfigurator_default.csv"
+    grid = DATA_DIR / "aiconfigurator_default.csv"
     rows = side_by_side(grid)
     assert [r["problem"] for r in rows] == [
         "llama70b-h100x8", "qwen235b-h200x16", "deepseek-v3-h200x16", "deepseek-v3-h100x64",

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import subprocess
-import sys
 from importlib import resources
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from shardlab.validation import (
     predict_all,
     write_report,
 )
+from tests.conftest import DATA_DIR, cli_process
 
 TIMINGS = ("roofline", "silicon")
 
@@ -169,38 +168,34 @@ def test_calibration_file_round_trip_and_refusals(tmp_path: Path) -> None:
         Calibration.load(path)
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "shardlab.cli", *args], capture_output=True, text=True, cwd=cwd
-    )
-
-
 def test_cli_validate_calibrate_and_apply_on_a_users_file(tmp_path: Path) -> None:
     path = _user_file(tmp_path)
-    done = _cli("validate", "--measurements", str(path), "--out", "v.md", cwd=tmp_path)
+    done = cli_process("validate", "--measurements", str(path), "--out", "v.md", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "silicon: median |error|" in done.stdout
     assert (tmp_path / "v.md").read_text().count("\n| ") >= 4
     before = sorted(p.name for p in tmp_path.iterdir())
-    done = _cli("calibrate", "--measurements", str(path), "--timing", "silicon", cwd=tmp_path)
+    done = cli_process(
+        "calibrate", "--measurements", str(path), "--timing", "silicon", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert "leave-one-out" in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing asked, none written
-    done = _cli(
+    done = cli_process(
         "calibrate", "--measurements", str(path), "--timing", "silicon", "--out", "cal.yaml",
         cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "cal.yaml").exists()
-    done = _cli(
+    done = cli_process(
         "evaluate", "--model", "llama-3.1-8b", "--cluster", "h100x1", "--tp", "1",
         "--timing", "silicon", "--calibration", "cal.yaml", cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "silicon timing (trtllm measurements), calibrated" in " ".join(done.stdout.split())
-    done = _cli("validate", "--measurements", str(path), "--format", "json", cwd=tmp_path)
+    done = cli_process("validate", "--measurements", str(path), "--format", "json", cwd=tmp_path)
     assert done.returncode == 0 and not (tmp_path / "validation.md").exists()
-    done = _cli("validate", "--measurements", "missing.csv", cwd=tmp_path)
+    done = cli_process("validate", "--measurements", "missing.csv", cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.count("\n") == 1
 
 
@@ -208,7 +203,7 @@ def test_silicon_agrees_with_aiconfigurator_better_than_the_roofline() -> None:
     """tests/data/aiconfigurator_agg.csv (made by tests/data/make_aiconfigurator_agg.py):
     measured kernels bring TPOT and throughput closer to the estimator built on the same
     tables. The exact medians are in results/aiconfigurator.md."""
-    grid = Path(__file__).parent / "data" / "aiconfigurator_agg.csv"
+    grid = DATA_DIR / "aiconfigurator_agg.csv"
     medians = {t: agreement_summary(against_reference(grid, t, every=5)) for t in TIMINGS}
     assert medians["silicon"]["tpot_ms"] < medians["roofline"]["tpot_ms"]
     assert medians["silicon"]["tokens_s"] < medians["roofline"]["tokens_s"]

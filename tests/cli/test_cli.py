@@ -1,25 +1,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from shardlab.cli import main
-
-
-def run_cli(
-    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch
-) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["shardlab", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+from tests.conftest import run_cli
 
 
 def test_space_json(capsys, monkeypatch) -> None:

@@ -60,7 +60,7 @@ def result():
     return run()
 
 
-# -- the checks of tests/test_solvers.py -----------------------------------------------
+# -- the checks of tests/solvers/test_solvers.py -----------------------------------------------
 
 
 def test_registered() -> None:

@@ -4,12 +4,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import MODEL_DIR
 
 from shardlab import ShardlabError
 from shardlab.problems.catalog import CATALOG, load_model
 from shardlab.problems.hf_config import load_config_file, model_from_config
 from shardlab.problems.model import FULL, AttentionSpan
+from tests.conftest import MODEL_DIR
 
 # Model cards' totals and active parameters per token, in billions, and whether the
 # card's active figure includes the input embedding (OpenAI says gpt-oss's does not;

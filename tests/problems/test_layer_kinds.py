@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MODEL_DIR
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,6 +18,7 @@ from shardlab.problems.catalog import load_model
 from shardlab.problems.hf_config import load_config_file, model_from_config
 from shardlab.problems.model import FULL, AttentionSpan
 from shardlab.solvers import Budget, solve
+from tests.conftest import MODEL_DIR
 
 # A Llama-4-shaped toy: chunked RoPE layers, one global NoPE layer in four.
 TINY_LLAMA4 = {
