@@ -17,7 +17,9 @@ from shardlab.cli.render import (
 )
 from shardlab.errors import ShardlabError
 from shardlab.files import check_output_file, write_text
+from shardlab.problems.engines import ENGINES
 from shardlab.problems.problem import Timing
+from shardlab.solvers.choices import listed
 
 FilterOpt = Annotated[
     str | None, typer.Option(help="Measured serving only: keep these (comma-separated).")
@@ -43,7 +45,7 @@ CalibrationOpt = Annotated[
 ]
 TimingOpt = Annotated[
     str | None,
-    typer.Option(help="roofline or silicon (default: both; measured serving: silicon)."),
+    typer.Option(help=f"{listed(get_args(Timing))} (default: all; measured serving: silicon)."),
 ]
 PeerOpt = Annotated[
     str | None,
@@ -281,7 +283,7 @@ def calibrate(
     measurements: CalibrateMeasurementsOpt = None,
     out_path: OutPathOpt = None,
     timing: Annotated[str, typer.Option(help="The timing backend to correct.")] = "roofline",
-    engine: Annotated[str, typer.Option(help="trtllm, vllm or sglang (rows that say none).")] = (
+    engine: Annotated[str, typer.Option(help=f"{listed(ENGINES)} (rows that say none).")] = (
         "trtllm"
     ),
     hold_out: HoldOutOpt = None,

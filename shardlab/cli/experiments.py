@@ -23,10 +23,12 @@ from shardlab.executors import check_executor
 from shardlab.files import check_output_dir, check_output_file, folder_name, write_text
 from shardlab.journal import JOURNAL, Journal
 from shardlab.problems.problem import Problem
+from shardlab.problems.suite import SUITES
 from shardlab.solvers.base import EXACT_SECONDS
+from shardlab.solvers.choices import listed
 
 SuiteOpt = Annotated[
-    str, typer.Option(help="Instances to train on: train, small, medium, all or a name.")
+    str, typer.Option(help=f"Instances to train on: {listed(SUITES)}, or an instance's name.")
 ]
 EvalsOpt = Annotated[
     int, typer.Option("--evals", min=1, help="Evaluations per instance and round.")
@@ -93,9 +95,7 @@ MethodsOpt = Annotated[
 ]
 CompareSuiteOpt = Annotated[
     str | None,
-    typer.Option(
-        help="small, medium, large, train, heldout, all, instance names; comma-separated."
-    ),
+    typer.Option(help=f"{listed(SUITES)}, or instance names; comma-separated."),
 ]
 BudgetsOpt = Annotated[
     str | None,

@@ -18,6 +18,8 @@ import typer
 from shardlab.cli.render import err
 from shardlab.errors import ShardlabError
 from shardlab.problems.disagg import DISAGG_SCHEMA, DisaggPlan
+from shardlab.problems.dtypes import KV_DTYPES
+from shardlab.problems.engines import ENGINES
 from shardlab.problems.plan import Degrees, Plan, read_plan_file
 from shardlab.problems.problem import (
     DEFAULT_CLUSTER,
@@ -27,6 +29,7 @@ from shardlab.problems.problem import (
     DEFAULT_WORKLOAD,
     Problem,
 )
+from shardlab.solvers.choices import listed
 
 PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     (
@@ -66,7 +69,7 @@ PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         typer.Option(None, help="throughput, throughput_per_gpu, latency or pareto."),
     ),
     ("weight_dtype", str | None, typer.Option(None, "--weight-dtype", help="bf16, fp8 or fp4.")),
-    ("kv_dtype", str | None, typer.Option(None, "--kv-dtype", help="bf16 or fp8.")),
+    ("kv_dtype", str | None, typer.Option(None, "--kv-dtype", help=f"{listed(KV_DTYPES)}.")),
     (
         "draft_tokens",
         int | None,
@@ -105,7 +108,7 @@ PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     (
         "engine",
         str,
-        typer.Option(DEFAULT_ENGINE, help="Serving engine: trtllm, vllm or sglang."),
+        typer.Option(DEFAULT_ENGINE, help=f"Serving engine: {listed(ENGINES)}."),
     ),
     (
         "space_kind",

@@ -24,8 +24,11 @@ from shardlab.costmodel import with_concurrency
 from shardlab.errors import ShardlabError
 from shardlab.files import check_output_dir, write_text
 from shardlab.problems.disagg import DisaggPlan
+from shardlab.problems.dtypes import KV_DTYPES
+from shardlab.problems.engines import ENGINES
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
+from shardlab.solvers.choices import listed
 
 
 def _report(problem: Problem, plan: Plan | DisaggPlan, fmt: Format, *, top: int | None) -> None:
@@ -122,14 +125,19 @@ ConfigDirOpt = Annotated[
 ]
 
 
+KvDtypeOpt = Annotated[str | None, typer.Option("--kv-dtype", help=f"{listed(KV_DTYPES)}.")]
+
+
 @app.command()
 def launch(
     plan_file: Annotated[str, typer.Option("--plan", help="A plan JSON (shardlab solve --out).")],
-    engine: Annotated[str, typer.Option(help="trtllm, vllm or sglang.")],
+    engine: Annotated[str, typer.Option(help=f"{listed(ENGINES)}.")],
     model_path: ModelPathOpt = None,
     model: ModelOpt = None,
     cluster: ClusterOpt = None,
-    kv_dtype: Annotated[str | None, typer.Option("--kv-dtype", help="bf16 or fp8.")] = None,
+    kv_dtype: Annotated[
+        str | None, typer.Option("--kv-dtype", help=f"{listed(KV_DTYPES)}.")
+    ] = None,
     draft_tokens: DraftTokensOpt = None,
     max_tokens: MaxTokensOpt = None,
     trust_remote_code: TrustRemoteCodeOpt = False,

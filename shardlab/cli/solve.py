@@ -24,6 +24,7 @@ from shardlab.cli.render import (
 from shardlab.errors import ShardlabError
 from shardlab.files import check_output_file, write_text
 from shardlab.problems.problem import Problem
+from shardlab.solvers.choices import ALGORITHMS, ENCODINGS, SAMPLERS, WARM_STARTS, listed
 from shardlab.solvers.registry import available_solvers
 
 if TYPE_CHECKING:
@@ -55,18 +56,20 @@ TimeLimitOpt = Annotated[
 WorkersOpt = Annotated[
     int | None, typer.Option(min=1, help="Search workers (cpsat; default: all cores).")
 ]
-SamplerOpt = Annotated[
-    str | None, typer.Option(help="optuna: tpe (default), gp, cmaes, random or nsga2.")
-]
+SamplerOpt = Annotated[str | None, typer.Option(help=f"optuna: {listed(SAMPLERS, SAMPLERS[0])}.")]
 EncodingOpt = Annotated[
     str | None,
-    typer.Option(help="optuna: shared (default; degrees per axis, options per operator) or class."),
+    typer.Option(
+        help=f"optuna: {listed(ENCODINGS, ENCODINGS[0])}; shared: degrees per axis, options "
+        "per operator."
+    ),
 ]
 WarmStartOpt = Annotated[
     str | None,
     typer.Option(
         "--warm-start",
-        help="optuna: megatron (default: first trials are Megatron plans) or none.",
+        help=f"optuna: {listed(WARM_STARTS, WARM_STARTS[0])}; megatron: the first trials are "
+        "Megatron plans.",
     ),
 ]
 HistoryOpt = Annotated[
@@ -121,7 +124,9 @@ def solve(
     storage: StorageOpt = None,
     study: Annotated[str | None, typer.Option(help="optuna: the study name.")] = None,
     policy: PolicyOpt = None,
-    algorithm: Annotated[str | None, typer.Option(help="rl: ppo (default) or reinforce.")] = None,
+    algorithm: Annotated[
+        str | None, typer.Option(help=f"rl: {listed(ALGORITHMS, ALGORITHMS[0])}.")
+    ] = None,
     out_file: OutFileOpt = None,
     vs_free: VsFreeOpt = False,
     plot: PlotOpt = None,

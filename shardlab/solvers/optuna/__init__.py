@@ -121,14 +121,13 @@ plan is the front's highest throughput per GPU.
 
 from __future__ import annotations
 
+from shardlab.solvers.choices import ENCODINGS, SAMPLERS
 from shardlab.solvers.optuna.encodings import (
-    ENCODINGS,
     ClassLayout,
     Layout,
     SharedLayout,
     layout_for,
 )
-from shardlab.solvers.optuna.samplers import SAMPLERS
 from shardlab.solvers.optuna.solver import OptunaSolver
 from shardlab.solvers.optuna.storage import check_storage_url, open_storage
 from shardlab.solvers.optuna.study import default_study_name, fingerprint

@@ -49,8 +49,7 @@ from optuna.trial import BaseTrial
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.space import MAX_SHIFT, SearchSpace
-
-ENCODINGS: tuple[str, ...] = ("shared", "class")
+from shardlab.solvers.choices import ENCODINGS
 
 
 class Layout(Protocol):

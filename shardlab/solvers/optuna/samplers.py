@@ -14,8 +14,6 @@ from optuna.trial import FrozenTrial, Trial
 from shardlab.solvers.optuna.history import WindowedTPESampler
 from shardlab.solvers.optuna.study import ATTR_CONSTRAINTS, CONSTRAINTS
 
-SAMPLERS: tuple[str, ...] = ("tpe", "gp", "cmaes", "random", "nsga2")
-
 # Optuna >= 5 stores named constraints on the trial; older versions need constraints_func.
 HAS_SET_CONSTRAINT = hasattr(Trial, "set_constraint")
 

@@ -13,11 +13,12 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from shardlab.costmodel import evaluate_batch
 from shardlab.errors import ShardlabError
 from shardlab.solvers.base import Outcome, SearchContext, Solver
+from shardlab.solvers.choices import ENCODINGS, SAMPLERS, WARM_STARTS
 from shardlab.solvers.evaluator import BudgetExhausted
 from shardlab.solvers.moves import mutate, one_move
-from shardlab.solvers.optuna.encodings import ENCODINGS, Layout, layout_for
+from shardlab.solvers.optuna.encodings import Layout, layout_for
 from shardlab.solvers.optuna.history import WINDOW
-from shardlab.solvers.optuna.samplers import HAS_SET_CONSTRAINT, SAMPLERS, make_sampler, quiet
+from shardlab.solvers.optuna.samplers import HAS_SET_CONSTRAINT, make_sampler, quiet
 from shardlab.solvers.optuna.storage import (
     STALE_CHECK_TRIALS,
     check_storage_url,
@@ -46,7 +47,6 @@ REPLAY_CHUNK = 512
 NEIGHBOURS = 64
 
 # Warm starts (option ``warm_start``) and how many degree tuples the Megatron one covers.
-WARM_STARTS: tuple[str, ...] = ("megatron", "none")
 WARM_START = 32
 
 

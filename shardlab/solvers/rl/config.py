@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from shardlab.errors import ShardlabError
+from shardlab.solvers.choices import ALGORITHMS
 
 Algorithm = Literal["ppo", "reinforce"]
-ALGORITHMS: tuple[str, ...] = ("ppo", "reinforce")
 # Knobs that shape the network: a loaded checkpoint keeps its own.
 NETWORK_FIELDS: tuple[str, ...] = ("d_model", "n_heads", "n_layers", "ff_dim", "logit_clip")
 

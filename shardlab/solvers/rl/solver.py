@@ -10,9 +10,10 @@ import torch
 
 from shardlab.errors import ShardlabError
 from shardlab.solvers.base import Outcome, SearchContext, Solver
+from shardlab.solvers.choices import ALGORITHMS
 from shardlab.solvers.registry import register
 from shardlab.solvers.rl.checkpoint import load_checkpoint, load_policy
-from shardlab.solvers.rl.config import ALGORITHMS, RLConfig
+from shardlab.solvers.rl.config import RLConfig
 from shardlab.solvers.rl.search import Search, new_policy
 
 
