@@ -72,19 +72,21 @@ class Solution:
     def message(self) -> str:
         return self._result.message
 
+    def _chosen(self, name: str) -> Any:
+        """The chosen result's ``plan`` or ``metrics``: with a front, its point of the
+        highest throughput per GPU."""
+        if self.pareto is None:
+            return getattr(self._result, name)
+        best = self.pareto.best
+        return getattr(best, name) if best is not None else None
+
     @property
     def plan(self) -> Plan | DisaggPlan | None:
-        if self.pareto is not None:
-            best = self.pareto.best
-            return best.plan if best is not None else None
-        return self._result.plan
+        return self._chosen("plan")
 
     @property
     def metrics(self) -> Metrics | DisaggMetrics | None:
-        if self.pareto is not None:
-            best = self.pareto.best
-            return best.metrics if best is not None else None
-        return self._result.metrics
+        return self._chosen("metrics")
 
     @property
     def objective(self) -> float:

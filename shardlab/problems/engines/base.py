@@ -23,6 +23,12 @@ LLM-API keys are those of rc3 in AIConfigurator's rc14+ templates).
 
 One module per engine holds its rules (:mod:`.trtllm`, :mod:`.vllm`, :mod:`.sglang`);
 :mod:`shardlab.problems.engines` registers them.
+
+Vocabulary: the engine's "TP size" is
+shardlab's group (``tp * dp_attn``) where the engine runs attention data parallel
+inside it (SGLang, TensorRT-LLM), and shardlab's ``tp`` where data parallel ranks
+are counted apart (vLLM). Replicas are separate servers in every engine (``shardlab
+launch`` prints one per replica).
 """
 
 from __future__ import annotations

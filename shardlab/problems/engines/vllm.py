@@ -1,10 +1,7 @@
 """vLLM's capability model: every rule with the source line it is read from.
 
-Vocabulary (:mod:`shardlab.problems.engines.base`): the engine's "TP size" is
-shardlab's group (``tp * dp_attn``) where the engine runs attention data parallel
-inside it (SGLang, TensorRT-LLM), and shardlab's ``tp`` where data parallel ranks
-are counted apart (vLLM). Replicas are separate servers in every engine (``shardlab
-launch`` prints one per replica).
+The vocabulary (an engine's "TP size" against shardlab's degrees) is
+:mod:`shardlab.problems.engines.base`'s.
 """
 
 from __future__ import annotations
