@@ -14,6 +14,7 @@ from shardlab.cli.render import (
     plan_json,
     print_breakdown,
     print_disagg,
+    print_launch,
     print_metrics,
     print_plan,
     problem_json,
@@ -191,22 +192,4 @@ def launch(
     if fmt is Format.json:
         emit_json(spec.to_dict())
         return
-    out.print(
-        f"{problem.model.name} on {problem.cluster.name} with {engine} {spec.version}"
-        + (f" ({', '.join(spec.features)})" if spec.features else ""),
-        markup=False,
-    )
-    for c in spec.commands:
-        where = f"{c.role} instance" if c.role else "replica"
-        where += f" {c.replica}, node {c.node}"
-        if c.nodes > 1:
-            where += f" (node rank {c.node_rank} of {c.nodes})"
-        out.print(f"# {where}", markup=False)
-        out.print(c.shell(), markup=False, soft_wrap=True)
-    if spec.router:
-        out.print("# the router", markup=False)
-        out.print(spec.router_shell(), markup=False, soft_wrap=True)
-    for name, _ in spec.files:
-        out.print(f"wrote {name}", markup=False)
-    for note in spec.notes:
-        out.print(f"note: {note}", markup=False, soft_wrap=True)
+    print_launch(problem, engine, spec)

@@ -366,3 +366,27 @@ def validation_table(by_timing: dict[str, list[Any]]) -> Table:
         note = "; ".join(dict.fromkeys(x for t in by_timing if (x := by_timing[t][i].note)))
         table.add_row(r.id, f"{r.metric} ({r.unit})", f"{r.measured:,.1f}", *ratios, note)
     return table
+
+
+def print_launch(problem: Problem, engine: str, spec: Any) -> None:
+    """An engine's launch commands, one per node of each replica or instance, then the
+    router's, the files written and the notes."""
+    out.print(
+        f"{problem.model.name} on {problem.cluster.name} with {engine} {spec.version}"
+        + (f" ({', '.join(spec.features)})" if spec.features else ""),
+        markup=False,
+    )
+    for c in spec.commands:
+        where = f"{c.role} instance" if c.role else "replica"
+        where += f" {c.replica}, node {c.node}"
+        if c.nodes > 1:
+            where += f" (node rank {c.node_rank} of {c.nodes})"
+        out.print(f"# {where}", markup=False)
+        out.print(c.shell(), markup=False, soft_wrap=True)
+    if spec.router:
+        out.print("# the router", markup=False)
+        out.print(spec.router_shell(), markup=False, soft_wrap=True)
+    for name, _ in spec.files:
+        out.print(f"wrote {name}", markup=False)
+    for note in spec.notes:
+        out.print(f"note: {note}", markup=False, soft_wrap=True)
