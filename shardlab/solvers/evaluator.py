@@ -14,6 +14,7 @@ plans it priced (:class:`~shardlab.solvers.front.Front`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -95,6 +96,7 @@ class Evaluator:
         self.n_evals = 0
         self.best_code: np.ndarray | None = None
         self.best_objective = float("-inf")
+        self.best_requests_per_rank: int | None = None  # what the best was priced at
         self.history: list[HistoryPoint] = []
         self._least_code: np.ndarray | None = None
         self._least_fitness = float("-inf")
@@ -249,6 +251,7 @@ class Evaluator:
         for j in np.flatnonzero(obj > np.maximum(before, self.best_objective)):
             self.best_objective = float(obj[j])
             self.best_code = codes[j].copy()
+            self.best_requests_per_rank = int(m.requests_per_rank[j])
             self.history.append(HistoryPoint(first + int(j) + 1, now, self.best_objective))
         i = int(np.argmax(fit))
         if not m.feasible[i] and fit[i] > self._least_fitness:
@@ -266,7 +269,14 @@ class Evaluator:
         return float(self.evaluate(self.space.encode(plan)[None])[0])
 
     def best_plan(self) -> Plan | None:
-        return None if self.best_code is None else self.space.decode(self.best_code)
+        """The best feasible plan, carrying the requests per rank it was priced at when
+        the schedule lets the plan choose them."""
+        if self.best_code is None:
+            return None
+        plan = self.space.decode(self.best_code)
+        if self.problem.workload.schedule == "inflight" and plan.requests_per_rank is None:
+            plan = dataclasses.replace(plan, requests_per_rank=self.best_requests_per_rank)
+        return plan
 
     def least_infeasible_plan(self) -> Plan | None:
         return None if self._least_code is None else self.space.decode(self._least_code)
