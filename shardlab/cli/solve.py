@@ -33,17 +33,10 @@ if TYPE_CHECKING:
 METHODS = ", ".join(available_solvers())
 
 
-def _solver_options(method: str, **given: object) -> dict[str, object]:
-    """Method-specific options the user gave, checked against what the method takes."""
-    from shardlab.solvers.registry import accepted_options
-
-    accepted = accepted_options(method)
-    options = {k: v for k, v in given.items() if v is not None}
-    for key in options:
-        if key not in accepted:
-            flag = "--" + key.replace("_", "-")
-            raise ShardlabError(f"{flag} does not apply to method {method!r}")
-    return options
+def _solver_options(**given: object) -> dict[str, object]:
+    """The method options the user gave (:func:`shardlab.solve` checks the method takes
+    them)."""
+    return {k: v for k, v in given.items() if v is not None}
 
 
 MaxEvalsOpt = Annotated[
@@ -143,7 +136,6 @@ def solve(
     from shardlab.solvers import solve as solve_problem
 
     options = _solver_options(
-        method,
         workers=workers,
         sampler=sampler,
         encoding=encoding,
