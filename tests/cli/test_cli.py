@@ -222,7 +222,7 @@ def test_solve_json_with_method_options(tmp_path: Path, capsys, monkeypatch) -> 
     assert data["n_evals"] <= 20 and data["baseline"]["method"] == "megatron"
     assert json.loads(out_file.read_text())["schema"] == "shardlab.plan/1"
     code, _, err = run_cli(["solve", "--method", "random", "--sampler", "tpe"], capsys, monkeypatch)
-    assert code == 2 and "--sampler does not apply" in err
+    assert code == 2 and "option 'sampler' does not apply" in err and "(set by --sampler)" in err
 
 
 def test_train_policy_then_solve_from_it(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -246,7 +246,7 @@ def test_train_policy_then_solve_from_it(tmp_path: Path, capsys, monkeypatch) ->
     code, _, err = run_cli(
         ["solve", "--method", "cpsat", "--policy", str(policy)], capsys, monkeypatch
     )
-    assert code == 2 and "--policy does not apply" in err
+    assert code == 2 and "option 'policy' does not apply" in err and "(set by --policy)" in err
     code, _, err = run_cli(
         ["solve", "--method", "rl", "--policy", str(tmp_path / "missing.pt")], capsys, monkeypatch
     )
