@@ -220,7 +220,7 @@ class Solver(ABC):
             message = (
                 f"no plan yet: the {ctx.budget.seconds:g} s time limit ran out in "
                 f"{ev.ran_out_in} after {ev.n_evals:,} evaluations, before any plan met "
-                "memory and the SLOs; raise --time-limit"
+                "memory and the SLOs; allow more time"
             )
             plan = ev.least_infeasible_plan()
             metrics = evaluate(ctx.problem, plan, breakdown=False) if plan is not None else None

@@ -295,19 +295,19 @@ class Evaluator:
             hints.append(
                 f"fits in memory (smallest footprint {self._closest['memory_gb']:.1f} GB per GPU "
                 f"> {self.problem.cluster.accelerator.hbm_gb:g} GB): use more GPUs, "
-                "--weight-dtype fp8 or a shorter context"
+                "fp8 weights (weight_dtype) or a shorter context"
             )
         if w.tpot_ms is not None and self._violation_counts["tpot_slo"] == self.n_evals:
             hints.append(
                 f"meets TPOT <= {w.tpot_ms:g} ms "
                 f"(fastest priced {self._closest['tpot_ms']:.2f} ms): "
-                "relax --tpot-ms or lower the batch"
+                "relax the TPOT SLO (tpot_ms) or lower the batch"
             )
         if w.ttft_ms is not None and self._violation_counts["ttft_slo"] == self.n_evals:
             hints.append(
                 f"meets TTFT <= {w.ttft_ms:g} ms "
                 f"(fastest priced {self._closest['ttft_ms']:.1f} ms): "
-                "relax --ttft-ms or shorten the prompt"
+                "relax the TTFT SLO (ttft_ms) or shorten the prompt"
             )
         if not hints:
             hints.append("meets memory and the SLOs together; relax an SLO or add GPUs")

@@ -469,11 +469,11 @@ class DisaggSearch:
             status = "infeasible"
             message = (
                 "no pair of pools meets memory and the SLOs (instances too small for the "
-                "weights, or TTFT or TPOT out of reach); relax the SLOs or use --serving agg"
+                "weights, or TTFT or TPOT out of reach); relax the SLOs or serve aggregated"
             )
         else:
             status = "unknown"
-            message = f"no plan yet: the time limit ran out in {self.phase}; raise --time-limit"
+            message = f"no plan yet: the time limit ran out in {self.phase}; allow more time"
         return DisaggResult(
             method="cpsat",
             seed=self.seed,
