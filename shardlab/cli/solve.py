@@ -166,7 +166,9 @@ def solve(
         )
     if (why := solution.unmet()) is not None:
         if solution.serving == "agg":
-            raise ShardlabError(f"{method}: {why}")
+            # out of time before any plan: the time limit is the input to change
+            unknown = solution.status == "unknown"
+            raise ShardlabError(f"{method}: {why}", field="time_limit" if unknown else None)
         raise ShardlabError(f"serving {serving}: no plan in either mode; {why}", field="serving")
     if out_file is not None and solution.plan is not None:
         write_text(out_file, solution.plan_json())

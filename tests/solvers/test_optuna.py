@@ -105,7 +105,7 @@ def test_infeasible_problem_is_reported() -> None:
     storage = optuna.storages.InMemoryStorage()
     r = run(problem, Budget(max_evals=60, seconds=120), seed=0, storage=storage)
     assert r.status == "infeasible"
-    assert "TPOT" in r.message and "--tpot-ms" in r.message
+    assert "TPOT" in r.message and "tpot_ms" in r.message
     # Told to Optuna as violated constraints with the real objective, not a fake value.
     study = optuna.load_study(study_name=default_study_name(problem), storage=storage)
     for t in complete_trials(study):
