@@ -92,11 +92,9 @@ def flag_advice(exc: ShardlabError, args: list[str]) -> str:
 
 def _flag_of(args: list[str], field: str) -> str | None:
     """The flag of the command in ``args`` whose parameter is ``field``."""
-    import click
-
-    root = typer.main.get_command(app)
+    commands = getattr(typer.main.get_command(app), "commands", {})
     name = next((a for a in args if not a.startswith("-")), None)
-    command = root.get_command(click.Context(root), name) if name else None  # type: ignore[attr-defined]
+    command = commands.get(name) if name else None
     key = field.rsplit(".", 1)[-1]
     for param in command.params if command is not None else ():
         longs = [o for o in param.opts if o.startswith("--")]

@@ -13,6 +13,8 @@ replicas. SLOs play no part in the rule.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from shardlab.costmodel import Metrics, evaluate
 from shardlab.problems.plan import Degrees, Plan
 from shardlab.problems.problem import Problem
@@ -56,25 +58,35 @@ def megatron_candidates(problem: Problem) -> list[Degrees]:
 def megatron_rule(ctx: SearchContext) -> tuple[Plan | None, list[Degrees]]:
     """The rule's plan (the first candidate that fits in memory; None if none does),
     and the degrees it tried; each candidate is priced by ``ctx.evaluator``."""
-    tried = []
-    for d in megatron_candidates(ctx.problem):
-        plan = ctx.space.megatron_plan(d)
-        metrics = ctx.evaluator.metrics(ctx.space.encode(plan)[None])
-        tried.append(d)
-        if not metrics.memory_violation[0]:
-            return plan, tried
-    return None, tried
+
+    def fits(plan: Plan) -> bool:
+        return not ctx.evaluator.metrics(ctx.space.encode(plan)[None]).memory_violation[0]
+
+    return _first_fit(ctx.problem, fits)
 
 
 def megatron_baseline(problem: Problem) -> tuple[Plan, Metrics] | None:
     """The rule's plan, priced as a solve prices its best plan; None when no candidate
     fits in memory. What every other method's ratio to Megatron is taken against."""
+    priced_plans: dict[Plan, Metrics] = {}
+
+    def fits(plan: Plan) -> bool:
+        priced_plans[plan] = evaluate(problem, plan, breakdown=False)
+        return "memory" not in priced_plans[plan].violations
+
+    plan, _ = _first_fit(problem, fits)
+    return priced(problem, plan, priced_plans[plan]) if plan is not None else None
+
+
+def _first_fit(problem: Problem, fits: Callable[[Plan], bool]) -> tuple[Plan | None, list[Degrees]]:
+    """The rule: its candidates in order, the first that ``fits`` in memory."""
+    tried = []
     for d in megatron_candidates(problem):
         plan = problem.space.megatron_plan(d)
-        metrics = evaluate(problem, plan, breakdown=False)
-        if "memory" not in metrics.violations:
-            return priced(problem, plan, metrics)
-    return None
+        tried.append(d)
+        if fits(plan):
+            return plan, tried
+    return None, tried
 
 
 @register("megatron")

@@ -155,8 +155,6 @@ class Solution:
                 "disagg_over_agg": self.disagg_over_agg,
             }
         data = self.agg.to_dict(self.problem)
-        facts = data.pop("facts")
-        data["facts"] = facts
         if self.megatron is not None:
             data["baseline"] = _megatron_json(self.problem, self.megatron)
         if self.free is not None:
