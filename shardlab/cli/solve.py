@@ -24,7 +24,14 @@ from shardlab.cli.render import (
 from shardlab.errors import ShardlabError
 from shardlab.files import check_output_file, write_text
 from shardlab.problems.problem import Problem
-from shardlab.solvers.choices import ALGORITHMS, ENCODINGS, SAMPLERS, WARM_STARTS, listed
+from shardlab.solvers.choices import (
+    ALGORITHMS,
+    ENCODINGS,
+    PROPOSALS,
+    SAMPLERS,
+    WARM_STARTS,
+    listed,
+)
 from shardlab.solvers.registry import available_solvers
 
 if TYPE_CHECKING:
@@ -120,6 +127,13 @@ def solve(
     algorithm: Annotated[
         str | None, typer.Option(help=f"rl: {listed(ALGORITHMS, ALGORITHMS[0])}.")
     ] = None,
+    proposal: Annotated[
+        str | None,
+        typer.Option(
+            help=f"rl: {listed(PROPOSALS, PROPOSALS[0])}; edit changes chosen decisions of an "
+            "elite plan, decode builds each plan from scratch."
+        ),
+    ] = None,
     out_file: OutFileOpt = None,
     vs_free: VsFreeOpt = False,
     plot: PlotOpt = None,
@@ -145,6 +159,7 @@ def solve(
         study=study,
         policy=policy,
         algorithm=algorithm,
+        proposal=proposal,
     )
     if out_file is not None:
         check_output_file(out_file, flag="--out")

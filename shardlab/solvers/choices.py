@@ -11,6 +11,8 @@ ENCODINGS: tuple[str, ...] = ("shared", "class")
 WARM_STARTS: tuple[str, ...] = ("megatron", "none")
 # rl: the policy-gradient update
 ALGORITHMS: tuple[str, ...] = ("ppo", "reinforce")
+# rl: how the policy proposes a plan (edit an elite plan, or decode one from scratch)
+PROPOSALS: tuple[str, ...] = ("edit", "decode")
 
 
 def listed(values: tuple[str, ...], default: str | None = None) -> str:

@@ -10,13 +10,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from shardlab import Problem, ShardlabError  # noqa: E402
+from shardlab.envs import ShardingEnv  # noqa: E402
 from shardlab.problems.suite import get_instance  # noqa: E402
 from shardlab.solvers import Budget, get_solver  # noqa: E402
+from shardlab.solvers.choices import PROPOSALS  # noqa: E402
 from shardlab.solvers.evaluator import INFEASIBLE, Evaluator  # noqa: E402
 from shardlab.solvers.rl.config import RLConfig  # noqa: E402
 from shardlab.solvers.rl.decisions import Decisions  # noqa: E402
 from shardlab.solvers.rl.policy import Elite, ProblemTensors  # noqa: E402
-from shardlab.solvers.rl.reward import rewards  # noqa: E402
+from shardlab.solvers.rl.reward import fitness_of, rank_rewards, rewards  # noqa: E402
 from shardlab.solvers.rl.search import Search, new_policy  # noqa: E402
 from shardlab.solvers.rl.train import train_policy  # noqa: E402
 
@@ -40,13 +42,14 @@ def _random_elite(problem: Problem, dec: Decisions, k: int) -> Elite:
     return Elite(actions=dec.to_actions(codes), rewards=np.linspace(0.5, -2.0, k))
 
 
+@pytest.mark.parametrize("proposal", PROPOSALS)
 @pytest.mark.parametrize(
     "problem", [SMALL, MOE, LAYER, BIG_MOE], ids=["dense", "moe", "layer", "big"]
 )
-def test_every_sampled_plan_is_valid(problem: Problem) -> None:
+def test_every_sampled_plan_is_valid(problem: Problem, proposal: str) -> None:
     dec = Decisions(problem.space)
     pt = ProblemTensors.build(problem, dec)
-    policy = new_policy(RLConfig(), 0)
+    policy = new_policy(RLConfig(proposal=proposal), 0)
     gen = torch.Generator().manual_seed(0)
     n = 8 if problem.tie == "layer" else 64
     for k, temperature in ((0, 1.0), (16, 5.0)):
@@ -73,9 +76,10 @@ def test_degree_decisions_reach_exactly_the_valid_tuples() -> None:
     assert np.array_equal(dec.degree_index(actions[:, : dec.n_degree_steps]), codes[:, 0])
 
 
-def test_parameter_count_does_not_depend_on_the_problem() -> None:
+@pytest.mark.parametrize("proposal", PROPOSALS)
+def test_parameter_count_does_not_depend_on_the_problem(proposal: str) -> None:
     def count(problem: Problem) -> int:
-        policy = new_policy(RLConfig(), 0)
+        policy = new_policy(RLConfig(proposal=proposal), 0)
         dec = Decisions(problem.space)
         pt = ProblemTensors.build(problem, dec)
         policy.sample(pt, _random_elite(problem, dec, 4), 2, torch.Generator())
@@ -142,7 +146,7 @@ def test_reinforce_runs() -> None:
 def test_ppo_improves_the_mean_reward() -> None:
     """The policy learns: the mean reward of its samples (not the best of them) rises."""
     problem = get_instance("llama70b-h100x8-chat").problem()
-    cfg = RLConfig(repeat_penalty=0.0)  # measure the plain reward
+    cfg = RLConfig(repeat_penalty=0.0, reward="log")  # measure the plain reward
     policy = new_policy(cfg, 0)
     ev = Evaluator(problem, None, None, None, time.perf_counter())
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
@@ -170,3 +174,98 @@ def test_search_does_not_depend_on_its_budget() -> None:
     assert [(h.evals, h.best) for h in short.history] == [
         (h.evals, h.best) for h in long.history if h.evals <= 150
     ]
+
+
+def test_an_untrained_edit_stays_close_to_its_parent() -> None:
+    """The edit policy proposes elite plans with a few decisions changed (its offsets),
+    and every proposal's parent is an elite row."""
+    dec = Decisions(LAYER.space)
+    pt = ProblemTensors.build(LAYER, dec)
+    policy = new_policy(RLConfig(proposal="edit", degree_edit=0.25), 0)
+    elite = _random_elite(LAYER, dec, 8)
+    roll = policy.sample(pt, elite, 256, torch.Generator().manual_seed(0))
+    parents = elite.actions[roll.parents.numpy()]
+    changed = roll.actions.numpy() != parents
+    k = dec.n_degree_steps
+    assert 0.1 < changed[:, :k].any(1).mean() < 0.5  # degree_edit = 0.25
+    assert np.median(changed[:, k:].sum(1)) < 0.25 * (dec.n_steps - k)
+    assert (~changed).all(1).mean() < 0.5  # and most proposals do change something
+
+
+def test_rank_reward_is_the_share_of_the_elite_beaten() -> None:
+    cfg = RLConfig(reward="rank")
+    elite = np.array([30.0, 20.0, 10.0, 10.0])
+    fit = np.array([40.0, 20.0, 5.0, INFEASIBLE * 2])
+    r = rank_rewards(fit, elite, cfg)
+    assert r[:3] == pytest.approx([1.0, 0.5 + 0.125, 0.0])
+    assert r[3] == pytest.approx(rewards(fit[3:], None, cfg)[0]) and r[3] < 0
+
+
+def test_elite_keeps_several_degree_tuples() -> None:
+    problem = get_instance("mixtral8x7b-h100x4-chat").problem()
+    cfg = RLConfig(elite_per_degrees=2, elite_size=6)
+    search = Search(
+        problem,
+        Evaluator(problem, None, None, None, time.perf_counter()),
+        new_policy(cfg, 0),
+        None,
+        cfg,
+        torch.Generator().manual_seed(0),
+    )
+    codes = problem.space.sample(200, seed=3)
+    search._record(codes, search.ev.evaluate(codes))
+    rows = search._elite_rows()
+    tuples = search.codes[rows, 0]
+    assert len(rows) == 6 and np.bincount(tuples).max() <= 2
+    assert np.all(np.diff(search.fit[rows]) <= 0)  # best first
+
+
+@pytest.mark.parametrize("proposal", PROPOSALS)
+def test_the_environment_replays_every_proposal(proposal: str) -> None:
+    """What the policy proposes is an episode of the gymnasium environment: each action
+    is allowed by the environment's mask, and its final reward is the solver's."""
+    problem = get_instance("mixtral8x7b-h100x4-chat").problem()
+    env = ShardingEnv(problem)
+    dec = env.decisions
+    pt = ProblemTensors.build(problem, dec)
+    policy = new_policy(RLConfig(proposal=proposal), 0)
+    roll = policy.sample(pt, _random_elite(problem, dec, 4), 6, torch.Generator().manual_seed(1))
+    for actions in roll.actions.numpy():
+        _, info = env.reset(seed=0)
+        for a in actions:
+            assert info["action_mask"][a]
+            _, _, done, _, info = env.step(int(a))
+        assert done and np.array_equal(info["codes"], dec.to_codes(actions[None])[0])
+        assert info["fitness"] == fitness_of(problem, info["codes"][None])[0]
+
+
+def test_knobs_left_unset_take_the_proposals_defaults() -> None:
+    edit, decode = RLConfig(), RLConfig(proposal="decode")
+    assert (edit.reward, edit.entropy_coef, edit.reheat_on) == ("rank", 0.0, "stall")
+    assert (decode.reward, decode.entropy_coef, decode.reheat_on) == ("log", 0.05, "repeat")
+    assert get_solver("rl", proposal="decode").config == decode
+    tuned = get_solver("rl", knobs="proposal=decode;reward=rank;lr=0.001").config
+    assert (tuned.proposal, tuned.reward, tuned.lr, tuned.entropy_coef) == (
+        "decode",
+        "rank",
+        0.001,
+        0.05,
+    )
+    assert RLConfig.from_dict(edit.to_dict()) == edit
+    with pytest.raises(ShardlabError, match="NAME=VALUE"):
+        get_solver("rl", knobs="learning_rate=0.1")
+    with pytest.raises(ShardlabError, match="not a int"):
+        get_solver("rl", knobs="ppo_epochs=two")
+    with pytest.raises(ShardlabError, match="proposal"):
+        RLConfig(proposal="beam")  # type: ignore[arg-type]
+
+
+def test_a_converged_policy_still_spends_its_budget(tmp_path) -> None:
+    """On a small space a trained policy's neighbourhood of the elite runs out; the
+    reheat must then widen its proposals, not repeat the elite until time runs out."""
+    problem = get_instance("llama8b-h100x2-chat")
+    out = train_policy([problem], out=tmp_path / "p.pt", evals_per_instance=400, rounds=2)
+    r = get_solver("rl", policy=str(out)).solve(
+        problem.problem(), budget=Budget(max_evals=400, seconds=120), seed=0
+    )
+    assert r.n_evals == 400

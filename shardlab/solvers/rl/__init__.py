@@ -3,16 +3,29 @@
 Method (one iteration; nothing depends on the budget, so the run is anytime):
 
 1. the **elite history** is the ``elite_size`` best distinct plans evaluated so far
-   (seeded by the Megatron plans priced for the reward's reference);
-2. the **policy** reads it with a Transformer encoder and samples ``batch_size`` new
-   plans decision by decision, each step masked to the values valid given the
-   decisions already made, so every sampled plan is valid;
-3. the plans go to the shared evaluator; their **reward** is ``log(objective /
-   megatron objective)`` (latency: the inverse ratio), infeasible plans get
-   ``-infeasible_base - infeasible_scale * log1p(miss)``, graded by how far they miss
-   memory and the SLOs (:mod:`~shardlab.solvers.rl.reward`);
-4. **PPO** (clipped surrogate, entropy bonus, normalized advantages; or REINFORCE with
-   a moving baseline) updates the policy on the batch, and the elite history is updated.
+   (seeded by the Megatron plans priced for the reward's reference; with
+   ``elite_per_degrees`` at most that many of one degree tuple);
+2. the **policy** reads it with attention and proposes ``batch_size`` new plans. Two
+   ways (``proposal``): **"edit"** (the default, :mod:`~shardlab.solvers.rl.edit`)
+   picks an elite plan and the decisions to change in it and what they become;
+   **"decode"** (:mod:`~shardlab.solvers.rl.policy`, the paper's decoder) builds every
+   plan decision by decision from scratch. Both mask every decision to the values
+   valid given the others, so every proposal is a valid plan;
+3. the plans go to the shared evaluator; their **reward** is their rank in the elite
+   history (edit) or ``log(objective / megatron objective)`` (decode; latency: the
+   inverse ratio); infeasible plans get ``-infeasible_base - infeasible_scale *
+   log1p(miss)``, graded by how far they miss memory and the SLOs
+   (:mod:`~shardlab.solvers.rl.reward`);
+4. **PPO** (clipped surrogate, normalized advantages, optional entropy bonus; or
+   REINFORCE with a moving baseline) updates the policy on the batch, and the elite
+   history is updated. After an iteration without progress (edit: no new best;
+   decode: no new plan) the sampling temperature rises, up to ``max_temperature``.
+
+Why two: with options chosen per layer (the paper's 1.6T MoE, ~800 decisions) a plan
+decoded from scratch by a policy that has not yet learned each decision is mostly
+noise, and one return is credited to 800 choices; the decoder stayed near random search
+there (``results/rl-ablation``). The edit policy keeps what the elite history got right
+and learns on the few decisions it changes.
 
 Decisions (:mod:`~shardlab.solvers.rl.decisions`, shared with
 :class:`shardlab.envs.ShardingEnv`): degrees first, one axis at a time (``pp``, ``tp``,

@@ -7,18 +7,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from shardlab.errors import ShardlabError
 from shardlab.files import replacing
-from shardlab.solvers.rl.config import NETWORK_FIELDS, RLConfig
-from shardlab.solvers.rl.policy import Policy
+from shardlab.solvers.rl.config import NETWORK_FIELDS, PROPOSAL_DEFAULTS, RLConfig
 
 FORMAT = "shardlab.rl-policy/1"
 
 
 def save_checkpoint(
     path: str | Path,
-    policy: Policy,
+    policy: nn.Module,
     config: RLConfig,
     *,
     optimizer: torch.optim.Optimizer | None = None,
@@ -62,17 +62,23 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_policy(path: str | Path, config: RLConfig | None = None) -> tuple[Policy, RLConfig]:
+def load_policy(path: str | Path, config: RLConfig | None = None) -> tuple[nn.Module, RLConfig]:
     """The saved policy, with ``config``'s search knobs and the checkpoint's network knobs."""
+    from shardlab.solvers.rl.search import build_policy
+
     data = load_checkpoint(path)
-    saved = RLConfig.from_dict(data["config"])
+    # a checkpoint written before policies could edit holds the decoder
+    saved = RLConfig.from_dict({"proposal": "decode"} | data["config"])
     if config is None:
         config = saved
     else:
-        merged = config.to_dict() | {k: getattr(saved, k) for k in NETWORK_FIELDS}
+        merged = config.to_dict()
+        if saved.proposal != config.proposal:  # the saved network's proposal sets them
+            merged = {k: v for k, v in merged.items() if k not in PROPOSAL_DEFAULTS["edit"]}
+        merged |= {k: getattr(saved, k) for k in NETWORK_FIELDS}
         merged["elite_features"] = saved.elite_features
         config = RLConfig.from_dict(merged)
-    policy = Policy(config)
+    policy = build_policy(config)
     try:
         policy.load_state_dict(data["state_dict"])
     except (RuntimeError, KeyError) as e:

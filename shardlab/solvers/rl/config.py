@@ -6,21 +6,63 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from shardlab.errors import ShardlabError
-from shardlab.solvers.choices import ALGORITHMS
+from shardlab.solvers.choices import ALGORITHMS, PROPOSALS
 
 Algorithm = Literal["ppo", "reinforce"]
+Proposal = Literal["edit", "decode"]
+EliteEncoding = Literal["attention", "mean"]
+Reward = Literal["log", "rank"]
+ReheatOn = Literal["repeat", "stall"]
 # Knobs that shape the network: a loaded checkpoint keeps its own.
-NETWORK_FIELDS: tuple[str, ...] = ("d_model", "n_heads", "n_layers", "ff_dim", "logit_clip")
+NETWORK_FIELDS: tuple[str, ...] = (
+    "proposal",
+    "elite_encoding",
+    "d_model",
+    "n_heads",
+    "n_layers",
+    "ff_dim",
+    "logit_clip",
+)
+
+
+# Knobs whose default depends on how plans are proposed: "decode" keeps the settings
+# its results were measured with; "edit"'s were chosen on the paper suite (the
+# ablation in results/rl-ablation).
+PROPOSAL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "edit": {
+        "entropy_coef": 0.0,
+        "reward": "rank",
+        "elite_per_degrees": 4,
+        "reheat_on": "stall",
+        "max_temperature": 2.0,
+    },
+    "decode": {
+        "entropy_coef": 0.05,
+        "reward": "log",
+        "elite_per_degrees": 0,
+        "reheat_on": "repeat",
+        "max_temperature": 8.0,
+    },
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class RLConfig:
-    """Knobs of the policy, the learning rule and the reward. Defaults are the method of
+    """Knobs of the policy, the learning rule and the reward. The method is the one of
     the "Learning to Shard" paper (attention policy over an elite history, PPO); the
     knobs marked *improvement* are additions, on by default only where they measurably
-    helped (see the package docstring)."""
+    helped (see the package docstring). Knobs left ``None`` take the default of the
+    proposal (:data:`PROPOSAL_DEFAULTS`)."""
 
     # -- network (saved with a checkpoint; a loaded policy keeps its own) --
+    proposal: Proposal = "edit"
+    """How the policy proposes a plan: "edit" changes the decisions it chooses in an
+    elite plan it chooses (:mod:`~shardlab.solvers.rl.edit`); "decode" builds every plan
+    decision by decision from scratch (the paper's decoder,
+    :mod:`~shardlab.solvers.rl.policy`)."""
+    elite_encoding: EliteEncoding = "attention"
+    """edit: how the elite history is read: "attention" (per decision across the elite
+    plans, and pooled per plan) or "mean" (means over plans and decisions)."""
     d_model: int = 64
     """Width of every embedding, of the encoder and of the decoder state."""
     n_heads: int = 4
@@ -37,9 +79,10 @@ class RLConfig:
     # -- search --
     elite_size: int = 16
     """K: the best distinct plans so far that the encoder reads each iteration."""
-    elite_per_degrees: int = 0
+    elite_per_degrees: int | None = None
     """*Improvement*: at most this many elite plans share one degree tuple (0: no cap), so
-    the history keeps several degree regions in view instead of K variants of one."""
+    the history keeps several degree regions in view instead of K variants of one.
+    Default by proposal (:data:`PROPOSAL_DEFAULTS`): 4 for "edit", 0 for "decode"."""
     batch_size: int = 16
     """Plans sampled (and evaluated) per iteration."""
     elite_features: bool = True
@@ -51,12 +94,34 @@ class RLConfig:
     to its logit: > 0 starts the policy as a sampler around the elite plans (a
     cross-entropy-method prior) that PPO then reshapes; 0 leaves it to the network.
     Needs ``elite_features``."""
+    edits: float = 2.0
+    """edit: option and cut decisions an untrained policy changes per proposal (the
+    offset of its stay logits; training moves it)."""
+    class_edits: float = 1.0
+    """edit: class moves (every decision of one operator in one layer kind set to one
+    value) an untrained policy makes per proposal."""
+    regroup_prior: float = -3.0
+    """edit: initial shift of every class's "keep" logit in a proposal whose degree tuple
+    changed (negative: such a proposal also re-chooses whole classes, whose best
+    values differ between tuples; learned from there)."""
+    degree_edit: float = 0.6
+    """edit: probability that an untrained policy changes the parent's degree tuple."""
     reheat: float = 1.5
     """*Improvement*: sampling temperature is multiplied by this after an iteration that
     proposed no new plan (reset to 1 after one that did), so a converged policy keeps
     spending its budget instead of stalling; 1 disables it."""
-    max_temperature: float = 8.0
-    """Ceiling of the reheated temperature."""
+    reheat_on: ReheatOn | None = None
+    """When the temperature rises: after an iteration that proposed no new plan
+    ("repeat", the default of "decode") or no plan better than the best so far
+    ("stall", the default of "edit": a converged edit policy keeps proposing new but
+    worse neighbours, never repeats)."""
+    max_temperature: float | None = None
+    """Ceiling of the reheated temperature while the iterations still propose new plans
+    (default 2 for "edit", 8 for "decode")."""
+    repeat_temperature: float = 8.0
+    """Ceiling after an iteration that proposed no new plan at all: hot enough that a
+    converged policy on a small space samples plans it has not tried (without it an
+    edit policy whose neighbourhood is exhausted would repeat its elite forever)."""
     repeat_penalty: float = 1.0
     """*Improvement*: subtracted from the reward of a plan that was already evaluated
     (earlier, or earlier in the same batch): a re-proposal teaches nothing and costs an
@@ -71,14 +136,27 @@ class RLConfig:
     """Gradient steps on each batch (PPO; REINFORCE takes one)."""
     clip: float = 0.2
     """PPO ratio clip."""
-    entropy_coef: float = 0.05
-    """Weight of the entropy bonus (per-decision entropy, summed over a plan)."""
+    entropy_coef: float | None = None
+    """Weight of the entropy bonus (default 0.05 for "decode", whose entropy is summed
+    over a plan's decisions; 0 for "edit", whose exploration is its stay offsets and
+    the reheat)."""
     baseline_decay: float = 0.9
     """REINFORCE: decay of the moving-average reward baseline."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip of every update."""
+    baseline: bool = True
+    """Subtract a baseline from the reward (PPO: the batch mean; REINFORCE: the moving
+    average); False leaves the raw reward as the advantage."""
+    normalize: bool = True
+    """Divide the advantages by the batch's reward standard deviation."""
 
     # -- reward --
+    reward: Reward | None = None
+    """"log" (the default of "decode"): log of the objective over the Megatron plan's
+    (below); "rank" (the default of "edit"): the share of the elite history a plan
+    beats (0 to 1; infeasible plans keep the penalty below), which does not depend on
+    how far apart objectives are and stays informative when every proposal is close to
+    the elite."""
     feasible_floor: float = 4.0
     """A feasible plan's reward, log(objective / reference), is at least ``-feasible_floor``."""
     infeasible_base: float = 5.0
@@ -88,9 +166,28 @@ class RLConfig:
     """Slope of the infeasible penalty in log1p of the relative miss."""
 
     def __post_init__(self) -> None:
+        if self.proposal in PROPOSAL_DEFAULTS:
+            for name, value in PROPOSAL_DEFAULTS[self.proposal].items():
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, value)
         if self.algorithm not in ALGORITHMS:
             raise ShardlabError(
                 f"rl algorithm {self.algorithm!r} is unknown; use 'ppo' or 'reinforce'"
+            )
+        for name, allowed in (
+            ("proposal", PROPOSALS),
+            ("elite_encoding", ("attention", "mean")),
+            ("reward", ("log", "rank")),
+            ("reheat_on", ("repeat", "stall")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ShardlabError(
+                    f"rl config: {name} {getattr(self, name)!r} is unknown; use "
+                    + " or ".join(repr(a) for a in allowed)
+                )
+        if self.edits <= 0 or self.class_edits <= 0 or not 0 < self.degree_edit < 1:
+            raise ShardlabError(
+                "rl config: edits and class_edits must be positive, degree_edit between 0 and 1"
             )
         for name in ("d_model", "n_heads", "n_layers", "ff_dim", "elite_size", "batch_size"):
             if getattr(self, name) < 1:
@@ -99,8 +196,10 @@ class RLConfig:
             raise ShardlabError("rl config: d_model must be a multiple of n_heads")
         if self.ppo_epochs < 1 or self.lr <= 0 or self.clip <= 0:
             raise ShardlabError("rl config: ppo_epochs, lr and clip must be positive")
-        if self.reheat < 1 or self.max_temperature < 1:
-            raise ShardlabError("rl config: reheat and max_temperature must be at least 1")
+        if self.reheat < 1 or self.max_temperature < 1 or self.repeat_temperature < 1:
+            raise ShardlabError(
+                "rl config: reheat, max_temperature and repeat_temperature must be at least 1"
+            )
         if self.feasible_floor <= 0 or self.infeasible_base < self.feasible_floor:
             raise ShardlabError(
                 "rl config: infeasible_base must be at least feasible_floor (> 0) so every "
@@ -114,3 +213,36 @@ class RLConfig:
     def from_dict(cls, data: dict[str, Any]) -> RLConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def parse_knobs(text: str) -> dict[str, Any]:
+    """``"lr=0.0005;ppo_epochs=1"`` as ``{"lr": 0.0005, "ppo_epochs": 1}``: knobs of
+    :class:`RLConfig` by name, each value read as its field's type (``;`` separates them,
+    as ``,`` and ``:`` separate methods and options on the command line)."""
+    kinds = {f.name: f.type for f in fields(RLConfig)}
+    out: dict[str, Any] = {}
+    for pair in filter(None, (p.strip() for p in text.split(";"))):
+        name, sep, value = pair.partition("=")
+        if not sep or name not in kinds:
+            raise ShardlabError(
+                f"rl knobs {text!r}: {pair!r} is not NAME=VALUE with NAME one of "
+                f"{', '.join(kinds)}",
+                field="knobs",
+            )
+        kind = str(kinds[name]).removesuffix(" | None")
+        try:
+            if kind == "bool":
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                out[name] = value.lower() in ("true", "1")
+            elif kind == "int":
+                out[name] = int(value)
+            elif kind == "float":
+                out[name] = float(value)
+            else:
+                out[name] = value
+        except ValueError:
+            raise ShardlabError(
+                f"rl knobs: {name}={value!r} is not a {kind}", field="knobs"
+            ) from None
+    return out

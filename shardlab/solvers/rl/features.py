@@ -173,3 +173,18 @@ def elite_features(
     total = aw.sum(axis=1, keepdims=True)
     out[:, :, 0] = np.where(total > 0, (aw @ onehot) / np.maximum(total, 1e-12), 0.0)
     return out
+
+
+def decision_classes(dec: Decisions) -> np.ndarray:
+    """``(n_steps,)`` the class of each option decision, -1 for degree axes and cuts: one
+    class per (layer group kind, operator), numbered in order of first appearance, so
+    every layer's ``experts`` decision of a MoE model is one class."""
+    space = dec.space
+    groups = {g.key: g for g in space.groups}
+    ids: dict[tuple[str, str], int] = {}
+    out = np.full(dec.n_steps, -1, dtype=np.int64)
+    for t, step in enumerate(dec.steps):
+        if step.kind == "option":
+            var = space.variables[step.var]
+            out[t] = ids.setdefault((groups[var.group].kind, var.op), len(ids))
+    return out

@@ -37,7 +37,7 @@ from shardlab.solvers.rl.features import (
 NEG = -1e9  # logit of an invalid candidate
 
 
-def _mlp(n_in: int, d: int) -> nn.Sequential:
+def mlp(n_in: int, d: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(n_in, d), nn.ReLU(), nn.Linear(d, d))
 
 
@@ -87,9 +87,9 @@ class Policy(nn.Module):
         # direct path from the elite's share of a candidate to its logit (see elite_prior)
         self.elite_gain = nn.Parameter(torch.tensor(float(config.elite_prior)))
         self.use_elite_features = config.elite_features
-        self.step_embed = _mlp(STEP_DIM, d)
-        self.cand_embed = _mlp(CAND_DIM + ELITE_DIM, d)
-        self.query_embed = _mlp(CONTEXT_DIM, d)
+        self.step_embed = mlp(STEP_DIM, d)
+        self.cand_embed = mlp(CAND_DIM + ELITE_DIM, d)
+        self.query_embed = mlp(CONTEXT_DIM, d)
         self.query_token = nn.Parameter(torch.zeros(d))
         self.elite_proj = nn.Linear(d + 2, d)
         layer = nn.TransformerEncoderLayer(

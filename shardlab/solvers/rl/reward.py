@@ -42,6 +42,22 @@ def rewards(fit: np.ndarray, reference: float | None, config: RLConfig) -> np.nd
     return np.where(feasible, good, penalty)
 
 
+def rank_rewards(fit: np.ndarray, elite_fit: np.ndarray, config: RLConfig) -> np.ndarray:
+    """Reward by rank: the share of the elite history's plans a feasible plan beats (a
+    tie counts half), so 1 is a new best and 0 is below every elite plan; infeasible
+    plans keep :func:`rewards`' penalty, below every feasible one."""
+    fit = np.asarray(fit, dtype=np.float64)
+    elite_fit = np.asarray(elite_fit, dtype=np.float64)
+    if len(elite_fit):
+        beats = (fit[:, None] > elite_fit[None, :]).mean(axis=1)
+        ties = (fit[:, None] == elite_fit[None, :]).mean(axis=1)
+        share = beats + 0.5 * ties
+    else:
+        share = np.ones_like(fit)
+    feasible = fit > INFEASIBLE
+    return np.where(feasible, share, rewards(fit, None, config))
+
+
 def megatron_codes(problem: Problem) -> np.ndarray:
     """Encodings of the Megatron plans, in the order the ``megatron`` rule tries them."""
     space = problem.space

@@ -15,15 +15,23 @@ from shardlab.problems.problem import Problem
 from shardlab.solvers.evaluator import INFEASIBLE, Evaluator
 from shardlab.solvers.rl.config import RLConfig
 from shardlab.solvers.rl.decisions import Decisions
+from shardlab.solvers.rl.edit import EditPolicy, EditRollout
 from shardlab.solvers.rl.policy import Elite, Policy, ProblemTensors, Rollout
-from shardlab.solvers.rl.reward import megatron_codes, rewards
+from shardlab.solvers.rl.reward import megatron_codes, rank_rewards, rewards
+
+AnyPolicy = Policy | EditPolicy
 
 
-def new_policy(config: RLConfig, seed: int) -> Policy:
+def build_policy(config: RLConfig) -> AnyPolicy:
+    """The network ``config.proposal`` names, with the torch RNG as it stands."""
+    return EditPolicy(config) if config.proposal == "edit" else Policy(config)
+
+
+def new_policy(config: RLConfig, seed: int) -> AnyPolicy:
     """A freshly initialized policy whose weights depend only on ``seed``."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return Policy(config)
+        return build_policy(config)
 
 
 class Search:
@@ -31,7 +39,7 @@ class Search:
         self,
         problem: Problem,
         evaluator: Evaluator,
-        policy: Policy,
+        policy: AnyPolicy,
         optimizer: torch.optim.Optimizer,
         config: RLConfig,
         gen: torch.Generator,
@@ -84,6 +92,14 @@ class Search:
         return float(feasible.max()) if len(feasible) else None
 
     def elite(self) -> Elite:
+        order = self._elite_rows()
+        return Elite(
+            actions=self.dec.to_actions(self.codes[order]),
+            rewards=rewards(self.fit[order], self.reference, self.config),
+        )
+
+    def _elite_rows(self) -> np.ndarray:
+        """Rows of the elite history, best first."""
         k, cap = self.config.elite_size, self.config.elite_per_degrees
         order = np.argsort(-self.fit, kind="stable")
         if cap > 0:  # keep several degree tuples in view, not K variants of one
@@ -97,11 +113,7 @@ class Search:
                     if len(keep) == k:
                         break
             order = np.array(keep, dtype=np.int64)
-        order = order[:k]
-        return Elite(
-            actions=self.dec.to_actions(self.codes[order]),
-            rewards=rewards(self.fit[order], self.reference, self.config),
-        )
+        return order[:k]
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -119,18 +131,31 @@ class Search:
         """One iteration: sample a batch, evaluate it, learn from it."""
         cfg = self.config
         self.ev.check_time()  # sampling long plans takes a good part of a second too
+        elite_fit = self.fit[self._elite_rows()]
         elite = self.elite()
         roll = self.policy.sample(self.pt, elite, cfg.batch_size, self.gen, self.temperature)
         codes = self.dec.to_codes(roll.actions.numpy())
         repeat = self._repeats(codes)
-        before = self.ev.n_evals
+        before, best = self.ev.n_evals, self.fit.max(initial=-np.inf)
         fit = self.ev.evaluate(codes)
         self._record(codes, fit)
-        if self.ev.n_evals > before:
+        if cfg.reheat_on == "stall":
+            progressed = bool(fit.max(initial=-np.inf) > best)
+        else:
+            progressed = self.ev.n_evals > before
+        if progressed:
             self.temperature = 1.0
-        else:  # nothing new: explore more widely
-            self.temperature = min(self.temperature * cfg.reheat, cfg.max_temperature)
-        r = rewards(fit, self.reference, cfg) - cfg.repeat_penalty * repeat
+        else:  # explore more widely; further when nothing proposed was new
+            new = self.ev.n_evals > before
+            ceiling = (
+                cfg.max_temperature if new else max(cfg.max_temperature, cfg.repeat_temperature)
+            )
+            self.temperature = min(self.temperature * cfg.reheat, ceiling)
+        if cfg.reward == "rank":
+            r = rank_rewards(fit, elite_fit, cfg)
+        else:
+            r = rewards(fit, self.reference, cfg)
+        r = r - cfg.repeat_penalty * repeat
         self.learn(elite, roll, r)
         self.iterations += 1
 
@@ -143,20 +168,21 @@ class Search:
 
     # -- learning ------------------------------------------------------------------------
 
-    def learn(self, elite: Elite, roll: Rollout, r: np.ndarray) -> None:
+    def learn(self, elite: Elite, roll: Rollout | EditRollout, r: np.ndarray) -> None:
         cfg = self.config
         reward = torch.from_numpy(r.astype(np.float32))
         if cfg.algorithm == "ppo":
-            adv = reward - reward.mean()
+            base = float(reward.mean())
             epochs = cfg.ppo_epochs
         else:
             mean = float(reward.mean())
             base = mean if self.baseline is None else self.baseline
-            adv = reward - base
             self.baseline = cfg.baseline_decay * base + (1 - cfg.baseline_decay) * mean
             epochs = 1
-        std = float(reward.std()) if len(reward) > 1 else 0.0
-        adv = adv / std if std > 1e-8 else adv * 0.0
+        adv = reward - base if cfg.baseline else reward
+        if cfg.normalize:
+            std = float(reward.std()) if len(reward) > 1 else 0.0
+            adv = adv / std if std > 1e-8 else adv * 0.0
         for _ in range(epochs):
             # an epoch over long plans takes a good part of a second: not past the limit
             self.ev.check_time()
@@ -170,5 +196,8 @@ class Search:
             loss = policy_loss - cfg.entropy_coef * entropy.mean()
             self.opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+            if not torch.isfinite(norm):  # one bad batch must not poison the weights
+                self.opt.zero_grad()
+                continue
             self.opt.step()

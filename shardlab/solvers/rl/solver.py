@@ -13,7 +13,7 @@ from shardlab.solvers.base import Outcome, SearchContext, Solver
 from shardlab.solvers.choices import ALGORITHMS
 from shardlab.solvers.registry import register
 from shardlab.solvers.rl.checkpoint import load_checkpoint, load_policy
-from shardlab.solvers.rl.config import RLConfig
+from shardlab.solvers.rl.config import RLConfig, parse_knobs
 from shardlab.solvers.rl.search import Search, new_policy
 
 
@@ -27,15 +27,27 @@ class RLSolver(Solver):
         *,
         policy: str | Path | None = None,
         algorithm: str | None = None,
+        proposal: str | None = None,
+        knobs: str | None = None,
         config: RLConfig | None = None,
     ) -> None:
-        config = config or RLConfig()
+        changes: dict[str, Any] = {}
         if algorithm is not None:
             if algorithm not in ALGORITHMS:
                 raise ShardlabError(
                     f"rl algorithm {algorithm!r} is unknown; use 'ppo' or 'reinforce'"
                 )
-            config = RLConfig.from_dict(config.to_dict() | {"algorithm": algorithm})
+            changes["algorithm"] = algorithm
+        if proposal is not None:
+            changes["proposal"] = proposal
+        if knobs is not None:
+            changes |= parse_knobs(knobs)
+        # built whole, so that knobs left unset take the default of the proposal chosen
+        config = (
+            RLConfig(**changes)
+            if config is None
+            else RLConfig.from_dict(config.to_dict() | changes)
+        )
         self.policy_path = Path(policy) if policy is not None else None
         self._state: dict[str, Any] | None = None
         if self.policy_path is not None:
