@@ -104,6 +104,15 @@ def _check_sqlite_file(url: str, path: Path) -> None:
         raise _refuse(url, f"{path} is not an SQLite database", f"{fix}; move that file away")
 
 
+def schema_race(exc: BaseException) -> bool:
+    """Whether ``exc`` is a worker losing the race to create Optuna's tables in a fresh
+    database: PostgreSQL raises an integrity or programming error, SQLite an operational
+    error that the table "already exists"."""
+    if isinstance(exc, (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError)):
+        return True
+    return isinstance(exc, sqlalchemy.exc.OperationalError) and "already exists" in str(exc)
+
+
 def open_storage(storage: str | BaseStorage | None) -> BaseStorage | None:
     """The storage a study opens: a URL is connected with the heartbeat on (an object
     or None, the in-memory study, is used as given)."""
@@ -120,9 +129,9 @@ def open_storage(storage: str | BaseStorage | None) -> BaseStorage | None:
             heartbeat_interval=HEARTBEAT_S,
             grace_period=GRACE_S,
         )
-    except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
-        raise  # workers racing to create the tables: the study's opening retries
     except (sqlalchemy.exc.DatabaseError, sqlalchemy.exc.InterfaceError) as exc:
+        if schema_race(exc):
+            raise  # workers racing to create the tables: the study's opening retries
         # not reachable or not writable, or a damaged SQLite file behind a valid header
         reason = " ".join(str(exc.orig or exc).split())[:200]
         raise _refuse(

@@ -20,6 +20,7 @@ from shardlab.solvers.front import minimized
 from shardlab.solvers.optuna.encodings import ClassLayout, Layout
 from shardlab.solvers.optuna.storage import (
     open_storage,
+    schema_race,
 )
 
 CONSTRAINTS: tuple[str, ...] = ("memory", "ttft", "tpot")
@@ -160,10 +161,10 @@ def _create(problem: Problem, storage: str | BaseStorage | None, name: str) -> o
                 directions=directions(problem),
                 load_if_exists=True,
             )
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+        except sqlalchemy.exc.DatabaseError as exc:
             # Workers that open a fresh database together race to create Optuna's
             # tables and types; the loser finds them made and succeeds next time.
-            if attempt == SCHEMA_RETRIES - 1:
+            if not schema_race(exc) or attempt == SCHEMA_RETRIES - 1:
                 raise
             time.sleep(0.5 * (attempt + 1))
     raise AssertionError("unreachable")
