@@ -91,8 +91,11 @@ class Search:
         feasible = self.fit[self.fit > INFEASIBLE]
         return float(feasible.max()) if len(feasible) else None
 
-    def elite(self) -> Elite:
-        order = self._elite_rows()
+    def elite(self, order: np.ndarray | None = None) -> Elite:
+        """The elite history (rows ``order``, by default :meth:`_elite_rows`) as the
+        policy reads it."""
+        if order is None:
+            order = self._elite_rows()
         return Elite(
             actions=self.dec.to_actions(self.codes[order]),
             rewards=rewards(self.fit[order], self.reference, self.config),
@@ -131,8 +134,8 @@ class Search:
         """One iteration: sample a batch, evaluate it, learn from it."""
         cfg = self.config
         self.ev.check_time()  # sampling long plans takes a good part of a second too
-        elite_fit = self.fit[self._elite_rows()]
-        elite = self.elite()
+        rows = self._elite_rows()
+        elite_fit, elite = self.fit[rows], self.elite(rows)
         roll = self.policy.sample(self.pt, elite, cfg.batch_size, self.gen, self.temperature)
         codes = self.dec.to_codes(roll.actions.numpy())
         repeat = self._repeats(codes)
