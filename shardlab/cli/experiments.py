@@ -45,6 +45,15 @@ def train_policy(
     evals: EvalsOpt = 500,
     rounds: Annotated[int, typer.Option(min=1, help="Passes over the instances.")] = 1,
     seed: Annotated[int, typer.Option(min=0, help="Same seed, same policy.")] = 0,
+    meta_lr: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Step of the meta weights towards each instance's adapted weights "
+            "(Reptile; annealed to 0 over the run). 1: plain sequential fine-tuning.",
+        ),
+    ] = 0.5,
     resume: ResumeOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
@@ -71,6 +80,7 @@ def train_policy(
         seed=seed,
         evals_per_instance=evals,
         rounds=rounds,
+        meta_lr=meta_lr,
         resume=resume,
         progress=progress,
     )

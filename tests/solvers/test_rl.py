@@ -260,6 +260,24 @@ def test_knobs_left_unset_take_the_proposals_defaults() -> None:
         RLConfig(proposal="beam")  # type: ignore[arg-type]
 
 
+def test_pretraining_steps_the_meta_weights_part_of_the_way(tmp_path) -> None:
+    """Reptile: on one instance and one round, the checkpoint is the initial weights
+    moved ``meta_lr`` of the way towards the weights the instance's search ended with,
+    and ``meta_lr=1`` is that search's end itself."""
+    instance = [get_instance("llama8b-h100x2-chat")]
+    full = train_policy(instance, out=tmp_path / "full.pt", evals_per_instance=80, meta_lr=1.0)
+    half = train_policy(instance, out=tmp_path / "half.pt", evals_per_instance=80, meta_lr=0.5)
+    start = new_policy(RLConfig(), 0).state_dict()
+    adapted = torch.load(full, weights_only=True)["state_dict"]
+    mixed = torch.load(half, weights_only=True)["state_dict"]
+    assert any(not torch.equal(start[k], adapted[k]) for k in start)
+    for k in start:
+        torch.testing.assert_close(mixed[k], (start[k] + adapted[k]) / 2)
+    with pytest.raises(ShardlabError, match="meta_lr"):
+        train_policy(instance, out=tmp_path / "no.pt", meta_lr=0.0)
+    assert not (tmp_path / "no.pt").exists()
+
+
 def test_a_converged_policy_still_spends_its_budget(tmp_path) -> None:
     """On a small space a trained policy's neighbourhood of the elite runs out; the
     reheat must then widen its proposals, not repeat the elite until time runs out."""

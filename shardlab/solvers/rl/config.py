@@ -35,6 +35,7 @@ PROPOSAL_DEFAULTS: dict[str, dict[str, Any]] = {
         "elite_per_degrees": 4,
         "reheat_on": "stall",
         "max_temperature": 2.0,
+        "ppo_epochs": 1,
     },
     "decode": {
         "entropy_coef": 0.05,
@@ -42,6 +43,7 @@ PROPOSAL_DEFAULTS: dict[str, dict[str, Any]] = {
         "elite_per_degrees": 0,
         "reheat_on": "repeat",
         "max_temperature": 8.0,
+        "ppo_epochs": 4,
     },
 }
 
@@ -132,8 +134,10 @@ class RLConfig:
     """"ppo" (clipped surrogate) or "reinforce" (policy gradient with a moving baseline)."""
     lr: float = 2e-3
     """Adam learning rate."""
-    ppo_epochs: int = 4
-    """Gradient steps on each batch (PPO; REINFORCE takes one)."""
+    ppo_epochs: int | None = None
+    """Gradient steps on each batch (PPO; REINFORCE takes one). Default 1 for "edit"
+    (more steps per batch converge its stay logits on the first good degree tuple; see
+    results/rl-ablation), 4 for "decode"."""
     clip: float = 0.2
     """PPO ratio clip."""
     entropy_coef: float | None = None

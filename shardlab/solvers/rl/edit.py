@@ -186,11 +186,13 @@ class EditPolicy(nn.Module):
         for head in (self.stay_head, self.keep_head):  # untrained: the offsets alone
             nn.init.zeros_(head[2].weight)
             nn.init.zeros_(head[2].bias)
-        self._static: tuple[int, Static] | None = None
+        # held with its tensors: keyed by id() alone, a later problem's tensors that
+        # reuse a freed id would read the previous problem's offsets
+        self._static: tuple[ProblemTensors, Static] | None = None
 
     def static(self, pt: ProblemTensors) -> Static:
-        if self._static is None or self._static[0] != id(pt):
-            self._static = (id(pt), static_of(pt, self.config))
+        if self._static is None or self._static[0] is not pt:
+            self._static = (pt, static_of(pt, self.config))
         return self._static[1]
 
     def scores(self, pt: ProblemTensors, elite: Elite) -> Scores:

@@ -1,9 +1,18 @@
 """Pretraining: one policy trained across several problems, saved as a checkpoint.
 
-Rounds go over the instances in order; on each instance the policy searches exactly as
-the solver does (same loop, same reward) for ``evals_per_instance`` evaluations, then
-the checkpoint is written (atomically), so an interrupted run loses at most one
+The checkpoint holds an *initialization*, so it is trained the way it is used (Reptile,
+Nichol et al. 2018): on each instance a copy of the meta weights searches exactly as the
+solver does from a checkpoint (same loop, same reward, a fresh Adam) for
+``evals_per_instance`` evaluations, and the meta weights then move ``meta_lr`` of the way
+towards where that search left the copy (annealed linearly to 0 over the run). The
+checkpoint is then written (atomically), so an interrupted run loses at most one
 instance's work and ``resume=`` continues where it stopped.
+
+Why not one policy trained straight through: a search ends adapted to its problem's
+elite (on the small training spaces, to an exhausted neighbourhood, where only large
+edits still find new plans), and a policy that starts a new problem in that state
+proposes near-random plans. Moving part of the way towards each task's end keeps
+what the tasks share and averages out what each one fitted alone.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ def train_policy(
     seed: int = 0,
     evals_per_instance: int = 500,
     rounds: int = 1,
+    meta_lr: float = 0.5,
     resume: str | Path | None = None,
     progress: Callable[[TrainProgress], None] | None = None,
 ) -> Path:
@@ -55,12 +65,16 @@ def train_policy(
 
     ``resume`` continues from a checkpoint written by this function (its weights,
     optimizer state, random state and position); ``rounds`` counts the total, so
-    resuming a finished run with a larger ``rounds`` trains further. Returns ``out``.
+    resuming a finished run with a larger ``rounds`` trains further. ``meta_lr`` in
+    (0, 1] is the first step towards a task's adapted weights (1: the meta weights
+    become the copy's, i.e. plain sequential fine-tuning). Returns ``out``.
     """
     if not instances:
         raise ShardlabError("train_policy: no instances given; use get_suite('train')")
     if evals_per_instance < 1 or rounds < 1:
         raise ShardlabError("train_policy: evals_per_instance and rounds must be at least 1")
+    if not 0 < meta_lr <= 1:
+        raise ShardlabError(f"train_policy: meta_lr {meta_lr} must be in (0, 1]")
     problems = [_problem(i) for i in instances]
     out = Path(out)
     threads = torch.get_num_threads()
@@ -70,29 +84,32 @@ def train_policy(
         position = 0  # instances finished, counted over all rounds
         if resume is not None:
             policy, config = load_policy(resume, config)
-            data = load_checkpoint(resume)
-            extra = data.get("extra", {})
+            extra = load_checkpoint(resume).get("extra", {})
             position = int(extra.get("position", 0))
             if "generator" in extra:
                 gen.set_state(extra["generator"])
         else:
             config = config or RLConfig()
             policy = new_policy(config, seed)
-        opt = torch.optim.Adam(policy.parameters(), lr=config.lr)
-        if resume is not None and data.get("optimizer") is not None:
-            opt.load_state_dict(data["optimizer"])
+        task = new_policy(config, seed)  # its weights are the meta weights' each task
         start = time.perf_counter()
-        while position < rounds * len(problems):
+        total = rounds * len(problems)
+        while position < total:
             name, problem = problems[position % len(problems)]
+            task.load_state_dict(policy.state_dict())
+            opt = torch.optim.Adam(task.parameters(), lr=config.lr)  # as the solver starts
             ev = Evaluator(problem, evals_per_instance, None, None, time.perf_counter())
             with contextlib.suppress(BudgetExhausted):  # the end of this instance's share
-                Search(problem, ev, policy, opt, config, gen).run()
+                Search(problem, ev, task, opt, config, gen).run()
+            step = meta_lr * (1 - position / total)
+            with torch.no_grad():
+                for meta, adapted in zip(policy.parameters(), task.parameters(), strict=True):
+                    meta.add_(adapted - meta, alpha=step)
             position += 1
             save_checkpoint(
                 out,
                 policy,
                 config,
-                optimizer=opt,
                 extra={"position": position, "generator": gen.get_state(), "seed": seed},
             )
             if progress is not None:
