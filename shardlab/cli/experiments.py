@@ -53,7 +53,7 @@ def train_policy(
             help="Step of the meta weights towards each instance's adapted weights "
             "(Reptile; annealed to 0 over the run). 1: plain sequential fine-tuning.",
         ),
-    ] = 0.5,
+    ] = 0.25,
     resume: ResumeOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:

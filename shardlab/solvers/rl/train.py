@@ -57,7 +57,7 @@ def train_policy(
     seed: int = 0,
     evals_per_instance: int = 500,
     rounds: int = 1,
-    meta_lr: float = 0.5,
+    meta_lr: float = 0.25,
     resume: str | Path | None = None,
     progress: Callable[[TrainProgress], None] | None = None,
 ) -> Path:
