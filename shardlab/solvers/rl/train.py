@@ -63,8 +63,8 @@ def train_policy(
 ) -> Path:
     """Train one policy on ``instances`` (e.g. ``get_suite("train")``) and save it to ``out``.
 
-    ``resume`` continues from a checkpoint written by this function (its weights,
-    optimizer state, random state and position); ``rounds`` counts the total, so
+    ``resume`` continues from a checkpoint written by this function (its meta weights,
+    random state and position); ``rounds`` counts the total, so
     resuming a finished run with a larger ``rounds`` trains further. ``meta_lr`` in
     (0, 1] is the first step towards a task's adapted weights (1: the meta weights
     become the copy's, i.e. plain sequential fine-tuning). Returns ``out``.
@@ -110,7 +110,12 @@ def train_policy(
                 out,
                 policy,
                 config,
-                extra={"position": position, "generator": gen.get_state(), "seed": seed},
+                extra={
+                    "position": position,
+                    "generator": gen.get_state(),
+                    "seed": seed,
+                    "meta_lr": meta_lr,
+                },
             )
             if progress is not None:
                 best = ev.best_objective if ev.best_code is not None else None
