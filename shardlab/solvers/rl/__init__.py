@@ -16,8 +16,9 @@ Method (one iteration; nothing depends on the budget, so the run is anytime):
    inverse ratio); infeasible plans get ``-infeasible_base - infeasible_scale *
    log1p(miss)``, graded by how far they miss memory and the SLOs
    (:mod:`~shardlab.solvers.rl.reward`);
-4. **PPO** (clipped surrogate, normalized advantages, optional entropy bonus; or
-   REINFORCE with a moving baseline) updates the policy on the batch, and the elite
+4. **PPO** (clipped surrogate, normalized advantages, optional entropy bonus; one
+   step per batch for edit, four for decode; or REINFORCE with a moving baseline)
+   updates the policy on the batch, and the elite
    history is updated. After an iteration without progress (edit: no new best;
    decode: no new plan) the sampling temperature rises, up to ``max_temperature``.
 
@@ -49,8 +50,9 @@ elite plan's token is the mean over its decisions of (decision + chosen candidat
 embeddings, with its reward and rank; the learned query token adds the problem's
 context (log parameters, GPUs, node size, MoE, layers, HBM, batch, input/output
 lengths, SLOs, phase, objective). The parameter count is the same for every problem,
-so a policy pretrained on some instances (:func:`~shardlab.solvers.rl.train.train_policy`)
-starts the search on others (``RLSolver(policy=path)``).
+so a policy pretrained on some instances (:func:`~shardlab.solvers.rl.train.train_policy`,
+an initialization learned by Reptile) starts the search on others
+(``RLSolver(policy=path)``).
 
 torch is imported only by the modules that need it (``policy``, ``search``, ``solver``,
 ``checkpoint``, ``train``); ``decisions``, ``features``, ``reward`` and ``config`` are
