@@ -91,7 +91,7 @@ def train_policy(
         else:
             config = config or RLConfig()
             policy = new_policy(config, seed)
-        task = new_policy(config, seed)  # its weights are the meta weights' each task
+        task = new_policy(config, seed)  # loaded with the meta weights before each instance
         start = time.perf_counter()
         total = rounds * len(problems)
         while position < total:
