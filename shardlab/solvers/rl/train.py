@@ -74,7 +74,11 @@ def train_policy(
     if evals_per_instance < 1 or rounds < 1:
         raise ShardlabError("train_policy: evals_per_instance and rounds must be at least 1")
     if not 0 < meta_lr <= 1:
-        raise ShardlabError(f"train_policy: meta_lr {meta_lr} must be in (0, 1]")
+        raise ShardlabError(
+            f"train_policy: meta_lr {meta_lr} is not a step in (0, 1]",
+            field="meta_lr",
+            fix="give e.g. 0.25 (1 trains straight through)",
+        )
     problems = [_problem(i) for i in instances]
     out = Path(out)
     threads = torch.get_num_threads()
