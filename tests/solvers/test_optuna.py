@@ -495,3 +495,20 @@ def test_history_must_be_a_count() -> None:
         OptunaSolver(history=-1)
     with pytest.raises(ShardlabError, match="TPE's"):
         OptunaSolver(sampler="nsga2", history=10)
+
+
+def test_a_trial_never_marked_alive_is_failed_once_stale(tmp_path: Path, monkeypatch) -> None:
+    """A worker killed inside ``study.ask()`` leaves a RUNNING trial with no heartbeat,
+    which Optuna's own stale check skips; ours fails it once it is older than the grace,
+    and leaves a trial that is marked alive (or too young) running."""
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(url))
+    unmarked = study.ask()  # killed before its first heartbeat
+    alive = study.ask()
+    monkeypatch.setattr(optuna_storage, "GRACE_S", 1)
+    assert optuna_storage.fail_stale_trials(study) == 0  # both younger than the grace
+    time.sleep(1.5)
+    study._storage.record_heartbeat(alive._trial_id)
+    assert optuna_storage.fail_stale_trials(study) == 1
+    states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+    assert states == {unmarked.number: TrialState.FAIL, alive.number: TrialState.RUNNING}

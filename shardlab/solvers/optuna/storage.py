@@ -18,6 +18,7 @@ worker's trial is never failed: it is marked far more often than the grace perio
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import optuna
 import sqlalchemy.exc
+import sqlalchemy.orm
 from optuna.storages import BaseStorage, RDBStorage
 from sqlalchemy.engine import URL, make_url
 
@@ -180,5 +182,36 @@ def fail_stale_trials(study: optuna.Study) -> int:
         return 0
     before = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
     optuna.storages.fail_stale_trials(study)
+    for trial_id in _never_marked(study):
+        study._storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL)
     after = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
     return after - before
+
+
+def _never_marked(study: optuna.Study) -> list[int]:
+    """Running trials that were never marked alive and started over ``GRACE_S`` ago.
+
+    A trial is RUNNING from inside ``study.ask()``, which also samples its parameters,
+    and is first marked alive after ``ask`` returns: a worker killed in between leaves a
+    trial Optuna's own check skips (it only reads trials with a heartbeat), RUNNING
+    forever."""
+    storage = getattr(study._storage, "_backend", study._storage)  # under Optuna's cache
+    if not isinstance(storage, RDBStorage):
+        return []
+    from optuna.storages._rdb import models
+
+    grace = dt.timedelta(seconds=GRACE_S)
+    with storage.scoped_session() as session:
+        rows = (
+            session.query(models.TrialModel)
+            .options(sqlalchemy.orm.selectinload(models.TrialModel.heartbeats))
+            .filter(models.TrialModel.state == optuna.trial.TrialState.RUNNING)
+            .filter(models.TrialModel.study_id == study._study_id)
+            .all()
+        )
+        now = dt.datetime.now()  # Optuna writes datetime_start from the worker's clock
+        return [
+            r.trial_id
+            for r in rows
+            if not r.heartbeats and r.datetime_start is not None and now - r.datetime_start > grace
+        ]
