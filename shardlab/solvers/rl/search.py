@@ -91,11 +91,9 @@ class Search:
         feasible = self.fit[self.fit > INFEASIBLE]
         return float(feasible.max()) if len(feasible) else None
 
-    def elite(self, order: np.ndarray | None = None) -> Elite:
-        """The elite history (rows ``order``, by default :meth:`_elite_rows`) as the
-        policy reads it."""
-        if order is None:
-            order = self._elite_rows()
+    def elite(self, order: np.ndarray) -> Elite:
+        """The elite history (rows ``order``, from :meth:`_elite_rows`) as the policy
+        reads it."""
         return Elite(
             actions=self.dec.to_actions(self.codes[order]),
             rewards=rewards(self.fit[order], self.reference, self.config),
