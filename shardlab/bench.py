@@ -194,3 +194,73 @@ def exact_markdown(command: str, rows: list[ExactSpeed], seconds: float) -> str:
             f"{r.by_shortest_path} | {r.by_memory_bound} |"
         )
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SizingSpeed:
+    model: str
+    rate: float
+    gpus: str
+    seconds: float
+    solves: int
+    answer: str
+    answer_gpus: int | None
+
+
+# Issue 36's goals: 1k/256 traffic, TTFT <= 2 s, TPOT <= 50 ms, trtllm's space, over
+# H100, H200 and B200, agg and disagg, up to 256 GPUs.
+SIZING_RUNS = (("deepseek-v3", 50.0), ("llama-3.1-70b", 20.0))
+SIZING_GPUS = ("h100", "h200", "b200")
+
+
+def sizing_speed(model: str, rate: float) -> SizingSpeed:
+    """Wall seconds of one ``shardlab size`` from nothing solved to the proven answer."""
+    from shardlab.problems.cluster import builtin_accelerators
+    from shardlab.sizing.size import DEFAULT_MAX_GPUS, Sizer, sizing_cluster
+
+    accs = {g: builtin_accelerators()[g] for g in SIZING_GPUS}
+    start = time.perf_counter()
+    problem = Problem.build(
+        model,
+        sizing_cluster(accs, DEFAULT_MAX_GPUS),
+        "chat",
+        engine="trtllm",
+        space_kind="engine",
+        input_len=1024,
+        output_len=256,
+        ttft_ms=2000,
+        tpot_ms=50,
+        rate=rate,
+    )
+    sizer = Sizer(problem, accs, serving="best")
+    best = sizer.size(rate).best
+    return SizingSpeed(
+        model=model,
+        rate=rate,
+        gpus=",".join(SIZING_GPUS),
+        seconds=time.perf_counter() - start,
+        solves=sizer.caps.solves,
+        answer=best.label() if best else "none",
+        answer_gpus=best.gpus if best else None,
+    )
+
+
+def sizing_markdown(command: str, rows: list[SizingSpeed]) -> str:
+    lines = [
+        "# Time to a proven sizing",
+        "",
+        f"Produced by `{command}`; numbers are written by the code, never by hand. "
+        f"Machine: {machine()}. 1024/256 tokens, TTFT <= 2000 ms, TPOT <= 50 ms, trtllm's "
+        "launchable space, silicon timing, serving agg or disagg, up to 256 GPUs, fewest "
+        "GPUs; from nothing solved to the proven answer (every instance capacity a CP-SAT "
+        "solve, the rest pruned by bounds).",
+        "",
+        "| model | requests/s | GPU types | seconds | CP-SAT solves | answer | GPUs |",
+        "|---|---:|---|---:|---:|---|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.model} | {r.rate:g} | {r.gpus} | {r.seconds:.1f} | {r.solves} | "
+            f"{r.answer} | {r.answer_gpus if r.answer_gpus is not None else '-'} |"
+        )
+    return "\n".join(lines) + "\n"

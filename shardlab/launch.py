@@ -12,6 +12,7 @@ Each engine's own command for one node is built in :mod:`shardlab.launch_engines
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
@@ -251,12 +252,7 @@ def build_disagg_launch(
     filling nodes) and the router in front of them."""
     engine = problem.engine
     if engine == "trtllm":
-        raise ShardlabError(
-            "TensorRT-LLM's disaggregated serving (cache_transceiver_config, trtllm-serve "
-            "disaggregated) is not checked against 1.3.0rc3 yet",
-            field="engine",
-            fix="launch it on vllm or sglang",
-        )
+        raise ShardlabError(TRTLLM_DISAGG, field="engine", fix="launch it on vllm or sglang")
     from shardlab.costmodel import pool_problems
 
     pools = dict(zip(POOLS, pool_problems(problem, plan), strict=True))
@@ -265,14 +261,105 @@ def build_disagg_launch(
                            config_dir)
         for name in POOLS
     }  # fmt: skip
+    spots, nodes_used = _disagg_spots(plan, problem.cluster.node_size)
+    return _serve(
+        engine,
+        [(servers[name], i, first, slot, gpu0, share, name) for name, i, first, slot, gpu0,
+         share in spots],
+        nodes_used,
+        f"{plan.label()}: the prefill servers hand each prompt's KV cache to the decode "
+        f"servers; send requests to the router (port {ROUTER_PORT})",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolLaunch:
+    """One pool of a sized deployment: ``instances`` servers of ``plan`` (one instance,
+    ``replicas = 1``) on ``problem``'s GPU type (its cluster one instance)."""
+
+    role: str  # agg, prefill or decode
+    problem: Problem
+    plan: Plan
+    instances: int
+
+
+def build_pools_launch(
+    pools: list[PoolLaunch],
+    *,
+    model_path: str,
+    trust_remote_code: bool = False,
+    config_dir: str = ".",
+) -> Launch:
+    """The servers of a deployment sized over GPU types (:mod:`shardlab.sizing`): each
+    pool on nodes of its own type, numbered after the previous pool's; a prefill and
+    a decode pool get the engine's disaggregation arguments and a router, aggregated
+    pools a note on weighting the router by capacity."""
+    engine = pools[0].problem.engine
+    disagg = any(p.role != "agg" for p in pools)
+    if disagg and engine == "trtllm":
+        raise ShardlabError(TRTLLM_DISAGG, field="engine", fix="size it for vllm or sglang")
+    placed: list[tuple[Server, int, int, int, int, bool, str]] = []
+    node_base = 0
+    for pool in pools:
+        server = _pool_server(pool.problem, pool.plan, model_path, trust_remote_code, config_dir)
+        node = pool.problem.cluster.accelerator.gpus_per_node
+        gpus = pool.plan.degrees.num_gpus
+        per_node, nodes = _tiling(node, gpus)
+        key = pool.problem.cluster.accelerator.key
+        role = pool.role if pool.role in POOLS else f"{key} x{gpus}"
+        for i in range(pool.instances):
+            if per_node:
+                first, slot = node_base + i // per_node, i % per_node
+                placed.append((server, i, first, slot, slot * gpus, per_node > 1, role))
+            else:
+                placed.append((server, i, node_base + i * nodes, 0, 0, False, role))
+        node_base += -(-pool.instances * gpus // node)
+    if disagg:
+        label = " + ".join(f"{p.instances} {p.role} x {p.plan.degrees.num_gpus} "
+                           f"{p.problem.cluster.accelerator.key}" for p in pools)  # fmt: skip
+        return _serve(
+            engine,
+            placed,
+            node_base,
+            f"{label}: the prefill servers hand each prompt's KV cache to the decode servers "
+            f"over the network; send requests to the router (port {ROUTER_PORT})",
+        )
+    launch = _serve(engine, placed, node_base, "")
+    weights = ", ".join(f"{p.problem.cluster.accelerator.key} x{p.plan.degrees.num_gpus}: "
+                        f"{p.instances} server(s)" for p in pools)  # fmt: skip
+    return dataclasses.replace(
+        launch,
+        notes=(
+            *launch.notes,
+            f"put one router in front of every server ({weights}); weight each by its "
+            "capacity (`shardlab size` reports instance_capacity_rps)",
+        ),
+    )
+
+
+TRTLLM_DISAGG = (
+    "TensorRT-LLM's disaggregated serving (cache_transceiver_config, trtllm-serve "
+    "disaggregated) is not checked against 1.3.0rc3 yet"
+)
+
+
+def _serve(
+    engine: str,
+    placed: list[tuple[Server, int, int, int, int, bool, str]],
+    nodes_used: int,
+    label: str,
+) -> Launch:
+    """Every placed server's node commands (role ``prefill``/``decode``: with the
+    engine's disaggregation arguments, and the router in front; any other role only
+    names the server's pool)."""
     commands: list[NodeCommand] = []
     files: dict[str, str] = {}
     notes: list[str] = []
     endpoints: dict[str, list[tuple[str, int, int]]] = {name: [] for name in POOLS}
-    spots, nodes_used = _disagg_spots(plan, problem.cluster.node_size)
-    for name, i, first, slot, gpu0, share in spots:
+    for server, i, first, slot, gpu0, share, role in placed:
+        pd = role in POOLS
         targets = _place(
-            servers[name],
+            server,
             i,
             first,
             slot,
@@ -281,23 +368,25 @@ def build_disagg_launch(
             commands,
             files,
             notes,
-            extra=lambda t, role=name, slot=slot: _disagg_args(t, role, slot),
-            role=name,
+            extra=(lambda t, role=role, slot=slot: _disagg_args(t, role, slot)) if pd else None,
+            role=role,
         )
-        endpoints[name].append((targets[0].head, targets[0].port, slot))
-    router, said = _router(engine, endpoints)
-    notes += said
-    notes.append(
-        f"{plan.label()}: the prefill servers hand each prompt's KV cache to the decode "
-        f"servers; send requests to the router (port {ROUTER_PORT})"
-    )
+        if pd:
+            endpoints[role].append((targets[0].head, targets[0].port, slot))
+    router: list[str] = []
+    if endpoints["prefill"]:
+        router, said = _router(engine, endpoints)
+        notes += said
+    if label:
+        notes.append(label)
     if nodes_used > 1:
         notes.append(NODE_ADDR_NOTE)
-    capability = pools["prefill"].with_space("engine").space.capability
+    capability = placed[0][0].problem.with_space("engine").space.capability
+    features = tuple(dict.fromkeys(f for p in placed for f in p[0].config.features))
     return Launch(
         engine=engine,
         version=capability.version,  # type: ignore[union-attr]
-        features=tuple(dict.fromkeys(f for s in servers.values() for f in s.config.features)),
+        features=features,
         commands=tuple(commands),
         files=tuple(sorted(files.items())),
         notes=tuple(notes),

@@ -1,12 +1,17 @@
-"""Figures written next to results: the Pareto front of a solve."""
+"""Figures written next to results: the Pareto front of a solve, a sizing curve."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from shardlab.files import replacing
 from shardlab.problems.problem import Problem
 from shardlab.solvers.front import FrontPoint
+
+if TYPE_CHECKING:
+    from shardlab.sizing.size import Sizer, Sizing
 
 AXIS_LABEL = {"tpot_ms": "TPOT (ms)", "ttft_ms": "TTFT (ms)"}
 
@@ -64,6 +69,56 @@ def plot_front(
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
+    _save(fig, path)
+
+
+def plot_sizing(path: str | Path, sizer: Sizer, results: Sequence[Sizing]) -> None:
+    """Cost (or GPUs) per rate: one line per GPU type alone and the cheapest mix,
+    rates no deployment serves left out; written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    rates = [s.rate for s in results]
+    for g in sizer.accelerators:
+        costs = [s.by_gpu[g].cost if s.by_gpu.get(g) else float("nan") for s in results]
+        ax.plot(rates, costs, "o-", label=f"{g} only")
+    best = [s.best.cost if s.best else float("nan") for s in results]
+    ax.plot(rates, best, "k--", marker="s", label="cheapest (any mix, agg or disagg)")
+    for s in results:
+        if s.best is not None:
+            ax.annotate(
+                s.best.label(), (s.rate, s.best.cost), fontsize=6, xytext=(3, -9),
+                textcoords="offset points",
+            )  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(rates, [f"{r:g}" for r in rates])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("requests/s")
+    ax.set_ylabel("$/hour" if sizer.priced else "GPUs")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    w = sizer.problem.workload
+    slo = ", ".join(
+        f"{n} <= {v:g} ms" for n, v in (("TTFT", w.ttft_ms), ("TPOT", w.tpot_ms)) if v is not None
+    )
+    ax.set_title(
+        f"{sizer.problem.model.name}, {w.input_len}/{w.output_len}, {slo}; "
+        f"{sizer.problem.engine}, serving {sizer.serving}",
+        fontsize=9,
+    )
+    _save(fig, path)
+
+
+def _save(fig: Any, path: str | Path) -> None:
+    """Write ``fig`` as a PNG atomically, and free it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     try:
         with replacing(path) as tmp:

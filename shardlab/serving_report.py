@@ -5,6 +5,7 @@ refused row with its reason. Markdown for reading, CSV with one line per row."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 import re
@@ -167,6 +168,7 @@ def write_serving_report(
         *extra,
         "",
         *_errors(rows),
+        *_rate_section(rows),
         *sections,
         "## The rows furthest off",
         "",
@@ -223,6 +225,72 @@ def _errors(rows: list[Row]) -> list[str]:
             agg,
             lambda r: (r.measurement.gpu, r.measurement.engine or "", r.measurement.family),  # type: ignore[union-attr]
             ("GPU", "engine", "family"),
+        ),
+    ]
+
+
+def rate_rows(rows: Sequence[Row]) -> list[Row]:
+    """Each aggregated setup's request rate by Little's law on the closed loop the
+    benchmark ran (``N`` clients, ``X = N / (TTFT + (output - 1) * TPOT)``), predicted
+    and measured, from its TTFT and TPOT rows: what ``shardlab size`` counts on."""
+    by_id: dict[str, dict[str, Row]] = {}
+    for r in rows:
+        m = r.measurement
+        if m is not None and m.mode == "agg" and m.problem is not None:
+            by_id.setdefault(r.id, {})[r.metric] = r
+    out = []
+    for rid, pair in by_id.items():
+        if set(pair) != set(METRICS):
+            continue
+        ttft, tpot = pair["ttft_ms"], pair["tpot_ms"]
+        m = ttft.measurement
+        assert m is not None and m.problem is not None
+        w = m.problem.workload
+        clients = w.batch
+
+        def rate(t: float, p: float, clients: int = clients, osl: int = w.output_len) -> float:
+            return clients / ((t + (osl - 1) * p) / 1e3)
+
+        out.append(
+            dataclasses.replace(
+                ttft,
+                metric="requests_per_s",
+                unit="requests/s",
+                predicted=rate(ttft.predicted, tpot.predicted),
+                measured=rate(ttft.measured, tpot.measured),
+                id=rid,
+            )
+        )
+    return out
+
+
+def _rate_section(rows: Sequence[Row]) -> list[str]:
+    """Requests/s by Little's law: the sizing's arrival model against the benchmarks'
+    closed loops; the protocol the engine constants were fitted on apart from the one
+    they were not."""
+    rates = rate_rows(rows)
+    if not rates:
+        return []
+    return [
+        "## Requests/s by Little's law (what `shardlab size` sizes with)",
+        "",
+        "A benchmark's closed loop of N clients completes N / (TTFT + (output - 1) x TPOT) "
+        "requests/s; predicted from the predicted latencies, measured from the measured "
+        "ones, at the measured N (aggregated rows). The engine constants were fitted on the "
+        "inferencex rows (in-sample; `results/serving/fit.md` holds each family and GPU "
+        "out); the gap-analysis rows were not used by that fit (held out).",
+        "",
+        *_table(
+            "By source protocol",
+            rates,
+            lambda r: (r.measurement.protocol,),  # type: ignore[union-attr]
+            ("protocol",),
+        ),
+        *_table(
+            "By protocol and model family",
+            rates,
+            lambda r: (r.measurement.protocol, r.measurement.family),  # type: ignore[union-attr]
+            ("protocol", "family"),
         ),
     ]
 

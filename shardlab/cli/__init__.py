@@ -7,7 +7,7 @@ plan), :mod:`~shardlab.cli.solve`, :mod:`~shardlab.cli.experiments` (runs that w
 drawn by :mod:`~shardlab.cli.render`.
 """
 
-from shardlab.cli import catalog, checks, experiments, plans, solve  # noqa: F401 - registers
+from shardlab.cli import catalog, checks, experiments, plans, sizing, solve  # noqa: F401 - registers
 from shardlab.cli.app import app, main
 
 __all__ = ["app", "main"]

@@ -20,7 +20,7 @@ from shardlab.cli.render import (
 )
 from shardlab.errors import ShardlabError
 from shardlab.executors import check_executor
-from shardlab.files import check_output_dir, check_output_file, folder_name, write_text
+from shardlab.files import check_output_dir, check_output_file, folder_name, make_dir, write_text
 from shardlab.journal import JOURNAL, Journal
 from shardlab.problems.problem import Problem
 from shardlab.problems.suite import SUITES
@@ -105,7 +105,10 @@ MethodsOpt = Annotated[
 ]
 CompareSuiteOpt = Annotated[
     str | None,
-    typer.Option(help=f"{listed(SUITES)}, or instance names; comma-separated."),
+    typer.Option(
+        help=f"{listed(SUITES)}, or instance names; comma-separated. sizing: the sizing "
+        "suite (shardlab size over models, SLO levels and rates)."
+    ),
 ]
 BudgetsOpt = Annotated[
     str | None,
@@ -162,7 +165,8 @@ AiconfiguratorOpt = Annotated[
     str | None,
     typer.Option(
         help="With --serving best: AIConfigurator's agg-vs-disagg choices on the same "
-        "problems (CSV of tests/data/make_aiconfigurator_disagg.py), beside the optima."
+        "problems (CSV of tests/data/make_aiconfigurator_disagg.py), beside the optima; "
+        "with --suite sizing: its GPU counts (tests/data/make_aiconfigurator_sizing.py)."
     ),
 ]
 
@@ -190,8 +194,24 @@ def compare(
     results_dir: Annotated[str, typer.Option("--results-dir")] = "results",
     fmt: FormatOpt = Format.table,
 ) -> None:
-    """Run methods on a suite (or the given problem) over seeds; write results/<name>/."""
+    """Run methods on a suite (or the given problem) over seeds; write results/<name>/.
+    ``--suite sizing``: size the sizing suite's problems (``shardlab size`` over models,
+    SLO levels and rates) into results/sizing/, beside AIConfigurator's answers given
+    with ``--aiconfigurator``."""
     from shardlab.compare import comparison, run_comparison, summarize, write_results
+
+    if suite == "sizing":
+        _compare_sizing(
+            Path(results_dir),
+            aiconfigurator,
+            methods=methods,
+            budgets=budgets,
+            policy=policy,
+            engines=engines,
+            vs_free=vs_free,
+            name=name,
+        )
+        return
 
     spec = comparison(
         problem,
@@ -250,6 +270,28 @@ def compare(
     out.print(f"wrote {out_dir}/ (results.json, results.csv, summary.md, convergence.png)")
 
 
+def _compare_sizing(results_dir: Path, aiconfigurator: str | None, **unused: object) -> None:
+    from shardlab.sizing.suite import check_suite_options, run_suite
+
+    check_suite_options(**unused)
+    out_dir = check_output_dir(results_dir / "sizing", flag="--results-dir")
+    anchor = None
+    if aiconfigurator is not None:
+        anchor = Path(aiconfigurator)
+        if not anchor.is_file():
+            raise ShardlabError(
+                f"--aiconfigurator {aiconfigurator}: no such file",
+                fix="give tests/data/aiconfigurator_sizing.csv",
+            )
+    command = "shardlab compare " + " ".join(sys.argv[2:])
+
+    def on_case(name: str, rows: list[dict]) -> None:
+        err.print(f"  {name}: {rows[0]['curve_solves']} solves, {rows[0]['curve_seconds']} s")
+
+    rows = run_suite(out_dir, command, anchor, on_case)
+    out.print(f"sized {len(rows)} (problem, rate) pairs; wrote {out_dir}/summary.md, results.json")
+
+
 def _journal(out_dir: Path, fresh: bool) -> Journal:
     """The comparison's journal: emptied with ``--fresh``; else started from the
     committed results.json when the journal itself is not there."""
@@ -266,7 +308,7 @@ WhatOpt = Annotated[
     str,
     typer.Argument(
         help="evaluator: plans per second of the cost model; cpsat: time to the "
-        "proven optimum from 64 to 2,048 GPUs."
+        "proven optimum from 64 to 2,048 GPUs; sizing: time to a proven `shardlab size`."
     ),
 ]
 InstancesOpt = Annotated[
@@ -320,9 +362,17 @@ def bench(
             r = rows[-1]
             err.print(f"  {model} {cluster} tie {tie}: {r.status} in {r.seconds:.1f} s")
         text = b.exact_markdown(command, rows, time_limit)
+    elif what == "sizing":
+        if instances:
+            raise ShardlabError("bench sizing runs a fixed set of problems; drop --instances")
+        for model, rate in b.SIZING_RUNS:
+            rows.append(b.sizing_speed(model, rate))
+            err.print(f"  {model} at {rate:g}/s: {rows[-1].seconds:.1f} s")
+        text = b.sizing_markdown(command, rows)
     else:
-        raise ShardlabError(f"bench {what!r}: measure 'evaluator' or 'cpsat'")
+        raise ShardlabError(f"bench {what!r}: measure 'evaluator', 'cpsat' or 'sizing'")
     if out_path is not None:
+        make_dir(Path(out_path).parent)  # checked creatable before the runs
         write_text(out_path, text)
     if fmt is Format.json:
         emit_json([_asdict(r) for r in rows])

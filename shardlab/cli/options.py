@@ -17,6 +17,7 @@ import typer
 
 from shardlab.cli.render import err
 from shardlab.errors import ShardlabError
+from shardlab.problems.cluster import Cluster
 from shardlab.problems.disagg import DISAGG_SCHEMA, DisaggPlan
 from shardlab.problems.dtypes import KV_DTYPES
 from shardlab.problems.engines import ENGINES
@@ -57,6 +58,15 @@ PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         ),
     ),
     ("batch", int | None, typer.Option(None, help="Batch (static) or most requests in flight.")),
+    (
+        "rate",
+        float | None,
+        typer.Option(
+            None,
+            help="Offered load in requests/s instead of --batch: the plan of most requests/s "
+            "under the SLOs, run at the concurrency the rate needs.",
+        ),
+    ),
     ("input_len", int | None, typer.Option(None, "--input-len", help="Prompt tokens.")),
     ("output_len", int | None, typer.Option(None, "--output-len", help="Generated tokens.")),
     ("phase", str | None, typer.Option(None, help="prefill, decode or request.")),
@@ -66,7 +76,7 @@ PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     (
         "objective",
         str | None,
-        typer.Option(None, help="throughput, throughput_per_gpu, latency or pareto."),
+        typer.Option(None, help="throughput, throughput_per_gpu, latency, pareto or request_rate."),
     ),
     ("weight_dtype", str | None, typer.Option(None, "--weight-dtype", help="bf16, fp8 or fp4.")),
     ("kv_dtype", str | None, typer.Option(None, "--kv-dtype", help=f"{listed(KV_DTYPES)}.")),
@@ -161,16 +171,36 @@ def _extend(
     wrapper.__annotations__ = {p.name: p.annotation for p in params}
 
 
-def problem_command(func: Callable[..., None]) -> Callable[..., None]:
-    """Give a command the problem options; it receives the built ``problem``."""
+def problem_command(
+    func: Callable[..., None] | None = None,
+    *,
+    without: tuple[str, ...] = (),
+    cluster_from: Callable[[dict[str, Any]], Cluster] | None = None,
+) -> Any:
+    """Give a command the problem options; it receives the built ``problem``.
+
+    ``without``: options the command does not take (their defaults are used);
+    ``cluster_from``: builds the cluster from the command's own options instead of
+    ``--cluster`` (which it then drops).
+    """
+    if func is None:
+        return functools.partial(problem_command, without=without, cluster_from=cluster_from)
+    if cluster_from is not None:
+        without = (*without, "cluster")
+    taken = [opt for opt in PROBLEM_OPTIONS if opt[0] not in without]
     extra = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=typ)
-        for name, typ, default in PROBLEM_OPTIONS
+        for name, typ, default in taken
     ]
 
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> None:
-        options = {name: kwargs.pop(name) for name, _, _ in PROBLEM_OPTIONS}
+        options = {name: kwargs.pop(name) for name, _, _ in taken}
+        for name, _, default in PROBLEM_OPTIONS:
+            if name in without:
+                options[name] = default.default
+        if cluster_from is not None:
+            options["cluster"] = cluster_from(kwargs)
         model, cluster = options.pop("model"), options.pop("cluster")
         workload, tie = options.pop("workload"), options.pop("tie")
         timing, engine = options.pop("timing"), options.pop("engine")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -30,6 +30,9 @@ from shardlab.problems.engines import ENGINES
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.solvers.choices import listed
+
+if TYPE_CHECKING:
+    from shardlab.launch import Launch
 
 
 def _report(problem: Problem, plan: Plan | DisaggPlan, fmt: Format, *, top: int | None) -> None:
@@ -147,25 +150,47 @@ def launch(
 ) -> None:
     """Print the engine's own launch commands for a plan, one per node of each replica,
     and write the config files it takes; a plan the engine cannot run is refused."""
-    from shardlab.launch import build_disagg_launch, build_launch
+    from shardlab.launch import build_disagg_launch, build_launch, build_pools_launch
     from shardlab.problems.catalog import hf_id_of
     from shardlab.problems.disagg import DISAGG_SCHEMA
     from shardlab.problems.plan import read_plan_file
+    from shardlab.sizing.answer import SIZING_SCHEMA, pool_launches
 
     check_output_dir(config_dir, flag="--config-dir")
     data = read_plan_file(plan_file)
     if not isinstance(data, dict):
         raise ShardlabError(f"{plan_file}: a plan must be a JSON object")
-    model = model or data.get("model") or ""
-    cluster = cluster or data.get("cluster") or ""
-    if not model or not cluster:
-        raise ShardlabError(f"{plan_file}: names no model or cluster; give --model and --cluster")
     overrides: dict[str, object] = {}
     if kv_dtype is not None:
         overrides["kv_dtype"] = kv_dtype
     if draft_tokens is not None:
         # the engine measures acceptance itself; launch prices nothing
         overrides.update(draft_tokens=draft_tokens, acceptance=0.0)
+    if data.get("schema") == SIZING_SCHEMA:
+        if cluster is not None:
+            raise ShardlabError(
+                f"{plan_file}: a sized deployment names each pool's GPUs; drop --cluster"
+            )
+        pools = pool_launches(
+            data, where=plan_file, model=model, engine=engine, max_tokens=max_tokens,
+            **overrides,
+        )  # fmt: skip
+        first = pools[0].problem
+        path = model_path or hf_id_of(first.model) or first.model.name
+        spec = build_pools_launch(
+            pools, model_path=path, trust_remote_code=trust_remote_code, config_dir=config_dir
+        )
+        where = " + ".join(
+            f"{p.instances} x {p.plan.degrees.num_gpus} {p.problem.cluster.accelerator.key}"
+            + ("" if p.role == "agg" else f" ({p.role})")
+            for p in pools
+        )
+        _emit_launch(first, engine, spec, fmt, where=where)
+        return
+    model = model or data.get("model") or ""
+    cluster = cluster or data.get("cluster") or ""
+    if not model or not cluster:
+        raise ShardlabError(f"{plan_file}: names no model or cluster; give --model and --cluster")
     problem = Problem.build(model, cluster, engine=engine, max_tokens=max_tokens, **overrides)
     path = model_path or hf_id_of(problem.model) or problem.model.name
     if data.get("schema") == DISAGG_SCHEMA:
@@ -187,9 +212,15 @@ def launch(
             trust_remote_code=trust_remote_code,
             config_dir=config_dir,
         )
+    _emit_launch(problem, engine, spec, fmt)
+
+
+def _emit_launch(
+    problem: Problem, engine: str, spec: Launch, fmt: Format, *, where: str | None = None
+) -> None:
     for name, content in spec.files:
         write_text(name, content)
     if fmt is Format.json:
         emit_json(spec.to_dict())
         return
-    print_launch(problem, engine, spec)
+    print_launch(problem, engine, spec, where=where)

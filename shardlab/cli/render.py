@@ -368,11 +368,12 @@ def validation_table(by_timing: dict[str, list[Any]]) -> Table:
     return table
 
 
-def print_launch(problem: Problem, engine: str, spec: Any) -> None:
+def print_launch(problem: Problem, engine: str, spec: Any, *, where: str | None = None) -> None:
     """An engine's launch commands, one per node of each replica or instance, then the
-    router's, the files written and the notes."""
+    router's, the files written and the notes (``where``: what it runs on, if not the
+    problem's cluster)."""
     out.print(
-        f"{problem.model.name} on {problem.cluster.name} with {engine} {spec.version}"
+        f"{problem.model.name} on {where or problem.cluster.name} with {engine} {spec.version}"
         + (f" ({', '.join(spec.features)})" if spec.features else ""),
         markup=False,
     )

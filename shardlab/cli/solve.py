@@ -269,6 +269,14 @@ def _print_agg(solution: Solution) -> None:
         print_metrics(r.metrics)
         if solution.megatron is not None and solution.megatron.ratio is not None:
             out.print(f"  ratio to the megatron plan: [bold]{solution.megatron.ratio:.3f}[/]")
+    if solution.rate is not None:
+        fit, m = solution.rate, solution.rate.metrics
+        out.print(
+            f"rate [bold]{fit.rate:g} requests/s[/]: capacity {fit.capacity:.3f}/s under the SLOs "
+            f"(utilization {fit.utilization:.0%}); runs at {m.requests_per_rank} requests per "
+            f"rank ({m.requests_in_flight} in flight): TTFT {m.ttft_ms:,.0f} ms, TPOT "
+            f"{m.tpot_ms:.1f} ms, {fit.served:.3f} requests/s"
+        )
     free = solution.free
     if free is not None:
         tok_s = free.metrics.throughput_tok_s if free.metrics else 0

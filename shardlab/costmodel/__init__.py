@@ -55,6 +55,7 @@ from shardlab.costmodel.regimes import (
     basic_times,
     clients_per_rank,
     forms,
+    in_flight_requests,
     judge,
     tokens,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "forms",
     "handoff_ns",
     "handoff_seconds",
+    "in_flight_requests",
     "integer_tables",
     "judge",
     "kv_bytes",

@@ -143,8 +143,12 @@ def _candidates(
     small = np.minimum(pp, top)  # c <= pp: one request per micro-batch (b = 1)
     n_b = -(-top // small)
     w = problem.workload
+    # TTFT moves with every request added (the cohorts of the first wave), not only
+    # with the micro-batch size: an SLO on it, or a latency it is part of, sees them all
     if w.phase == "request" and (
-        w.ttft_ms is not None or (w.objective == "pareto" and "ttft_ms" in w.latency_axes)
+        w.ttft_ms is not None
+        or w.objective == "request_rate"
+        or (w.objective == "pareto" and "ttft_ms" in w.latency_axes)
     ):
         first = np.cumsum(top) - top
         plan = np.repeat(np.arange(n), top)

@@ -8,7 +8,9 @@ Per request:
   the time, over NVLink when both pools sit in one node and over the network
   otherwise, plus one link latency;
 - when the two ranks split the cache differently (another ``pp`` or ``tp``), the
-  receiver rewrites what it got: one HBM read and one write.
+  receiver rewrites what it got: one HBM read and one write, in its own HBM;
+- pools on two GPU types (capacity planning's mixed pools) sit on separate nodes: the
+  slower of the two network links and the larger latency.
 
 The handoff adds to TTFT (after the prompt's prefill, before its first decode step)
 and not to the prefill pool's time per round: it runs on the links while the next
@@ -35,11 +37,18 @@ def handoff_seconds(problem: Problem, pp: np.ndarray | int, tp: np.ndarray | int
     acc = problem.cluster.accelerator
     gbps = acc.nvlink_gbps if h.same_node else acc.net_gbps
     latency_us = acc.nvlink_latency_us if h.same_node else acc.net_latency_us
+    receiver = acc
+    if h.decode_gpu is not None:  # two GPU types: the slower network side sets the pace
+        receiver = h.decode_gpu
+        gbps = min(gbps, receiver.net_gbps)
+        latency_us = max(latency_us, receiver.net_latency_us)
     receiving = h.decode_pp * h.decode_tp
     busiest = np.maximum(h.received_bytes / (pp * tp), h.received_bytes / receiving)
     wire = busiest / (gbps * 1e9) + latency_us * 1e-6
     relayout = (pp != h.decode_pp) | (tp != h.decode_tp)
-    rewrite = np.where(relayout, 2.0 * h.received_bytes / receiving / (acc.hbm_gbps * 1e9), 0.0)
+    rewrite = np.where(
+        relayout, 2.0 * h.received_bytes / receiving / (receiver.hbm_gbps * 1e9), 0.0
+    )
     return wire + rewrite
 
 

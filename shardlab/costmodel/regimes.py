@@ -117,8 +117,9 @@ class Forms:
     iteration: Any  # the engine's cost per iteration, in the unit of the times
 
     def time(self, objective: str) -> Form:
-        """What exact search minimizes: the rate, or the latency."""
-        return self.latency if objective == "latency" else self.rate
+        """What exact search minimizes: the rate, or the latency (also for the most
+        requests per second: ``N / latency`` with ``N`` fixed in a subproblem)."""
+        return self.latency if objective in ("latency", "request_rate") else self.rate
 
 
 def _zero(like: Any) -> Any:
@@ -409,6 +410,9 @@ def judge(problem: Problem, t: Latencies, memory_ok: np.ndarray) -> Judgement:
         tpot_bad = t.tpot_s * 1e3 > w.tpot_ms
     if w.objective == "latency":
         objective = -t.latency_s * 1e3
+    elif w.objective == "request_rate":  # Little's law on the closed loop
+        with np.errstate(divide="ignore"):
+            objective = t.requests_in_flight / t.latency_s
     elif w.per_gpu:
         objective = t.throughput / problem.cluster.num_gpus
     else:

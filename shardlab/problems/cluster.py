@@ -10,7 +10,7 @@ A cluster is written ``h100x64`` (64 H100 in nodes of 8) or read from a YAML fil
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -200,3 +200,23 @@ def load_cluster_yaml(path: str | Path) -> Cluster:
         return Cluster(accelerator=acc, num_gpus=n, gpus_per_node=per_node)
     except ShardlabError as exc:
         raise ShardlabError(f"{where}: {str(exc).removeprefix('cluster: ')}") from None
+
+
+def parse_accelerators(spec: str) -> dict[str, Accelerator]:
+    """``h100,h200,b200`` (built-in names, or cluster YAML files whose accelerator and
+    node size are taken) -> accelerators by key, in the order given."""
+    out: dict[str, Accelerator] = {}
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            raise ShardlabError(
+                f"GPU types {spec!r}: an empty entry; list them as h100,h200,b200", field="gpus"
+            )
+        if item.endswith((".yaml", ".yml")) or Path(item).is_file():
+            cluster = load_cluster_yaml(item)
+            acc = replace(cluster.accelerator, gpus_per_node=cluster.gpus_per_node)
+        else:
+            acc = _accelerator(item, where=f"GPU type {item!r}")
+        if acc.key in out:
+            raise ShardlabError(f"GPU types {spec!r}: {acc.key} is listed twice", field="gpus")
+        out[acc.key] = acc
+    return out

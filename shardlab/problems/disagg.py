@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from shardlab.errors import ShardlabError
-from shardlab.problems.cluster import Cluster
+from shardlab.problems.cluster import Accelerator, Cluster
 from shardlab.problems.handoff import Handoff
 from shardlab.problems.model import Model
 from shardlab.problems.plan import PLAN_SCHEMA, Plan
@@ -140,6 +140,7 @@ def prefill_problem(
     decode_pp: int,
     decode_tp: int,
     one_node: bool,
+    decode_gpu: Accelerator | None = None,
 ) -> Problem:
     """One prefill instance's problem: ``gpus`` GPUs serving prompts in flight, TTFT
     (with the handoff to decode ranks of ``decode_pp x decode_tp``) under the TTFT
@@ -152,6 +153,7 @@ def prefill_problem(
         decode_pp=decode_pp,
         decode_tp=decode_tp,
         same_node=one_node,
+        decode_gpu=decode_gpu,
     )
     return dataclasses.replace(
         _instance_problem(problem, "prefill", gpus, instances), handoff=handoff

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardlab.errors import ShardlabError
+from shardlab.problems.cluster import Accelerator
 from shardlab.problems.dtypes import BYTES_PER_VALUE
 from shardlab.problems.model import Model
 
@@ -68,6 +70,17 @@ class Handoff:
     decode_tp: int
     same_node: bool  # both pools in one NVLink domain
     received_bytes: float  # what a decode rank takes in per request, replicas included
+    # the decode pool's GPU when it is not the prefill pool's: the cache then crosses
+    # the network at the slower of the two GPUs' links and is rewritten in its HBM
+    decode_gpu: Accelerator | None = None
+
+    def __post_init__(self) -> None:
+        if self.decode_gpu is not None and self.same_node:
+            raise ShardlabError(
+                f"handoff to {self.decode_gpu.name}: pools of two GPU types share no NVLink domain",
+                field="handoff.same_node",
+                fix="place the pools on separate nodes",
+            )
 
     @staticmethod
     def of(
@@ -78,6 +91,7 @@ class Handoff:
         decode_pp: int,
         decode_tp: int,
         same_node: bool,
+        decode_gpu: Accelerator | None = None,
     ) -> Handoff:
         bytes_ = layer_handoff_bytes(model, input_len, kv_dtype)
         copies = layer_copies(model, decode_tp)
@@ -86,11 +100,13 @@ class Handoff:
             decode_tp=decode_tp,
             same_node=same_node,
             received_bytes=float(np.dot(bytes_, copies)),
+            decode_gpu=decode_gpu,
         )
 
     def describe(self) -> str:
         where = "NVLink" if self.same_node else "the network"
+        on = f" of {self.decode_gpu.name}" if self.decode_gpu is not None else ""
         return (
-            f"{self.received_bytes / 1e6:,.1f} MB per request to decode ranks of pp "
+            f"{self.received_bytes / 1e6:,.1f} MB per request to decode ranks{on} of pp "
             f"{self.decode_pp} x tp {self.decode_tp} over {where}"
         )

@@ -25,6 +25,14 @@ accepted with probability ``acceptance`` (independently, as long as the ones bef
 were), so a step advances a request by
 ``(1 - acceptance ** (draft_tokens + 1)) / (1 - acceptance)`` tokens on average.
 
+Objective ``request_rate``: the most requests per second the cluster completes under
+the SLOs, by Little's law on the closed loop: ``N`` requests in flight, each taking
+the request latency ``L = TTFT + (output_len - 1) * TPOT``, complete ``N / L`` per
+second (:mod:`shardlab.sizing.rate`). It is what a deployment offered a request rate
+has to cover; ``rate`` (requests/s, optional) is that offered rate, checked against
+the plan after the search (the plan runs at the fewest requests in flight that cover
+it).
+
 Objective ``pareto``: the trade-off between throughput per GPU (maximized; the scalar
 objective every plan is ranked by) and the latencies of :attr:`Workload.latency_axes`
 (minimized): TPOT for decode and request workloads, TTFT as well for prefill-heavy
@@ -44,11 +52,15 @@ from shardlab.problems.limits import MAX_BATCH, MAX_CONTEXT, check_count, check_
 
 Phase = Literal["prefill", "decode", "request"]
 Schedule = Literal["static", "inflight"]
-Objective = Literal["throughput", "throughput_per_gpu", "latency", "pareto"]
+Objective = Literal["throughput", "throughput_per_gpu", "latency", "pareto", "request_rate"]
 
 # Requests each client of the closed loop sends by default (InferenceX runs
 # --num-prompts 10 * --max-concurrency).
 PROMPTS_PER_CLIENT = 10
+
+# Requests in flight a rate's workload offers: no bound of its own (the engine's max
+# batch and the KV cache bound them).
+RATE_IN_FLIGHT = MAX_BATCH
 
 # A request workload is prefill-heavy (its TTFT is a second latency axis of the Pareto
 # front) when its prompts hold at least this many times the tokens it generates.
@@ -74,6 +86,9 @@ class Workload:
     # clients in the whole cluster (None: as many as the plan runs at once)
     prompts_per_client: int = PROMPTS_PER_CLIENT
     clients: int | None = None
+    # the offered load as a rate (requests/s) instead of requests in flight: the search
+    # maximizes requests/s (objective request_rate) and the plan must cover this rate
+    rate: float | None = None
 
     def __post_init__(self) -> None:
         where = f"workload {self.name!r}"
@@ -98,6 +113,7 @@ class Workload:
             if value is not None:
                 check_finite(value, what=f"{where}: {key} (ms)", positive=True)
         self._check_speculation(where)
+        self._check_rate(where)
         if self.weight_dtype is not None:
             check_weight_dtype(self.weight_dtype, where=where)
         if self.kv_dtype is not None:
@@ -123,6 +139,25 @@ class Workload:
                 f"{where}: draft_tokens applies to decoding; phase 'prefill' decodes nothing"
             )
 
+    def _check_rate(self, where: str) -> None:
+        if self.rate is not None:
+            check_finite(self.rate, what=f"{where}: rate (requests/s)", positive=True)
+        wants_rate = self.rate is not None or self.objective == "request_rate"
+        if wants_rate and self.phase != "request":
+            raise ShardlabError(
+                f"{where}: a request rate counts whole requests; phase {self.phase!r} "
+                "serves part of one",
+                field="workload.phase",
+                fix="use phase 'request' with a rate or the objective request_rate",
+            )
+        if self.rate is not None and self.objective != "request_rate":
+            raise ShardlabError(
+                f"{where}: rate {self.rate:g} requests/s is met by the plan of most requests/s "
+                f"under the SLOs, not by objective {self.objective!r}",
+                field="workload.objective",
+                fix="drop the objective (a rate implies request_rate), or drop the rate",
+            )
+
     @property
     def accepted_per_step(self) -> float:
         """Tokens a decode step advances a request by (1 without speculation)."""
@@ -142,9 +177,36 @@ class Workload:
                 f"known: {', '.join(sorted(known))}"
             )
         given = {k: v for k, v in overrides.items() if v is not None}
+        if "rate" in given:
+            rate = given.pop("rate")
+            if "batch" in given:
+                raise ShardlabError(
+                    f"workload: rate {rate!r} and batch {given['batch']!r} both set the load",
+                    field="rate",
+                    fix="give a rate (requests/s) or a batch (requests in flight), not both",
+                )
+            if given.get("objective", "request_rate") != "request_rate":
+                raise ShardlabError(
+                    f"workload: a rate is met by the plan of most requests/s under the SLOs, "
+                    f"not by objective {given['objective']!r}",
+                    field="objective",
+                    fix="give no objective with a rate",
+                )
+            given.pop("objective", None)
+            return self.with_overrides(**given).at_rate(rate)
         if not given:
             return self
         return replace(self, name=self.name if self.name == "custom" else f"{self.name}*", **given)
+
+    def at_rate(self, rate: float) -> Workload:
+        """This workload offered ``rate`` requests/s: the search maximizes requests/s
+        under the SLOs, and requests in flight are bounded by the engine and the KV
+        cache alone (the rate implies how many run)."""
+        check_finite(rate, what=f"workload {self.name!r}: rate (requests/s)", positive=True)
+        name = self.name if self.name == "custom" or self.name.endswith("*") else f"{self.name}*"
+        return replace(
+            self, name=name, rate=float(rate), objective="request_rate", batch=RATE_IN_FLIGHT
+        )
 
     @property
     def per_gpu(self) -> bool:
@@ -170,15 +232,18 @@ class Workload:
             slo.append(f"TPOT <= {self.tpot_ms:g} ms")
         if self.objective == "latency":
             goal = "minimize latency"
+        elif self.objective == "request_rate":
+            goal = "maximize requests/s"
         elif self.objective == "pareto":
             axes = " and ".join(a.removesuffix("_ms").upper() for a in self.latency_axes)
             goal = f"Pareto front of throughput per GPU vs {axes}"
         else:
             goal = f"maximize {self.objective}"
+        load = f"{self.rate:g} requests/s" if self.rate is not None else f"batch {self.batch}"
         parts = [
             self.phase,
             self.schedule,
-            f"batch {self.batch}",
+            load,
             f"{self.input_len} in / {self.output_len} out",
             *slo,
             *(

@@ -22,6 +22,7 @@ from shardlab.errors import ShardlabError
 from shardlab.problems.disagg import DisaggPlan, Serving, check_disagg, check_serving
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
+from shardlab.sizing.rate import RateFit, fit_rate
 from shardlab.solvers.base import Budget, SolveResult, Status, quality
 from shardlab.solvers.evaluator import HistoryPoint, Progress
 from shardlab.solvers.front import FrontPoint
@@ -56,6 +57,7 @@ class Solution:
     pareto: Any = None  # solvers.pareto's FrontResult, for the objective "pareto"
     megatron: Baseline | None = None
     free: Baseline | None = None
+    rate: RateFit | None = None  # with a rate: the plan at the load it implies
 
     @property
     def _result(self) -> Any:
@@ -133,11 +135,14 @@ class Solution:
         return results[0].message
 
     def plan_json(self) -> str:
-        """The chosen plan as the JSON ``shardlab evaluate --plan`` and ``launch`` read."""
-        plan = self.plan
+        """The chosen plan as the JSON ``shardlab evaluate --plan`` and ``launch`` read
+        (with a rate: at the concurrency the rate needs, and the rate recorded)."""
+        plan = self.rate.plan if self.rate is not None else self.plan
         if plan is None:
             raise ShardlabError(f"{self.method} found no plan to write", field="out")
         data = plan.to_dict(self.problem.model, cluster=self.problem.cluster.name)
+        if self.rate is not None:
+            data["rate"] = self.rate.to_dict()
         return json.dumps(data, indent=2)
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,6 +164,13 @@ class Solution:
             data["baseline"] = _megatron_json(self.problem, self.megatron)
         if self.free is not None:
             data["free"] = _free_json(self.problem, self.free)
+        if self.rate is not None:
+            data["rate"] = {
+                **self.rate.to_dict(),
+                "plan": self.rate.plan.to_dict(
+                    self.problem.model, cluster=self.problem.cluster.name
+                ),
+            }
         return data
 
 
@@ -238,6 +250,16 @@ def solve(
             field="space",
             fix="search the engine's space (space 'engine')",
         )
+    if problem.workload.rate is not None and (
+        serving != "agg" or problem.workload.objective != "request_rate"
+    ):
+        raise ShardlabError(
+            f"a rate is served by one pool of replicas here; serving {serving!r} with "
+            f"objective {problem.workload.objective!r} is not",
+            field="rate",
+            fix="solve with serving 'agg', or size disaggregated pools for the rate with "
+            "`shardlab size` (serving disagg)",
+        )
     budget = budget or default_budget(method)
     if budget.seconds is not None and budget.started is None:
         budget = dataclasses.replace(budget, started=time.perf_counter())
@@ -263,6 +285,10 @@ def _agg(
     )
     megatron = _megatron(problem, result) if baseline else None
     free = _free(problem, result, seed) if vs_free else None
+    rate = None
+    offered = problem.workload.rate
+    if offered is not None and result.plan is not None and result.metrics is not None:
+        rate = fit_rate(problem, result.plan, offered) if result.metrics.feasible else None
     return Solution(
         problem=problem,
         method=method,
@@ -272,6 +298,7 @@ def _agg(
         agg=result,
         megatron=megatron,
         free=free,
+        rate=rate,
     )
 
 

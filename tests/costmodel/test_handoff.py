@@ -76,3 +76,24 @@ def test_arrays_of_plans_are_timed_entry_by_entry() -> None:
     batch = handoff_seconds(p, pp, tp)
     one_by_one = [float(handoff_seconds(p, int(a), int(b))) for a, b in zip(pp, tp, strict=True)]
     np.testing.assert_array_equal(batch, one_by_one)
+
+
+def test_two_gpu_types_hand_off_over_the_slower_network_into_the_receivers_hbm() -> None:
+    from shardlab.errors import ShardlabError
+    from shardlab.problems.cluster import builtin_accelerators
+
+    h100 = BASE.cluster.accelerator
+    slow = dataclasses.replace(
+        builtin_accelerators()["a100"], net_gbps=h100.net_gbps / 2, net_latency_us=50.0
+    )
+    far = pool(1e8, same_node=False)
+    mixed = dataclasses.replace(far, handoff=dataclasses.replace(far.handoff, decode_gpu=slow))
+    same, other = (float(handoff_seconds(p, 1, 2)) for p in (far, mixed))
+    wire = 1e8 / 2 / (h100.net_gbps * 1e9)
+    assert same == pytest.approx(wire + h100.net_latency_us * 1e-6)
+    assert other == pytest.approx(2 * wire + 50e-6)  # half the bandwidth, its latency
+    # a relayout is rewritten in the decode GPU's HBM
+    rewrite = float(handoff_seconds(mixed, 1, 4)) - other
+    assert rewrite == pytest.approx(2.0 * 1e8 / 2 / (slow.hbm_gbps * 1e9), rel=1e-9)
+    with pytest.raises(ShardlabError, match="share no NVLink domain"):
+        Handoff(decode_pp=1, decode_tp=2, same_node=True, received_bytes=1.0, decode_gpu=slow)

@@ -108,3 +108,24 @@ def test_the_peer_section_compares_rows_both_price(tmp_path: Path) -> None:
     ttft = next(line for line in lines if "| ttft_ms |" in line)
     # only a is priced by both: ours 110/100, the peer's 200/100
     assert "| inferencex | ttft_ms | 1 | 10.0% | 100.0% | 1.10 | 2.00 |" in ttft
+
+
+def test_little_rate_pairs_a_setups_ttft_and_tpot() -> None:
+    import dataclasses
+
+    from shardlab.problems.problem import Problem
+    from shardlab.serving_report import rate_rows
+
+    problem = Problem.build("llama-3.1-8b", "h100x8", "chat", batch=64, output_len=101)
+    ttft, tpot = (
+        dataclasses.replace(
+            r, measurement=dataclasses.replace(r.measurement, problem=problem, mode="agg")
+        )
+        for r in ROWS[:2]
+    )
+    alone = dataclasses.replace(ROWS[2], measurement=ttft.measurement)  # no TPOT row: left out
+    (rate,) = rate_rows([ttft, tpot, dataclasses.replace(alone, id="c")])
+    # 64 clients / (TTFT + 100 TPOT): predicted 110 + 1,000 ms, measured 100 + 2,000 ms
+    assert rate.metric == "requests_per_s"
+    assert rate.predicted == pytest.approx(64 / 1.110)
+    assert rate.measured == pytest.approx(64 / 2.100)

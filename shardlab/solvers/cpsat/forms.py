@@ -18,6 +18,7 @@ from shardlab.costmodel import (
     degree_tables,
     forms,
     handoff_ns,
+    in_flight_requests,
     tokens,
 )
 from shardlab.problems.plan import Degrees
@@ -71,6 +72,14 @@ def scaled(form: Form, rnd: Any, prompt: Any) -> tuple[Any, int]:
     return a * rnd + b * prompt + c, scale
 
 
+def integer_weight(form: Form) -> int:
+    """The sum of ``form``'s coefficients once scaled to integers as :func:`scaled`
+    scales them: what a unit of time weighs in CP-SAT's expression of the form."""
+    coefficients = [Fraction(form.round), Fraction(form.prompt), Fraction(form.const)]
+    scale = math.lcm(*(c.denominator for c in coefficients))
+    return sum(abs(int(c * scale)) for c in coefficients)
+
+
 def step_weights(f: Forms, form: Form, n_steps: int) -> tuple[list[Any], Any]:
     """``form`` as a weighted sum of step times plus a constant (exact with one stage,
     where the round and the prompt are their steps' times)."""
@@ -115,8 +124,16 @@ def objectives(
 ) -> np.ndarray:
     """The workload's objective (higher is better) for subproblem times in ns."""
     time_ns = np.asarray(time_ns, dtype=float)
-    if problem.workload.objective == "latency":
+    w = problem.workload
+    if w.objective == "latency":
         out = -time_ns / 1e6
+    elif w.objective == "request_rate":
+        per_replica = degree_tables(problem, d).request_range.per_replica
+        running = in_flight_requests(problem, d, per_replica, np.asarray(requests_per_rank))
+        if w.schedule != "inflight":
+            running = np.full_like(running, float(w.batch))
+        with np.errstate(divide="ignore"):
+            out = running / (time_ns / 1e9)
     else:
         per_replica = degree_tables(problem, d).request_range.per_replica
         served = tokens(problem, d, per_replica, np.asarray(requests_per_rank))

@@ -42,7 +42,10 @@ from shardlab.problems.operators import HEAD_OPS
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.problems.space import MAX_SHIFT, balanced_boundaries, max_shift
-from shardlab.solvers.cpsat.forms import scaled, subproblem_forms
+from shardlab.solvers.cpsat.forms import integer_weight, scaled, subproblem_forms
+
+# Largest value CP-SAT's objective may reach here (a margin below 2^63 for its sums).
+OBJECTIVE_LIMIT = 2**61
 
 CP_STATUS = {
     cp_model.OPTIMAL: "optimal",
@@ -301,7 +304,17 @@ class SubproblemModel:
     # objective ---------------------------------------------------------------------------
 
     def _objective(self) -> None:
-        horizon = 10**15
+        f = self.forms
+        w = self.problem.workload
+        # CP-SAT refuses a model whose objective could overflow 64 bits. The minimized
+        # form's exact integer coefficients (the request latency's carry (output - 1)
+        # and the closed loop's fractions: billions) times the largest time may not fit:
+        # the horizon then shrinks to 1,000 s a round or prompt (a plan slower than that
+        # serves no one), and past that the coefficients are rounded to 2^61 over the
+        # horizon (relative error ~1e-6, below the tables' own rounding).
+        time_form = f.time(w.objective)
+        weight = integer_weight(time_form)
+        horizon = 10**15 if weight * 10**15 <= OBJECTIVE_LIMIT else 10**12
 
         def maximum(a: Any, b: Any) -> Any:
             r = self.cp.NewIntVar(0, horizon, "")
@@ -316,10 +329,8 @@ class SubproblemModel:
                 self.cp.Add(mx >= expr)
             sums.append(sum(self.stage_time[step]))
             maxes.append(mx)
-        f = self.forms
         m = min(self.d.pp, self.requests_per_rank)
         rnd, prompt = basic_times(f, m, sums, maxes, maximum)
-        w = self.problem.workload
         for name, form in (("ttft_ms", f.ttft), ("tpot_ms", f.tpot)):
             if form is None:
                 continue
@@ -328,7 +339,15 @@ class SubproblemModel:
             if given:
                 # scale * latency <= scale * bound, in whole ns (the latency's own are)
                 self.cp.Add(expr <= math.floor(min(given) * 1e6 * scale))
-        time_expr, self.time_scale = scaled(f.time(w.objective), rnd, prompt)
+        if weight * horizon <= OBJECTIVE_LIMIT:
+            time_expr, scale = scaled(time_form, rnd, prompt)
+            self.time_scale: float = scale
+        else:
+            coefficients = [float(time_form.round), float(time_form.prompt)]
+            k = OBJECTIVE_LIMIT / (horizon * sum(abs(c) for c in coefficients))
+            a, b = (round(c * k) for c in coefficients)
+            time_expr = a * rnd + b * prompt + round(float(time_form.const) * k)
+            self.time_scale = k
         self.cp.Minimize(time_expr)
 
     # hints and solutions -------------------------------------------------------------

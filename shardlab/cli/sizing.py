@@ -1,0 +1,225 @@
+"""``shardlab size``: the cheapest deployment serving a request rate, over GPU types."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from shardlab.cli.app import Format, FormatOpt, app
+from shardlab.cli.options import problem_command
+from shardlab.cli.render import emit_json, out, problem_json
+from shardlab.errors import ShardlabError
+from shardlab.files import check_output_file, write_text
+from shardlab.problems.cluster import Cluster, parse_accelerators
+from shardlab.problems.limits import MAX_GPUS
+from shardlab.problems.problem import Problem
+
+if TYPE_CHECKING:
+    from shardlab.sizing.size import Sizer, Sizing
+
+DEFAULT_GPUS = "h100,h200,b200"
+
+
+def _cluster(options: dict[str, Any]) -> Cluster:
+    from shardlab.sizing.size import sizing_cluster
+
+    return sizing_cluster(parse_accelerators(options["gpus"]), options["max_gpus"])
+
+
+# Options that describe one plan's load or cluster: a sizing sets them itself.
+_NOT_TAKEN = ("batch", "rate", "objective", "phase", "schedule", "clients", "prompts_per_client")
+
+
+@app.command()
+@problem_command(without=_NOT_TAKEN, cluster_from=_cluster)
+def size(
+    problem: Problem,
+    rate: Annotated[
+        float | None, typer.Option(help="Requests/s to serve (or --rates for a curve).")
+    ] = None,
+    rates: Annotated[
+        str | None,
+        typer.Option(
+            help="A curve: rates as 5,10,20,40 or a range START:STOP:STEP (xF for a factor, "
+            "e.g. 5:80:x2)."
+        ),
+    ] = None,
+    gpus: Annotated[
+        str,
+        typer.Option(
+            "--gpus", help="GPU types to choose from: built-in names or cluster YAML files."
+        ),
+    ] = DEFAULT_GPUS,
+    price: Annotated[
+        str | None,
+        typer.Option(
+            help="$/GPU-hour of every listed GPU, e.g. h100=2.99,h200=3.79 (none: fewest GPUs)."
+        ),
+    ] = None,
+    serving: Annotated[
+        str,
+        typer.Option(
+            help="agg: instances behind a router, types mixed; disagg: a prefill and a decode "
+            "pool, each of any type; best: both."
+        ),
+    ] = "best",
+    max_gpus: Annotated[
+        int,
+        typer.Option("--max-gpus", min=1, max=MAX_GPUS, help="Most GPUs a deployment may use."),
+    ] = 256,
+    seed: Annotated[int, typer.Option(min=0, help="CP-SAT's seed.")] = 0,
+    out_file: Annotated[
+        str | None,
+        typer.Option("--out", help="Write the answer (JSON; `shardlab launch --plan` takes it)."),
+    ] = None,
+    plot: Annotated[
+        str | None, typer.Option(help="--rates: write the cost per rate per GPU type here (PNG).")
+    ] = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """The cheapest deployment (least $/hour, or fewest GPUs without prices) serving a
+    rate under the SLOs: GPU type, instances, nodes and plan of each pool, proven
+    optimal under the cost model over every listed type, count up to --max-gpus and
+    serving mode."""
+    from shardlab.sizing.answer import sizing_json
+    from shardlab.sizing.inputs import parse_prices, parse_rates
+    from shardlab.sizing.size import Sizer
+
+    if (rate is None) == (rates is None):
+        raise ShardlabError("give --rate R (requests/s) or --rates for a curve", field="rate")
+    values = parse_rates(rates) if rates is not None else parse_rates(str(rate), name="rate")
+    if plot is not None:
+        if rates is None:
+            raise ShardlabError("--plot draws a curve: give --rates")
+        check_output_file(plot, flag="--plot")
+    if out_file is not None:
+        check_output_file(out_file, flag="--out")
+    accs = parse_accelerators(gpus)
+    prices = parse_prices(price, list(accs))
+    problem = dataclasses.replace(problem, workload=problem.workload.at_rate(values[0]))
+    sizer = Sizer(problem, accs, prices=prices, serving=serving, max_gpus=max_gpus, seed=seed)
+    results = sizer.curve(values)
+    if all(s.best is None for s in results):
+        raise sizer.why_unserved(values[0])
+    data = sizing_json(sizer, results)
+    if out_file is not None:
+        write_text(out_file, _dumps(data))
+    if plot is not None:
+        from shardlab.plots import plot_sizing
+
+        plot_sizing(plot, sizer, results)
+    if fmt is Format.json:
+        emit_json({"problem": problem_json(problem), **data})
+        return
+    _print(sizer, results)
+    for path in (plot, out_file):
+        if path is not None:
+            out.print(f"wrote {path}")
+
+
+def _dumps(data: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(data, indent=2) + "\n"
+
+
+def _money(sizer: Sizer, cost: float) -> str:
+    return f"${cost:,.2f}/h" if sizer.priced else f"{cost:g} GPUs"
+
+
+def _print(sizer: Sizer, results: list[Sizing]) -> None:
+    from rich.table import Table
+
+    problem = sizer.problem
+    w = problem.workload
+    out.print(
+        f"[bold]{problem.model.name}[/]: {w.input_len} in / {w.output_len} out"
+        + "".join(
+            f", {name} <= {value:g} ms"
+            for name, value in (("TTFT", w.ttft_ms), ("TPOT", w.tpot_ms))
+            if value is not None
+        )
+        + f"; {problem.engine}"
+        + (" (plans it can launch)" if problem.space_kind == "engine" else "")
+        + f", {problem.timing} timing"
+    )
+    prices = sizer.prices or {}
+    gpus = ", ".join(
+        g + (f" ${prices[g]:g}/GPU-h" if g in prices else "") for g in sizer.accelerators
+    )
+    out.print(f"GPUs {gpus}; serving {sizer.serving}; up to {sizer.max_gpus} GPUs")
+    if len(results) == 1:
+        _print_one(sizer, results[0])
+    else:
+        table = Table(title="cost per rate" if sizer.priced else "GPUs per rate")
+        table.add_column("requests/s", justify="right")
+        for g in sizer.accelerators:
+            table.add_column(f"{g} only", justify="right")
+        table.add_column("cheapest", justify="right")
+        table.add_column("deployment")
+        for s in results:
+            cells = [_cell(sizer, s.by_gpu.get(g)) for g in sizer.accelerators]
+            best = s.best
+            table.add_row(
+                f"{s.rate:g}",
+                *cells,
+                _cell(sizer, best),
+                best.label() if best is not None else "none up to --max-gpus",
+            )
+        out.print(table)
+    out.print(
+        f"proof: {sizer.caps.solves} instance capacities proven by CP-SAT "
+        f"({sizer.caps.seconds:.1f} s); the rest pruned by bounds (shardlab.sizing.size)"
+    )
+    for c in sizer.caps.gaps():
+        out.print(
+            f"note: {c.label()} ({c.role}) serves {c.rate:.3f}/s, below its CP-SAT optimum "
+            f"{c.bound:.3f}/s: an SLO fails at a lower load there (the cost model's latency "
+            "dips); its servable capacity is used"
+        )
+
+
+def _cell(sizer: Sizer, d: Any) -> str:
+    if d is None:
+        return "-"
+    return f"{_money(sizer, d.cost)} {d.mode}"
+
+
+def _print_one(sizer: Sizer, s: Sizing) -> None:
+    from rich.table import Table
+
+    best = s.best
+    assert best is not None
+    out.print(
+        f"rate [bold]{s.rate:g} requests/s[/]: [bold]{best.label()}[/] ({best.mode}), "
+        + (f"${best.cost:,.2f}/h, " if sizer.priced else "")
+        + f"{best.gpus} GPUs on {best.nodes} node(s), "
+        f"capacity {best.capacity:.3f}/s"
+    )
+    table = Table(title="pools")
+    for col in ("pool", "GPU", "instances", "GPUs each", "nodes", "plan", "per rank", "TTFT ms",
+                "TPOT ms", "requests/s"):  # fmt: skip
+        table.add_column(col)
+    for p in best.pools:
+        c = p.capacity
+        table.add_row(
+            p.role,
+            p.gpu,
+            str(p.instances),
+            str(c.gpus),
+            str(p.nodes),
+            c.plan.degrees.short() if c.plan else "-",
+            str(c.plan.requests_per_rank) if c.plan else "-",
+            f"{c.metrics.ttft_ms:,.0f}" if c.metrics and p.role != "decode" else "-",
+            f"{c.metrics.tpot_ms:.1f}" if c.metrics and p.role != "prefill" else "-",
+            f"{p.rate:.3f}",
+        )
+    out.print(table)
+    table = Table(title="each GPU type alone")
+    for col in ("GPU", "cost" if sizer.priced else "GPUs", "deployment"):
+        table.add_column(col)
+    for g, d in s.by_gpu.items():
+        table.add_row(g, _cell(sizer, d), d.label() if d else "none up to --max-gpus")
+    out.print(table)

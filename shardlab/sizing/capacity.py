@@ -1,0 +1,242 @@
+"""The proven capacity of one instance: requests/s it serves under the SLOs.
+
+An *instance* is one copy of the model on ``gpus`` GPUs of one type (``replicas = 1``;
+a deployment of several is several instances behind a router). Its capacity is a
+CP-SAT optimum over every plan and concurrency of that instance (a proof, or a proof
+that no plan meets the SLOs there):
+
+- aggregated: the most requests/s by Little's law (:mod:`shardlab.sizing.rate`),
+  the workload's objective ``request_rate``;
+- a prefill instance of disaggregated serving: prompts/s under the TTFT SLO, its TTFT
+  including the handoff of each prompt's cache to the decode pool's layout and GPU;
+- a decode instance: requests/s under the TPOT SLO (``output_len - 1`` tokens each,
+  :func:`shardlab.costmodel.disagg.instance_rate`).
+
+Shapes are powers of two within a node, then powers of two of whole nodes. Solves are
+kept by instance: a curve over rates re-uses every one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from shardlab.costmodel.disagg import instance_rate
+from shardlab.costmodel.metrics import BatchMetrics, Metrics
+from shardlab.errors import ShardlabError
+from shardlab.problems.cluster import Accelerator, Cluster
+from shardlab.problems.disagg import decode_problem, prefill_problem
+from shardlab.problems.plan import Plan
+from shardlab.problems.problem import Problem
+from shardlab.sizing.rate import little_rate, prefix_capacity
+from shardlab.solvers.base import Budget
+
+Role = Literal["agg", "prefill", "decode"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capacity:
+    """One instance's proven capacity (``rate`` 0: no plan meets the SLOs there)."""
+
+    gpu: str  # accelerator key
+    gpus: int  # per instance
+    role: Role
+    rate: float  # requests/s servable: every load up to it meets the SLOs
+    bound: float  # requests/s of the CP-SAT optimum at its concurrency (>= rate)
+    status: str  # optimal, infeasible, skipped (no problem: weights, layout), or the solve's
+    plan: Plan | None
+    metrics: Metrics | None
+    problem: Problem | None  # the instance's problem (None: skipped)
+    why: str = ""
+    seconds: float = 0.0
+
+    @property
+    def proven(self) -> bool:
+        return self.status in ("optimal", "infeasible", "skipped")
+
+    @property
+    def layout(self) -> tuple[int, int] | None:
+        """(pp, tp) of the plan: what a prefill pool hands its caches off to."""
+        return None if self.plan is None else (self.plan.degrees.pp, self.plan.degrees.tp)
+
+    def label(self) -> str:
+        return f"{self.gpus} x {self.gpu}"
+
+
+def instance_sizes(acc: Accelerator, max_gpus: int) -> tuple[int, ...]:
+    """GPUs an instance of ``acc`` may have, up to ``max_gpus``: powers of two dividing
+    a node, then a power of two of whole nodes (the sizes engines' parallel degrees,
+    powers of two, fill)."""
+    node = acc.gpus_per_node
+    sizes = [1 << k for k in range(node.bit_length()) if node % (1 << k) == 0]
+    nodes = 2
+    while node * nodes <= max_gpus:
+        sizes.append(node * nodes)
+        nodes *= 2
+    return tuple(g for g in sizes if g <= max_gpus)
+
+
+def least_gpus(problem: Problem, acc: Accelerator) -> int:
+    """GPUs of ``acc`` the weights need at the least (HBM alone, nothing else)."""
+    return max(1, math.ceil(problem.weight_bytes() / 1e9 / acc.hbm_gb))
+
+
+def on(problem: Problem, acc: Accelerator, gpus: int) -> Problem:
+    """``problem`` on one instance of ``gpus`` GPUs of ``acc`` (``replicas = 1``)."""
+    cluster = Cluster(accelerator=acc, num_gpus=gpus, gpus_per_node=acc.gpus_per_node)
+    return dataclasses.replace(problem, cluster=cluster, pin=(("replicas", 1),))
+
+
+class Capacities:
+    """Instance capacities of one sizing problem, each solved once.
+
+    ``problem`` carries the model, engine, space and SLOs; its workload is the rate's
+    (objective ``request_rate``); its cluster is replaced per instance.
+    """
+
+    def __init__(self, problem: Problem, accelerators: dict[str, Accelerator], seed: int = 0):
+        self.problem = problem
+        self.accelerators = accelerators
+        self.seed = seed
+        self.solves = 0
+        self.seconds = 0.0
+        self._kept: dict[tuple, Capacity] = {}
+        w = problem.workload
+        # an instance's capacity: the most requests/s, no rate to fit
+        self._agg_base = dataclasses.replace(
+            problem, workload=dataclasses.replace(w, rate=None, objective="request_rate")
+        )
+        # the pools' problems derive from a throughput workload (one pool serves part of
+        # each request: a rate of whole requests is not its objective)
+        self._pool_base = dataclasses.replace(
+            problem, workload=dataclasses.replace(w, rate=None, objective="throughput")
+        )
+
+    def agg(self, gpu: str, gpus: int) -> Capacity:
+        return self._get(("agg", gpu, gpus), lambda: self._agg(gpu, gpus))
+
+    def decode(self, gpu: str, gpus: int, layout: tuple[int, int] | None = None) -> Capacity:
+        return self._get(("decode", gpu, gpus, layout), lambda: self._decode(gpu, gpus, layout))
+
+    def prefill(
+        self, gpu: str, gpus: int, decode: tuple[str, tuple[int, int]] | None = None
+    ) -> Capacity:
+        """A prefill instance handing off to decode ranks ``(decode GPU, (pp, tp))``;
+        None: no handoff (an upper bound on any)."""
+        return self._get(("prefill", gpu, gpus, decode), lambda: self._prefill(gpu, gpus, decode))
+
+    def gaps(self) -> list[Capacity]:
+        """Instances whose servable capacity is below their CP-SAT optimum: an SLO
+        fails at a load below the optimum's (the cost model's latencies dip there)."""
+        return [c for c in self._kept.values() if c.rate < c.bound * (1 - 1e-6)]
+
+    def decode_layouts(self, gpu: str, gpus: int) -> tuple[tuple[int, int], ...]:
+        """The (pp, tp) layouts a decode instance may take (what its prefill hands
+        off to)."""
+        acc = self.accelerators[gpu]
+        space = decode_problem(on(self._pool_base, acc, gpus), gpus, 1).space
+        return tuple(dict.fromkeys((d.pp, d.tp) for d in space.degree_tuples))
+
+    # -- solves ---------------------------------------------------------------------------
+
+    def _get(self, key: tuple, make: object) -> Capacity:
+        if key not in self._kept:
+            self._kept[key] = make()  # type: ignore[operator]
+        return self._kept[key]
+
+    def _agg(self, gpu: str, gpus: int) -> Capacity:
+        acc = self.accelerators[gpu]
+        return self._solve("agg", acc, gpus, lambda: on(self._agg_base, acc, gpus))
+
+    def _decode(self, gpu: str, gpus: int, layout: tuple[int, int] | None) -> Capacity:
+        acc = self.accelerators[gpu]
+
+        def build() -> Problem:
+            base = on(self._pool_base, acc, gpus)
+            return decode_problem(base, gpus, 1, layout=layout)
+
+        return self._solve("decode", acc, gpus, build)
+
+    def _prefill(self, gpu: str, gpus: int, decode: tuple[str, tuple[int, int]] | None) -> Capacity:
+        acc = self.accelerators[gpu]
+
+        def build() -> Problem:
+            base = on(self._pool_base, acc, gpus)
+            if decode is None:  # no handoff: the pool problem's prefill alone
+                pool = prefill_problem(base, gpus, 1, decode_pp=1, decode_tp=1, one_node=False)
+                return dataclasses.replace(pool, handoff=None)
+            decode_gpu, (pp, tp) = decode
+            other = self.accelerators[decode_gpu]
+            return prefill_problem(
+                base,
+                gpus,
+                1,
+                decode_pp=pp,
+                decode_tp=tp,
+                one_node=False,  # the pools own separate nodes
+                decode_gpu=None if other == acc else other,
+            )
+
+        return self._solve("prefill", acc, gpus, build)
+
+    def _solve(self, role: Role, acc: Accelerator, gpus: int, build: object) -> Capacity:
+        from shardlab.solvers.solve import solve
+
+        def skipped(why: str) -> Capacity:
+            return Capacity(
+                gpu=acc.key,
+                gpus=gpus,
+                role=role,
+                rate=0.0,
+                bound=0.0,
+                status="skipped",
+                plan=None,
+                metrics=None,
+                problem=None,
+                why=why,
+            )
+
+        if gpus < least_gpus(self.problem, acc):
+            return skipped(f"the weights need {least_gpus(self.problem, acc)} or more")
+        try:
+            problem = build()  # type: ignore[operator]
+            problem.space  # noqa: B018 -- no degrees (a pinned layout, the model's shape)
+        except ShardlabError as exc:
+            return skipped(exc.message)
+        start = time.perf_counter()
+        s = solve(problem, "cpsat", budget=Budget.exact(), seed=self.seed, baseline=False)
+        seconds = time.perf_counter() - start
+        self.solves += 1
+        self.seconds += seconds
+        m = s.agg.metrics if s.agg is not None else None
+        feasible = m is not None and m.feasible
+        rate = bound = 0.0
+        plan = s.plan if feasible else None
+        if feasible and m is not None and isinstance(plan, Plan):
+            if role == "agg":
+                bound, rate_of = m.objective, little_rate
+            else:
+                bound = float(instance_rate(self._pool_base, problem, m.throughput_tok_s))
+
+                def rate_of(b: BatchMetrics) -> np.ndarray:
+                    return instance_rate(self._pool_base, problem, b.throughput_tok_s)
+
+            rate, _ = prefix_capacity(problem, plan, m.requests_per_rank, rate_of)
+        return Capacity(
+            gpu=acc.key,
+            gpus=gpus,
+            role=role,
+            rate=rate,
+            bound=max(bound, rate),
+            status=s.status,
+            plan=plan,  # type: ignore[arg-type]
+            metrics=m if feasible else None,
+            problem=problem,
+            why="" if feasible else s.message,
+            seconds=seconds,
+        )
