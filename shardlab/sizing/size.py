@@ -31,6 +31,10 @@ plan that CP-SAT proves best for it (:mod:`shardlab.sizing.capacity`). Cost is
 3. *Infeasibility carries upward.* Capacities do not depend on the rate and a
    deployment covering a rate covers every lower one, so a rate that no deployment
    up to ``max_gpus`` serves refuses every higher rate of a curve unsolved.
+4. *A compute ceiling.* No deployment of ``max_gpus`` GPUs serves more requests/s
+   than they compute at their peak (:meth:`Sizer.rate_ceiling`); a rate above it is
+   refused before any solve. Between the ceiling and what the GPUs really serve, the
+   proof of "none" solves every shape (minutes for large models at 256 GPUs).
 """
 
 from __future__ import annotations
@@ -370,6 +374,13 @@ class Sizer:
         deployment of, skipped: infeasibility carries upward)."""
         check_finite(rate, what="rate (requests/s)", positive=True)
         gpus = list(self.accelerators)
+        if rate > self.rate_ceiling():
+            return Sizing(
+                rate=rate,
+                best=None,
+                by_gpu=dict.fromkeys(gpus),
+                proof=(f"above {self.rate_ceiling():.4g}/s: more than the GPUs compute",),
+            )
         solves, seconds = self.caps.solves, self.caps.seconds
         start = time.perf_counter()
         by_gpu: dict[str, Deployment | None] = {}
@@ -414,9 +425,31 @@ class Sizer:
 
     # -- refusals ------------------------------------------------------------------------
 
+    def rate_ceiling(self) -> float:
+        """Requests/s that no deployment of ``max_gpus`` GPUs exceeds by compute alone:
+        each request multiplies every active weight once per token it processes
+        (``input + output - 1``), 2 FLOPs each, and no GPU runs faster than its
+        highest dense peak (the measured kernels stay below it). Rates above it are
+        refused without solving anything."""
+        w = self.problem.workload
+        flops = 2.0 * self.problem.model.num_params().active_compute
+        flops *= w.input_len + w.output_len - 1
+        peak = max(
+            max(a.bf16_tflops, a.fp8_tflops, a.fp4_tflops) for a in self.accelerators.values()
+        )
+        return self.max_gpus * peak * 1e12 / flops
+
     def why_unserved(self, rate: float) -> ShardlabError:
-        """Why no deployment serves ``rate``: an SLO no instance meets, or a rate past
-        what ``max_gpus`` GPUs serve."""
+        """Why no deployment serves ``rate``: past what ``max_gpus`` GPUs compute, an
+        SLO no instance meets, or a rate past what they serve."""
+        if rate > self.rate_ceiling():
+            return ShardlabError(
+                f"rate {rate:g} requests/s: {self.max_gpus} GPUs of "
+                f"{', '.join(self.accelerators)} compute at most {self.rate_ceiling():.4g} "
+                f"requests/s of {self.problem.model.name} at their peak",
+                field="rate",
+                fix="give a lower rate or allow more GPUs (max_gpus)",
+            )
         kinds = [
             c for g in self.accelerators for n in self.shapes(g) for c in self._role_caps(g, n)
         ]
@@ -439,12 +472,15 @@ class Sizer:
                 field="slo",
                 fix="relax the TTFT/TPOT SLOs, or allow faster GPUs or more of them (max_gpus)",
             )
-        most = max(
-            (self.max_gpus // c.gpus) * c.rate for c in kinds if c.rate > 0 and c.role != "prefill"
+        agg = [(self.max_gpus // c.gpus) * c.rate for c in kinds if c.role == "agg"]
+        most = (
+            f" (aggregated instances of one kind serve at most {max(agg):.3g}/s there)"
+            if agg and max(agg) > 0
+            else ""
         )
         return ShardlabError(
             f"rate {rate:g} requests/s: no deployment of {types} up to {self.max_gpus} GPUs "
-            f"serves it under the SLOs (one kind of instance serves at most {most:.3g}/s there)",
+            f"serves it under the SLOs{most}",
             field="rate",
             fix="give a lower rate or allow more GPUs (max_gpus)",
         )

@@ -61,10 +61,17 @@ def test_bad_sizing_input_is_refused(extra: list[str], says: str) -> None:
 
 
 def test_a_rate_past_max_gpus_is_refused_naming_the_fix() -> None:
+    # below what one H100 computes at its peak (114/s), above what it serves
     line = refused(
-        [*SMALL, "--gpus", "h100", "--max-gpus", "2", "--rate", "1000", "--out", "d.json"]
+        [*SMALL, "--gpus", "h100", "--max-gpus", "1", "--rate", "100", "--out", "d.json"]
     )
-    assert "rate 1000 requests/s" in line and "max_gpus" in line and "(set by --rate)" in line
+    assert "rate 100 requests/s: no deployment of h100 up to 1 GPUs" in line
+    assert "max_gpus" in line and "(set by --rate)" in line
+
+
+def test_a_rate_past_what_the_gpus_compute_is_refused_unsolved() -> None:
+    line = refused([*SMALL, "--gpus", "h100,b200", "--rate", "1e6", "--out", "d.json"])
+    assert "256 GPUs of h100, b200 compute at most" in line
 
 
 def test_an_slo_nothing_meets_is_refused() -> None:
