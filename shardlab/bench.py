@@ -12,10 +12,13 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from shardlab.costmodel import evaluate, evaluate_batch, forget_tables
+from shardlab.costmodel.arithmetic import assemble
+from shardlab.costmodel.units import units_of_codes
 from shardlab.problems.problem import Problem
 from shardlab.problems.suite import get_instance
 
@@ -34,6 +37,8 @@ class EvaluatorSpeed:
     instance: str
     degree_tuples: int
     warm_plans_s: float  # 20,000 random plans in one call, tables built
+    points_per_plan: float  # (plan, concurrency) points each plan is priced at
+    warm_points_s: float  # those points per second in the warm call
     first_plans_s: float  # the same call with every table still to build
     batch64_plans_s: float  # batches of 64, as anneal, genetic and RL send them
     single_ms: float  # one plan through evaluate_batch (a solver's single plan)
@@ -58,6 +63,7 @@ def evaluator_speed(name: str, *, plans: int = 20_000, repeats: int = 3) -> Eval
     evaluate_batch(problem, codes)
     first = time.perf_counter() - t0
     warm = _best(lambda: evaluate_batch(problem, codes), repeats)
+    points = _points(problem, codes)
     batches = codes[: 64 * 100].reshape(-1, 64, codes.shape[1])
     b64 = _best(lambda: [evaluate_batch(problem, b) for b in batches], repeats)
     singles = codes[:100]
@@ -69,12 +75,23 @@ def evaluator_speed(name: str, *, plans: int = 20_000, repeats: int = 3) -> Eval
         instance=name,
         degree_tuples=len(problem.space.degree_tuples),
         warm_plans_s=len(codes) / warm,
+        points_per_plan=points / len(codes),
+        warm_points_s=points / warm,
         first_plans_s=len(codes) / first,
         batch64_plans_s=batches.shape[0] * 64 / b64,
         single_ms=one / len(singles) * 1e3,
         metrics_ms=plain / len(decoded) * 1e3,
         scalar_ms=scalar / len(decoded) * 1e3,
     )
+
+
+def _points(problem: Problem, codes: np.ndarray) -> int:
+    """The (plan, concurrency) points the evaluator prices for ``codes``: in flight,
+    each plan at every concurrency its KV cache and offer allow that can differ (a
+    micro-batch size stands for the requests sharing it), static its one batch."""
+    units = units_of_codes(problem, codes)
+    parts = np.array_split(np.arange(len(codes)), max(1, len(codes) // 2_000))
+    return sum(len(assemble(problem, units.take(rows)).curves["plan"]) for rows in parts)
 
 
 def machine() -> str:
@@ -90,20 +107,24 @@ def evaluator_markdown(command: str, rows: list[EvaluatorSpeed], repeats: int) -
         f"Machine: {machine()}. Best of {repeats} repeats, one thread.",
         "",
         "Plans are random samples of each instance's space (every degree tuple mixed in "
-        "one call). *warm*: 20,000 plans in one call with the tables built; *first*: the "
+        "one call). *warm*: 20,000 plans in one call with the tables built; *points*: "
+        "the (plan, concurrency) pairs that call prices (in flight every concurrency a "
+        "plan can run that changes its times; static, the batch), per plan and per "
+        "second; *first*: the "
         "same call building every table; *batch 64*: 100 batches of 64 (what anneal, "
         "genetic and RL send); *one plan*: a single row through `evaluate_batch`; "
         "*metrics*: `evaluate(breakdown=False)`, one plan's metrics; *evaluate()*: one "
         "plan with its per-operator breakdown.",
         "",
-        "| instance | degree tuples | warm plans/s | first plans/s | batch 64 plans/s "
-        "| one plan ms | metrics ms | evaluate() ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| instance | degree tuples | warm plans/s | points per plan | warm points/s "
+        "| first plans/s | batch 64 plans/s | one plan ms | metrics ms | evaluate() ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r.instance} | {r.degree_tuples} | {r.warm_plans_s:,.0f} | "
-            f"{r.first_plans_s:,.0f} | {r.batch64_plans_s:,.0f} | {r.single_ms:.2f} | "
+            f"{r.points_per_plan:,.1f} | {r.warm_points_s:,.0f} | {r.first_plans_s:,.0f} | "
+            f"{r.batch64_plans_s:,.0f} | {r.single_ms:.2f} | "
             f"{r.metrics_ms:.2f} | {r.scalar_ms:.2f} |"
         )
     return "\n".join(lines) + "\n"
@@ -263,4 +284,123 @@ def sizing_markdown(command: str, rows: list[SizingSpeed]) -> str:
             f"| {r.model} | {r.rate:g} | {r.gpus} | {r.seconds:.1f} | {r.solves} | "
             f"{r.answer} | {r.answer_gpus if r.answer_gpus is not None else '-'} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SolveSpeed:
+    label: str
+    args: tuple[str, ...]
+    seconds: float  # wall clock of the whole command, Python's start included
+    status: str
+    objective: float | None
+    solves: int | None
+    base_seconds: float | None = None  # the same command with the baseline's code
+    base_status: str | None = None
+    base_objective: float | None = None
+
+
+# Where users start (issue 37): the README's main job, then the searches a new user
+# runs next, trtllm, 8,192 offered, 1024/256, TTFT <= 2 s, TPOT <= 50 ms; and the
+# Learning to Shard scale.
+_NEXT = ("--engine", "trtllm", "--batch", "8192", "--input-len", "1024", "--output-len", "256")
+_NEXT += ("--ttft-ms", "2000", "--tpot-ms", "50")
+_MOE = ("--model", "moe-1.6t", "--cluster", "h100x2048", "--batch", "4096")
+SOLVE_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("the README's main job", ()),
+    *(
+        (
+            f"{label}, {space} space",
+            ("--model", model, "--cluster", cluster, *_NEXT, "--space", space),
+        )
+        for label, model, cluster in (
+            ("Llama-3.1-70B, 8 H100", "llama-3.1-70b", "h100x8"),
+            ("Qwen3-235B, 16 H200", "qwen3-235b-a22b", "h200x16"),
+            ("DeepSeek-V3, 16 H200", "deepseek-v3", "h200x16"),
+            ("DeepSeek-V3, 64 H100", "deepseek-v3", "h100x64"),
+        )
+        for space in ("engine", "free")
+    ),
+    ("moe-1.6t, 2,048 H100, 4,096 offered", _MOE),
+)
+
+
+def solve_speed(
+    args: tuple[str, ...], code: str | None = None
+) -> tuple[float, str, float | None, int | None]:
+    """Wall seconds, status, objective and CP-SAT solves of ``shardlab solve --method
+    cpsat ARGS`` in a fresh process, as a user runs it; ``code``: the source tree to
+    run instead of the installed one (a checkout of another commit)."""
+    import json
+    import subprocess
+    import sys
+
+    # `python -m` puts its working directory first on the path: run in the tree itself
+    tree = code if code is not None else str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": tree}
+    command = [sys.executable, "-m", "shardlab", "solve", "--method", "cpsat", *args]
+    start = time.perf_counter()
+    done = subprocess.run(
+        [*command, "--format", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tree,
+        check=False,
+    )
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        return wall, f"exit {done.returncode}", None, None
+    answer = json.loads(done.stdout)
+    metrics = answer.get("metrics") or {}
+    solves = (answer.get("facts") or {}).get("solves")
+    return wall, answer["status"], metrics.get("objective"), solves
+
+
+def tree_label(tree: str) -> str:
+    """``tree`` and the commit checked out there, when it is a git checkout."""
+    import subprocess
+
+    done = subprocess.run(
+        ["git", "-C", tree, "log", "-1", "--format=%h %s"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return f"{tree} (commit {done.stdout.strip()})" if done.returncode == 0 else tree
+
+
+def solves_markdown(command: str, rows: list[SolveSpeed], baseline: str | None) -> str:
+    side = baseline is not None
+    lines = [
+        "# Time to the proven optimum where users start",
+        "",
+        f"Produced by `{command}`; numbers are written by the code, never by hand. "
+        f"Machine: {machine()}. Each row is `shardlab solve --method cpsat ARGS` in a "
+        "fresh process, wall clock from Python's start to the printed plan (install "
+        "excluded), as a new user runs it; one run each, so other load on the machine "
+        "shows in it."
+        + (
+            f" *before*: the same command run on the code at {baseline} in the same "
+            "session, one after the other."
+            if side
+            else ""
+        ),
+        "",
+        "| problem | arguments | seconds | status | objective | CP-SAT solves |"
+        + (" before s | before status | before objective | speed-up |" if side else ""),
+        "|---|---|---:|---|---:|---:|" + ("---:|---|---:|---:|" if side else ""),
+    ]
+    for r in rows:
+        obj = f"{r.objective:,.2f}" if r.objective is not None else "-"
+        line = (
+            f"| {r.label} | `{' '.join(r.args) or '(none)'}` | {r.seconds:.1f} | {r.status} "
+            f"| {obj} | {r.solves if r.solves is not None else '-'} |"
+        )
+        if side:
+            before = f"{r.base_seconds:.1f}" if r.base_seconds is not None else "-"
+            ratio = f"{r.base_seconds / r.seconds:.1f}x" if r.base_seconds else "-"
+            was = f"{r.base_objective:,.2f}" if r.base_objective is not None else "-"
+            line += f" {before} | {r.base_status or '-'} | {was} | {ratio} |"
+        lines.append(line)
     return "\n".join(lines) + "\n"

@@ -3,9 +3,12 @@ benchmarks time, and running the CLI in-process."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -57,3 +60,31 @@ def cli_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.fixture
 def llama8b_config() -> dict:
     return json.loads((MODEL_DIR / "meta-llama--Meta-Llama-3.1-8B.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def exhaustive_optimum(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[str], tuple[str, float]]:
+    """``(status, objective)`` of exhaustive search on a suite instance, enumerated once
+    per test session: the result is shared through a file by every xdist worker (the
+    first to ask enumerates under a lock; the ground-truth tests of several modules
+    ask for the same instances)."""
+    from shardlab.problems.suite import get_instance
+    from shardlab.solvers import Budget, solve
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+    def optimum(name: str) -> tuple[str, float]:
+        path = shared / f"exhaustive-{name}.json"
+        with open(shared / f"exhaustive-{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists():
+                r = solve(get_instance(name).problem(), "exhaustive", budget=Budget(max_evals=None))
+                assert r.metrics is not None, r.message
+                path.write_text(json.dumps([r.status, r.metrics.objective]))
+            status, objective = json.loads(path.read_text())
+        return status, objective
+
+    return optimum

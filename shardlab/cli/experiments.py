@@ -307,8 +307,10 @@ def _journal(out_dir: Path, fresh: bool) -> Journal:
 WhatOpt = Annotated[
     str,
     typer.Argument(
-        help="evaluator: plans per second of the cost model; cpsat: time to the "
-        "proven optimum from 64 to 2,048 GPUs; sizing: time to a proven `shardlab size`."
+        help="evaluator: plans and (plan, concurrency) points per second of the cost "
+        "model; cpsat: time to the proven optimum from 64 to 2,048 GPUs; solves: the "
+        "README's main job and the searches users start with, each in a fresh process; "
+        "sizing: time to a proven `shardlab size`."
     ),
 ]
 InstancesOpt = Annotated[
@@ -324,6 +326,13 @@ RepeatsOpt = Annotated[
     int,
     typer.Option(min=1, help="evaluator: best of this many repeats (more: less of other load)."),
 ]
+BaselineOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="solves: also time each command on the code of this source tree (a "
+        "checkout of another commit, e.g. `git worktree add /tmp/base REV`), side by side."
+    ),
+]
 
 
 @app.command()
@@ -333,6 +342,7 @@ def bench(
     out_path: OutPathOpt = None,
     time_limit: TimeLimitOpt = EXACT_SECONDS,
     repeats: RepeatsOpt = 3,
+    baseline: BaselineOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Measure speed on this machine; --out writes the table with its command."""
@@ -369,8 +379,37 @@ def bench(
             rows.append(b.sizing_speed(model, rate))
             err.print(f"  {model} at {rate:g}/s: {rows[-1].seconds:.1f} s")
         text = b.sizing_markdown(command, rows)
+    elif what == "solves":
+        if instances:
+            raise ShardlabError("bench solves runs a fixed set of problems; drop --instances")
+        if baseline is not None and not (Path(baseline) / "shardlab" / "__init__.py").is_file():
+            raise ShardlabError(
+                f"--baseline {baseline}: not a shardlab source tree (no shardlab/__init__.py)",
+                field="baseline",
+                fix="give a checkout of the commit to compare with (git worktree add DIR REV)",
+            )
+        for label, args in b.SOLVE_RUNS:
+            wall, status, objective, solves = b.solve_speed(args)
+            before: dict = {}
+            if baseline is not None:
+                bw, bs, bo, _ = b.solve_speed(args, code=str(Path(baseline).resolve()))
+                before = {"base_seconds": bw, "base_status": bs, "base_objective": bo}
+            rows.append(
+                b.SolveSpeed(
+                    label=label,
+                    args=args,
+                    seconds=wall,
+                    status=status,
+                    objective=objective,
+                    solves=solves,
+                    **before,
+                )
+            )
+            was = f" (before: {before['base_seconds']:.1f} s)" if before else ""
+            err.print(f"  {label}: {status} in {wall:.1f} s{was}")
+        text = b.solves_markdown(command, rows, b.tree_label(baseline) if baseline else None)
     else:
-        raise ShardlabError(f"bench {what!r}: measure 'evaluator', 'cpsat' or 'sizing'")
+        raise ShardlabError(f"bench {what!r}: measure 'evaluator', 'cpsat', 'solves' or 'sizing'")
     if out_path is not None:
         make_dir(Path(out_path).parent)  # checked creatable before the runs
         write_text(out_path, text)

@@ -317,9 +317,14 @@ class DegreeTables:
         o = self.n_opts
         table = np.zeros((o, o, len(self.b)))
         full = self.b * per_req * self.degrees.dp_attn * width * ACT_BYTES
+        # the same pair of layouts recurs across options, edges and classes
+        seen = self.__dict__.setdefault("_redistributions", {})
         for i, a in enumerate(src.options):
             for j, c in enumerate(dst.options):
-                table[i, j] = self.ctx.redistribution_s(a.out, c.inp, full)
+                key = (a.out, c.inp, per_req * width)
+                if key not in seen:
+                    seen[key] = self.ctx.redistribution_s(a.out, c.inp, full)
+                table[i, j] = seen[key]
         return table
 
     def b_index(self, b: int | np.ndarray) -> np.ndarray:

@@ -265,4 +265,24 @@ def test_bench_evaluator_writes_its_table_with_its_command(
     assert "Best of 2 repeats" in text
     row = next(line for line in text.splitlines() if line.startswith("| llama8b-h100x2-chat"))
     cells = [c.strip().replace(",", "") for c in row.strip("|").split("|")[1:]]
-    assert len(cells) == 7 and all(float(c) > 0 for c in cells)
+    assert len(cells) == 9 and all(float(c) > 0 for c in cells)
+
+
+def test_bench_solves_times_each_command_beside_a_baseline_tree(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import shardlab
+    from shardlab import bench
+
+    tree = str(Path(shardlab.__file__).resolve().parents[1])
+    monkeypatch.setattr(bench, "SOLVE_RUNS", (("tiny", ("--model", "llama-3.1-8b")),))
+    out_file = tmp_path / "solves.md"
+    args = ["bench", "solves", "--baseline", tree, "--out", str(out_file)]
+    code, _, err = run_cli(args, capsys, monkeypatch)
+    assert code == 0, err
+    row = next(line for line in out_file.read_text().splitlines() if line.startswith("| tiny"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # the same code on both sides: the same proven optimum
+    assert cells[3] == cells[7] == "optimal" and cells[4] == cells[8] != "-"
+    code, _, err = run_cli(["bench", "solves", "--baseline", str(tmp_path)], capsys, monkeypatch)
+    assert code == 2 and "not a shardlab source tree" in err

@@ -99,6 +99,7 @@ def test_every_method_reports_the_front_of_the_plans_it_priced() -> None:
 # -- CP-SAT: exact --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cpsat_front_is_the_exhaustive_front_with_two_latency_axes() -> None:
     # long prompts: TPOT and TTFT are both axes; 69,998 plans, all priced here.
     problem = Problem.build("llama-3.1-8b", "h100x2", "long-context", objective="pareto")

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import multiprocessing as mp
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -19,10 +21,11 @@ from shardlab.costmodel import (
     kv_bytes,
     time_ns,
 )
+from shardlab.problems.model import Model
 from shardlab.problems.operators import HEAD_OPS
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
-from shardlab.problems.space import SearchSpace
+from shardlab.problems.space import SearchSpace, balanced_boundaries, max_shift
 from shardlab.solvers.cpsat.forms import bound_forms, objectives, step_weights
 from shardlab.solvers.cpsat.minsum import min_sum
 
@@ -103,66 +106,119 @@ def _combos(lists: tuple[tuple[int, ...], ...]) -> np.ndarray:
     return np.array(list(itertools.product(*lists)), dtype=np.int64).reshape(-1, len(lists))
 
 
+@lru_cache(maxsize=64)
+def _class_runs(m: Model) -> dict[Any, tuple[int, int]]:
+    """Per layer class: its layers, and the consecutive pairs of them; under None, the
+    consecutive pairs of different classes."""
+    units = list(zip(m.layer_kinds, m.attention_layers, strict=True))
+    pairs = list(itertools.pairwise(units))
+    runs: dict[Any, tuple[int, int]] = {
+        cls: (units.count(cls), sum(1 for a, b in pairs if a == b == cls)) for cls in set(units)
+    }
+    runs[None] = (0, sum(1 for a, b in pairs if a != b))
+    return runs
+
+
 def _layer_kind_times(
     problem: Problem,
     t: IntegerTables,
     ns: dict[str, np.ndarray],
     valid: dict[tuple[str, str], list[int]],
     weights: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
+    stages: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The layers' least times, each layer kind at its best joint choice of options
     (:func:`min_sum` over its operators' graph): per step (each at its own best), and
-    the regime's weighted sum of steps at one choice for all of them."""
+    the regime's weighted sum of steps at one choice for all of them; and one layer's
+    least time per step and class, the residual between layers left out (for the
+    stages, :func:`_stage_floor`)."""
     m = problem.model
     n_steps, n_c = weights.shape
     tied = problem.tie == "kind"
-    layer_units = list(zip(m.layer_kinds, m.attention_layers, strict=True))
+    runs = _class_runs(m)
     per_step = np.zeros((n_steps, n_c))
     joint = np.zeros(n_c)
+    one_layer = np.zeros((n_steps, len(t.classes), n_c))
     inter_min = ns["inter_ns"].reshape(n_steps, -1, n_c).min(axis=1)  # (step, requests_per_rank)
     for ci, cls in enumerate(t.classes):
         kind = cls[0]
         opts = [valid[(kind, n)] for n in op_names(problem.space, kind)]
-        count = layer_units.count(cls)
-        same = sum(1 for a, b in itertools.pairwise(layer_units) if a == b == cls)
-        steps: list[list[tuple[tuple[int, ...], np.ndarray]]] = []
-        for st in range(n_steps):
-            factors = [((ki,), count * ns["op_ns"][st, ci, ki][o]) for ki, o in enumerate(opts)]
-            for e, (src, dst) in enumerate(t.edges[kind]):
-                table = ns["edge_ns"][st, ci, e][opts[src]][:, opts[dst]]
-                factors.append(((src, dst), count * table))
-            if tied:
-                res = opts[0]
-                factors.append(((0,), same * ns["inter_ns"][st][res, res]))
-            steps.append(factors)
-        domains = [len(o) for o in opts]
+        count, same = runs[cls]
+        # every factor's table per step, the regime's weighted sum of them, and (for
+        # the stages) one layer's, stacked on the instance axis: one elimination in all
+        factors: list[tuple[tuple[int, ...], np.ndarray]] = []
+        for ki, o in enumerate(opts):
+            factors.append(((ki,), count * ns["op_ns"][:, ci, ki][:, o]))
+        for e, (src, dst) in enumerate(t.edges[kind]):
+            table = ns["edge_ns"][:, ci, e][:, opts[src]][:, :, opts[dst]]
+            factors.append(((src, dst), count * table))
+        alone = len(factors)  # the residual between layers is left out of one layer's
+        if tied:
+            res = opts[0]
+            factors.append(((0,), same * ns["inter_ns"][:, res, res]))
+        stacked = []
+        for i, (vs, table) in enumerate(factors):  # table: (step, *options, c)
+            per = [table[st] for st in range(n_steps)]
+            mixed = sum(w * x for w, x in zip(weights, per, strict=True))
+            parts = [*per, mixed]
+            if stages > 1:
+                parts += [x / count if i < alone else np.zeros_like(x) for x in per]
+            stacked.append((vs, np.concatenate(parts, axis=-1)))
+        least = min_sum([len(o) for o in opts], stacked).reshape(-1, n_c)
         extra = np.zeros((n_steps, n_c)) if tied else same * inter_min
-        for st, factors in enumerate(steps):
-            per_step[st] += min_sum(domains, factors) + extra[st]
-        mixed = [
-            (factors[0][0], sum(w * step[i][1] for w, step in zip(weights, steps, strict=True)))
-            for i, factors in enumerate(zip(*steps, strict=True))
-        ]
-        joint += min_sum(domains, mixed) + (weights * extra).sum(axis=0)
-    changes = sum(1 for a, b in itertools.pairwise(layer_units) if a != b)
-    inter = changes * inter_min
-    return per_step + inter, joint + (weights * inter).sum(axis=0)
+        per_step += least[:n_steps] + extra
+        joint += least[n_steps] + (weights * extra).sum(axis=0)
+        if stages > 1:
+            one_layer[:, ci] = least[n_steps + 1 :]
+    inter = runs[None][1] * inter_min
+    return per_step + inter, joint + (weights * inter).sum(axis=0), one_layer
 
 
 def _head_times(
-    ns: dict[str, np.ndarray], valid: dict[tuple[str, str], list[int]], n_steps: int, n_c: int
+    ns: dict[str, np.ndarray], heads: np.ndarray, n_steps: int, n_c: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The model's ends at every joint choice ``heads`` of the head operators' options,
+    each (step, choice, requests_per_rank): in all, and the parts the first stage (the
+    embedding) and the last stage (the final norm, the LM head, the sampler) run."""
+    first = ns["head_ns"][:, 0][:, heads[:, 0]] + ns["emb_first_ns"][:, heads[:, 0]].min(axis=2)
+    last = np.zeros((n_steps, len(heads), n_c))
+    for ki in range(1, len(HEAD_OPS)):
+        last += ns["head_ns"][:, ki][:, heads[:, ki]]
+    last += ns["last_fnorm_ns"][:, :, heads[:, 1]].min(axis=1)
+    last += ns["fnorm_lm_ns"][:, heads[:, 1], heads[:, 2]]
+    last += ns["lm_sampler_ns"][:, heads[:, 2], heads[:, 3]]
+    return first + last, first, last
+
+
+def _stage_floor(
+    layer_low: np.ndarray,
+    first_low: np.ndarray,
+    last_low: np.ndarray,
+    sends: np.ndarray,
+    pp: int,
 ) -> np.ndarray:
-    """The model's ends at every joint choice of the head operators' options:
-    (step, choice, requests_per_rank)."""
-    heads = _combos(tuple(tuple(valid[("head", op.name)]) for op in HEAD_OPS))
-    cost = np.zeros((n_steps, len(heads), n_c))
-    for ki in range(len(HEAD_OPS)):
-        cost += ns["head_ns"][:, ki][:, heads[:, ki]]
-    cost += ns["emb_first_ns"][:, heads[:, 0]].min(axis=2)
-    cost += ns["last_fnorm_ns"][:, :, heads[:, 1]].min(axis=1)
-    cost += ns["fnorm_lm_ns"][:, heads[:, 1], heads[:, 2]]
-    cost += ns["lm_sampler_ns"][:, heads[:, 2], heads[:, 3]]
-    return cost
+    """A lower bound on the slowest stage's time per (step, requests_per_rank): the
+    least, over the space's partitions, of the slowest stage when every layer takes its
+    least time (``layer_low``: step, layer, requests_per_rank), the first stage the
+    embedding's, the last the head's and each other its send's. Layers are whole: with
+    the head the size of a layer or more (a 128k vocabulary), equal shares of the sum
+    undercount the slowest stage by most of the head. Dynamic programming over the
+    boundaries, each within the space's shift of the balanced one."""
+    n_steps, n_layers, n_c = layer_low.shape
+    prefix = np.concatenate([np.zeros((n_steps, 1, n_c)), np.cumsum(layer_low, axis=1)], axis=1)
+    shift = max_shift(n_layers, pp)
+    starts = [np.arange(b - shift, b + shift + 1) for b in balanced_boundaries(n_layers, pp)]
+    # best[:, i]: the least slowest stage so far, stage j - 1 ending at starts[j - 1][i]
+    best = prefix[:, starts[0]] + first_low[:, None] + sends[:, 0][:, None]
+    for j in range(1, pp - 1):
+        span = prefix[:, starts[j]][:, None] - prefix[:, starts[j - 1]][:, :, None]
+        stage = np.maximum(best[:, :, None], span + sends[:, j][:, None, None])
+        stage = np.where(
+            (starts[j][None] > starts[j - 1][:, None])[None, :, :, None], stage, np.inf
+        )
+        best = stage.min(axis=1)
+    tail = prefix[:, -1][:, None] - prefix[:, starts[-1]] + last_low[:, None]
+    return np.maximum(best, tail).min(axis=1)
 
 
 def _time_bounds(
@@ -185,18 +241,25 @@ def _time_bounds(
     listed, const = step_weights(f, objective, n_steps)
     weights = np.array([np.broadcast_to(w, (n_c,)) for w in listed], dtype=float)
     ns = time_ns(problem, d, requests_per_rank)  # each table: (step, ..., requests_per_rank)
-    per_step, joint = _layer_kind_times(problem, t, ns, valid, weights)
+    per_step, joint, one_layer = _layer_kind_times(problem, t, ns, valid, weights, pp)
+    sends = np.zeros((n_steps, 0, n_c))
     if pp > 1:  # each stage but the last sends the residual stream on, once
         res = valid[(m.layer_kinds[0], op_names(problem.space, m.layer_kinds[0])[0])]
-        per_step = per_step + ns["p2p_ns"][:, : pp - 1][:, :, res].min(axis=2).sum(axis=1)
-    cost = _head_times(ns, valid, n_steps, n_c)
+        sends = ns["p2p_ns"][:, : pp - 1][:, :, res].min(axis=2)
+        per_step = per_step + sends.sum(axis=1)
+    heads = _combos(tuple(tuple(valid[("head", op.name)]) for op in HEAD_OPS))
+    cost, first, last = _head_times(ns, heads, n_steps, n_c)
     per_step += cost.min(axis=1)
     joint += (weights[:, None, :] * cost).sum(axis=0).min(axis=0)
     sums = list(per_step)
+    maxes = [x / pp for x in sums]
+    if pp > 1:
+        classes = {c: i for i, c in enumerate(t.classes)}
+        layer = [classes[c] for c in zip(m.layer_kinds, m.attention_layers, strict=True)]
+        floor = _stage_floor(one_layer[:, layer], first.min(axis=1), last.min(axis=1), sends, pp)
+        maxes = [np.maximum(a, b) for a, b in zip(maxes, floor, strict=True)]
     # every coefficient of a form is nonnegative: the forms at the least times bound
-    rnd, prompt = basic_times(
-        f, np.minimum(pp, requests_per_rank), sums, [x / pp for x in sums], np.maximum
-    )
+    rnd, prompt = basic_times(f, np.minimum(pp, requests_per_rank), sums, maxes, np.maximum)
     time_low = objective.at(rnd, prompt)
     ttft = None if f.ttft is None else f.ttft.at(rnd, prompt)
     tpot = None if f.tpot is None else f.tpot.at(rnd, prompt)
@@ -229,53 +292,106 @@ def _misses_slo(
 BOUND_CHUNK = 256
 
 
+# Degree tuples from which the bounds are spread over worker processes: below it,
+# forking costs more than it saves.
+PARALLEL_FROM = 24
+
+
 def subproblems(
-    problem: Problem, check: Callable[[], None] = lambda: None
+    problem: Problem, check: Callable[[], None] = lambda: None, workers: int = 1
 ) -> tuple[list[Subproblem], int]:
     """Subproblems that may hold a plan, best bound first; and how many were discarded
     (no plan fits the memory, every plan holds more requests, or the SLOs are out of
     reach even at the time bound).
 
     ``check`` is called between chunks of the work (the solver's clock); it may raise
-    to stop the enumeration.
+    to stop the enumeration. With ``workers`` > 1 the degree tuples are bounded in
+    that many forked processes (the tables and bounds are pure Python-heavy numpy:
+    threads would share one core); the answer is the same.
     """
-    space = problem.space
-    out: list[Subproblem] = []
-    discarded = 0
-    for di, d in enumerate(space.degree_tuples):
-        check()
-        bt = degree_tables(problem, d).request_range
-        top = bt.max_requests_per_rank
-        cs = np.arange(1, top + 1) if bt.inflight else np.array([top])
-        t = integer_tables(problem, d, top)
-        valid = valid_options(space, di)
-        mem_low = _memory_low(problem, d, valid, t, cs)
-        fits = mem_low <= t.hbm_bytes
-        discarded += int((~fits).sum())
-        kept = cs[fits][::-1]
-        for start in range(0, len(kept), BOUND_CHUNK):
-            chunk = kept[start : start + BOUND_CHUNK]
-            check()
-            time_low, ttft_low, tpot_low = _time_bounds(problem, d, t, chunk, valid)
-            miss = np.broadcast_to(_misses_slo(problem, ttft_low, tpot_low), chunk.shape)
-            discarded += int(miss.sum())
-            bounds = objectives(problem, d, chunk, time_low)
-            ttft = np.broadcast_to(np.nan if ttft_low is None else ttft_low, chunk.shape)
-            tpot = np.broadcast_to(np.nan if tpot_low is None else tpot_low, chunk.shape)
-            out += [
-                Subproblem(
-                    degree_index=di,
-                    requests_per_rank=int(c),
-                    bound=float(bound),
-                    ttft_low=_finite(a),
-                    tpot_low=_finite(b),
-                )
-                for c, bound, a, b in zip(
-                    chunk[~miss], bounds[~miss], ttft[~miss], tpot[~miss], strict=True
-                )
-            ]
+    n = len(problem.space.degree_tuples)
+    if workers > 1 and n >= PARALLEL_FROM and "fork" in mp.get_all_start_methods():
+        rows = _bound_in_processes(problem, check, workers)
+    else:
+        rows = [_bound_degrees(problem, di, check) for di in range(n)]
+    out = [
+        Subproblem(
+            degree_index=di,
+            requests_per_rank=int(c),
+            bound=float(bound),
+            ttft_low=_finite(a),
+            tpot_low=_finite(b),
+        )
+        for di, (kept, _) in enumerate(rows)
+        for c, bound, a, b in kept.tolist()
+    ]
     out.sort(key=lambda s: (-s.bound, s.degree_index, -s.requests_per_rank))
-    return out, discarded
+    return out, sum(discarded for _, discarded in rows)
+
+
+def _bound_degrees(
+    problem: Problem, di: int, check: Callable[[], None] = lambda: None
+) -> tuple[np.ndarray, int]:
+    """The subproblems of degree tuple ``di`` that may hold a plan, as rows of
+    (requests per rank, bound, TTFT low, TPOT low), and how many were discarded."""
+    space = problem.space
+    d = space.degree_tuples[di]
+    check()
+    bt = degree_tables(problem, d).request_range
+    top = bt.max_requests_per_rank
+    cs = np.arange(1, top + 1) if bt.inflight else np.array([top])
+    t = integer_tables(problem, d, top)
+    valid = valid_options(space, di)
+    mem_low = _memory_low(problem, d, valid, t, cs)
+    fits = mem_low <= t.hbm_bytes
+    discarded = int((~fits).sum())
+    kept = cs[fits][::-1]
+    rows = [np.zeros((0, 4))]
+    for start in range(0, len(kept), BOUND_CHUNK):
+        chunk = kept[start : start + BOUND_CHUNK]
+        check()
+        time_low, ttft_low, tpot_low = _time_bounds(problem, d, t, chunk, valid)
+        miss = np.broadcast_to(_misses_slo(problem, ttft_low, tpot_low), chunk.shape)
+        discarded += int(miss.sum())
+        bounds = objectives(problem, d, chunk, time_low)
+        ttft = np.broadcast_to(np.nan if ttft_low is None else ttft_low, chunk.shape)
+        tpot = np.broadcast_to(np.nan if tpot_low is None else tpot_low, chunk.shape)
+        rows.append(np.stack([chunk, bounds, ttft, tpot], axis=1)[~miss])
+    return np.concatenate(rows), discarded
+
+
+_FORKED: Problem | None = None  # the problem forked workers bound (inherited, not pickled)
+
+
+def _bound_forked(di: int) -> tuple[np.ndarray, int]:
+    assert _FORKED is not None
+    return _bound_degrees(_FORKED, di)
+
+
+def _bound_in_processes(
+    problem: Problem, check: Callable[[], None], workers: int
+) -> list[tuple[np.ndarray, int]]:
+    """:func:`_bound_degrees` of every degree tuple in ``workers`` forked processes;
+    ``check`` runs while waiting, and what it raises stops the workers."""
+    global _FORKED
+    _FORKED = problem
+    pool = mp.get_context("fork").Pool(workers)
+    try:
+        pending = [
+            pool.apply_async(_bound_forked, (di,)) for di in range(len(problem.space.degree_tuples))
+        ]
+        rows = []
+        for result in pending:
+            while not result.ready():
+                check()
+                result.wait(0.05)
+            rows.append(result.get())
+        pool.close()
+        return rows
+    finally:
+        pool.terminate()
+        pool.join()
+        _FORKED = None
 
 
 def _finite(x: float) -> float | None:

@@ -146,3 +146,14 @@ def objectives(
 
 def objective_of(problem: Problem, d: Degrees, requests_per_rank: int, time_ns: float) -> float:
     return float(objectives(problem, d, np.array([requests_per_rank]), np.array([time_ns]))[0])
+
+
+def time_for(problem: Problem, d: Degrees, requests_per_rank: int, objective: float) -> float:
+    """The time in ns at which subproblem ``(d, requests_per_rank)``'s objective equals
+    ``objective`` (every objective falls as the time grows: :func:`objectives`);
+    inf when no time reaches it."""
+    if problem.workload.objective == "latency":
+        return -objective * 1e6 if objective < 0 else 0.0
+    if objective <= 0:
+        return math.inf
+    return objective_of(problem, d, requests_per_rank, 1e9) * 1e9 / objective

@@ -30,10 +30,11 @@ def _expand(variables: tuple[int, ...], table: np.ndarray, axes: list[int]) -> n
 
 
 def _eliminate(
-    domains: Sequence[int], factors: Sequence[Factor]
+    domains: Sequence[int], factors: Sequence[Factor], *, choices: bool = True
 ) -> tuple[np.ndarray, list[tuple[int, list[int], np.ndarray]]]:
-    """The least total per instance, and each eliminated variable's best value as a
-    table over the variables it was eliminated against, in elimination order."""
+    """The least total per instance, and (``choices``) each eliminated variable's best
+    value as a table over the variables it was eliminated against, in elimination
+    order."""
     factors = list(factors)
     remaining = set(range(len(domains)))
     steps: list[tuple[int, list[int], np.ndarray]] = []
@@ -47,7 +48,8 @@ def _eliminate(
         joined = [f for f in factors if v in f[0]]
         factors = [f for f in factors if v not in f[0]]
         total = np.asarray(sum(_expand(vs, table, axes) for vs, table in joined))
-        steps.append((v, axes[:-1], total.argmin(axis=len(axes) - 1)))
+        if choices:
+            steps.append((v, axes[:-1], total.argmin(axis=len(axes) - 1)))
         factors.append((tuple(axes[:-1]), total.min(axis=len(axes) - 1)))
         remaining.discard(v)
     return sum(table for _, table in factors), steps
@@ -55,7 +57,7 @@ def _eliminate(
 
 def min_sum(domains: Sequence[int], factors: Sequence[Factor]) -> np.ndarray:
     """The least total cost for each instance (the trailing axis of every table)."""
-    return _eliminate(domains, factors)[0]
+    return _eliminate(domains, factors, choices=False)[0]
 
 
 def argmin_sum(domains: Sequence[int], factors: Sequence[Factor]) -> tuple[int, list[int]]:

@@ -47,7 +47,8 @@ class ScalarSearch:
         self.ev = ctx.evaluator
         self.workers = workers
         self.solves = Solves(ctx, workers)
-        self.counts = {"solved": 0, "infeasible": 0, "pruned": 0, "unfinished": 0}
+        # cut_off: solved with the incumbent as a cut, and nothing in it beats it
+        self.counts = {"solved": 0, "infeasible": 0, "pruned": 0, "cut_off": 0, "unfinished": 0}
         self.open_bounds: list[float] = []  # of the subproblems not settled
         self.best = -math.inf
         self.subs: list[Subproblem] | None = None
@@ -76,7 +77,7 @@ class ScalarSearch:
             ev.evaluate(code[None])
             self.solves.feasible.found(int(code[0]), hint)
         ev.enter("bounding the (degrees, requests) subproblems")
-        self.subs, self.discarded = subproblems(self.ctx.problem, ev.check_time)
+        self.subs, self.discarded = subproblems(self.ctx.problem, ev.check_time, self.workers)
         self.solves.feasible.index(self.subs)
         self.best = ev.best_objective
 
@@ -104,7 +105,12 @@ class ScalarSearch:
             self.done = i + 1
             self.best = max(self.best, ev.best_objective)
             return
-        result = solves.solve(sub, where)
+        beat = cutoff(self.best) if math.isfinite(self.best) else None
+        result = solves.solve(sub, where, beat=beat)
+        if result.status == "infeasible" and beat is not None:
+            self.counts["cut_off"] += 1
+            self.done = i + 1
+            return
         if result.status == "infeasible":
             solves.settle(sub, where)
         self.done = i + 1

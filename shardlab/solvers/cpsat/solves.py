@@ -19,8 +19,12 @@ from shardlab.problems.problem import Problem
 from shardlab.solvers.base import SearchContext
 from shardlab.solvers.cpsat.bounds import Subproblem, cutoff, valid_options
 from shardlab.solvers.cpsat.chain import chain_plan, memory_bound, pipeline_plan
-from shardlab.solvers.cpsat.forms import chain_weights, objective_of, time_function
+from shardlab.solvers.cpsat.forms import chain_weights, objective_of, time_for, time_function
 from shardlab.solvers.cpsat.subproblem_model import SubproblemModel, SubSolution
+
+# A hint must lie inside the cut model: its table objective clears the cut by this
+# (relative), more than the integer rounding between the tables and CP-SAT's sums.
+HINT_MARGIN = 1e-6
 
 
 class Feasibility:
@@ -113,13 +117,27 @@ class Solves:
         *,
         limits: dict[str, float] | None = None,
         floor: bool = False,
+        beat: float | None = None,
     ) -> SubSolution:
+        """Solve ``sub`` (``floor``: its floor model, stopping at the first plan).
+        ``beat``: only plans whose objective is above it are admitted; "infeasible" then
+        means none beats it, not that the subproblem holds no plan."""
         ev, problem = self.ctx.evaluator, self.ctx.problem
         ev.enter(f"{where}: building its model")
+        d = problem.space.degree_tuples[sub.degree_index]
         model = SubproblemModel(
             problem, sub.degree_index, sub.requests_per_rank, ev.check_time, limits, floor=floor
         )
+        cut_ns = None if beat is None else time_for(problem, d, sub.requests_per_rank, beat)
+        if cut_ns is not None and math.isfinite(cut_ns):
+            model.cut_at(cut_ns)
         hint = None if limits else self.feasible.hint(sub.degree_index, sub.requests_per_rank)
+        if hint is not None and cut_ns is not None:
+            # a hint outside the model aborted CP-SAT 9.15 (see Feasibility.hint)
+            cost = price(problem, model.t, hint)
+            value = judge(problem, cost.latencies, np.array([cost.fits])).objective[0]
+            if not value > beat + HINT_MARGIN * abs(beat):
+                hint = None
         if hint is not None:
             model.hint(hint)
         ev.enter(f"{where}: {'probing its floor' if floor else 'solving'}")

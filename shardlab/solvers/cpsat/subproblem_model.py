@@ -348,7 +348,14 @@ class SubproblemModel:
             a, b = (round(c * k) for c in coefficients)
             time_expr = a * rnd + b * prompt + round(float(time_form.const) * k)
             self.time_scale = k
+        self.time_expr = time_expr
         self.cp.Minimize(time_expr)
+
+    def cut_at(self, time_ns: float) -> None:
+        """Admit only plans whose time is at most ``time_ns`` (those that beat the
+        incumbent): CP-SAT then proves "none better" instead of the subproblem's own
+        optimum, which its bound rarely closes quickly."""
+        self.cp.Add(self.time_expr <= math.floor(time_ns * self.time_scale))
 
     # hints and solutions -------------------------------------------------------------
 
