@@ -31,9 +31,12 @@ BASE_PORT = 8000
 PORT_STEP = 10
 
 
-def _quote(arg: str) -> str:
-    """Shell quoting that leaves the ``${NODE<i>_ADDR}`` placeholders to expand."""
-    return arg if re.fullmatch(r"[\w@%+=:,./${}-]+", arg) else shlex.quote(arg)
+def shell_quote(arg: str) -> str:
+    """Shell quoting that leaves the ``${NODE<i>_ADDR}`` placeholders (in pods, LWS's
+    variables and ``$((LWS_WORKER_INDEX*n))``) to expand."""
+    if re.fullmatch(r"[\w@%+=:,./${}-]+", arg) or re.fullmatch(r"\$\(\(\w+\*\d+\)\)", arg):
+        return arg
+    return shlex.quote(arg)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,8 +50,8 @@ class NodeCommand:
     role: str = ""  # disaggregated serving: "prefill" or "decode"
 
     def shell(self) -> str:
-        env = " ".join(f"{k}={_quote(v)}" for k, v in self.env)
-        return (env + " " if env else "") + " ".join(_quote(a) for a in self.argv)
+        env = " ".join(f"{k}={shell_quote(v)}" for k, v in self.env)
+        return (env + " " if env else "") + " ".join(shell_quote(a) for a in self.argv)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -74,7 +77,7 @@ class Launch:
     router: tuple[str, ...] = ()  # disaggregated serving: what sends requests to the pools
 
     def router_shell(self) -> str:
-        return " ".join(_quote(a) for a in self.router)
+        return " ".join(shell_quote(a) for a in self.router)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -102,7 +105,7 @@ def build_launch(
     config = space.configs[int(space.encode(plan)[0])]  # type: ignore[index]
     d = plan.degrees
     gpus = d.pp * d.group
-    per_node, nodes = _tiling(problem.cluster.node_size, gpus)
+    per_node, nodes = tiling(problem.cluster.node_size, gpus)
     server = Server(
         problem=problem,
         plan=plan,
@@ -144,7 +147,7 @@ NODE_ADDR_NOTE = (
 )
 
 
-def _tiling(node: int, gpus: int) -> tuple[int, int]:
+def tiling(node: int, gpus: int) -> tuple[int, int]:
     """(servers per node, nodes per server) of servers of ``gpus`` GPUs: servers of a
     node or less tile it, larger ones take whole nodes."""
     if gpus <= node:
@@ -181,7 +184,7 @@ def _place(
     ``slot`` of the node's servers (its port), or on whole nodes from ``first``."""
     d = server.plan.degrees
     gpus = d.pp * d.group
-    _, nodes = _tiling(server.problem.cluster.node_size, gpus)
+    _, nodes = tiling(server.problem.cluster.node_size, gpus)
     env: list[tuple[str, str]] = []
     if share:
         env = [("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in range(gpu0, gpu0 + gpus)))]
@@ -257,7 +260,7 @@ def build_disagg_launch(
 
     pools = dict(zip(POOLS, pool_problems(problem, plan), strict=True))
     servers = {
-        name: _pool_server(pools[name], getattr(plan, name), model_path, trust_remote_code,
+        name: pool_server(pools[name], getattr(plan, name), model_path, trust_remote_code,
                            config_dir)
         for name in POOLS
     }  # fmt: skip
@@ -301,10 +304,10 @@ def build_pools_launch(
     placed: list[tuple[Server, int, int, int, int, bool, str]] = []
     node_base = 0
     for pool in pools:
-        server = _pool_server(pool.problem, pool.plan, model_path, trust_remote_code, config_dir)
+        server = pool_server(pool.problem, pool.plan, model_path, trust_remote_code, config_dir)
         node = pool.problem.cluster.accelerator.gpus_per_node
         gpus = pool.plan.degrees.num_gpus
-        per_node, nodes = _tiling(node, gpus)
+        per_node, nodes = tiling(node, gpus)
         key = pool.problem.cluster.accelerator.key
         role = pool.role if pool.role in POOLS else f"{key} x{gpus}"
         for i in range(pool.instances):
@@ -368,7 +371,7 @@ def _serve(
             commands,
             files,
             notes,
-            extra=(lambda t, role=role, slot=slot: _disagg_args(t, role, slot)) if pd else None,
+            extra=(lambda t, role=role, slot=slot: disagg_args(t, role, slot)) if pd else None,
             role=role,
         )
         if pd:
@@ -394,7 +397,7 @@ def _serve(
     )
 
 
-def _pool_server(
+def pool_server(
     pool: Problem, pool_plan: Plan, model_path: str, trust_remote_code: bool, config_dir: str
 ) -> Server:
     """What every server of one pool shares: its plan placed in its engine's space."""
@@ -442,7 +445,7 @@ def _disagg_spots(
     return spots, next_node
 
 
-def _disagg_args(t: Target, role: str, slot: int) -> tuple[list[tuple[str, str]], list[str]]:
+def disagg_args(t: Target, role: str, slot: int) -> tuple[list[tuple[str, str]], list[str]]:
     """A server's own disaggregation arguments (and environment) for its ``role``."""
     engine = t.problem.engine
     if engine == "sglang":
@@ -460,7 +463,7 @@ def _disagg_args(t: Target, role: str, slot: int) -> tuple[list[tuple[str, str]]
     }
     port = NIXL_PORT + t.problem.cluster.node_size * slot
     env = [
-        ("VLLM_NIXL_SIDE_CHANNEL_HOST", t.addr(t.node_rank)),
+        ("VLLM_NIXL_SIDE_CHANNEL_HOST", "${POD_IP}" if t.in_pods else t.addr(t.node_rank)),
         ("VLLM_NIXL_SIDE_CHANNEL_PORT", str(port)),
     ]
     return env, ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]

@@ -44,14 +44,34 @@ class Target(Server):
     first_node: int  # the cluster node of the replica's node rank 0
     node_rank: int
     nodes: int
+    # Kubernetes (LeaderWorkerSet): the head's address and a worker's node rank are
+    # the variables LWS sets in each pod, and one command serves every worker
+    in_pods: bool = False
 
     def addr(self, k: int) -> str:
-        """The address of the replica's node ``k`` (a placeholder the user sets)."""
+        """The address of the replica's node ``k`` (a placeholder the user sets; in
+        pods, the group's leader)."""
+        if self.in_pods:
+            if k:
+                raise ShardlabError(
+                    f"plan: {self.problem.engine} names every node of a multi-node server; "
+                    "a LeaderWorkerSet gives its pods the leader's address only",
+                    field="target",
+                    fix="launch it with target shell, or use degrees of one node per replica",
+                )
+            return "${LWS_LEADER_ADDRESS}"
         return f"${{NODE{self.first_node + k}_ADDR}}"
 
     @property
     def head(self) -> str:
         return self.addr(0)
+
+    def rank_times(self, n: int = 1) -> str:
+        """This node's rank times ``n``, as an argument (in a worker pod, the shell's
+        arithmetic on LWS's worker index)."""
+        if self.in_pods and self.node_rank:
+            return "${LWS_WORKER_INDEX}" if n == 1 else f"$((LWS_WORKER_INDEX*{n}))"
+        return str(self.node_rank * n)
 
 
 BuildOut = tuple[list[tuple[str, str]], list[str], dict[str, str], list[str]] | None
@@ -99,7 +119,7 @@ def _vllm(t: Target) -> BuildOut:
             argv += ["--data-parallel-size-local", str(local)]
             argv += ["--data-parallel-address", t.head, "--data-parallel-rpc-port", "13345"]
             if t.node_rank:
-                argv += ["--data-parallel-start-rank", str(t.node_rank * local), "--headless"]
+                argv += ["--data-parallel-start-rank", t.rank_times(local), "--headless"]
         else:  # a DP rank over several nodes: TP / PP over them, multiprocessing backend
             if d.dp_attn > 1:
                 notes.append(
@@ -107,7 +127,7 @@ def _vllm(t: Target) -> BuildOut:
                     "the mp backend (vllm/engine/arg_utils.py:1910-1939); vLLM's guides show "
                     "only -dpl or Ray for data parallel over nodes"
                 )
-            argv += ["--nnodes", str(t.nodes), "--node-rank", str(t.node_rank)]
+            argv += ["--nnodes", str(t.nodes), "--node-rank", t.rank_times()]
             argv += ["--master-addr", t.head, "--master-port", "29501"]
             if t.node_rank:
                 argv.append("--headless")
@@ -167,7 +187,7 @@ def _sglang(t: Target) -> BuildOut:
     if t.trust_remote_code:
         argv.append("--trust-remote-code")
     if t.nodes > 1:
-        argv += ["--nnodes", str(t.nodes), "--node-rank", str(t.node_rank)]
+        argv += ["--nnodes", str(t.nodes), "--node-rank", t.rank_times()]
         argv += ["--dist-init-addr", f"{t.head}:5000"]
     argv += ["--host", "0.0.0.0", "--port", str(t.port)]
     return env, argv, {}, notes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -10,6 +12,8 @@ from shardlab.cli.app import Format, FormatOpt, app
 from shardlab.cli.options import plan_command, problem_command
 from shardlab.cli.render import (
     emit_json,
+    err,
+    launch_script,
     out,
     plan_json,
     print_breakdown,
@@ -32,6 +36,7 @@ from shardlab.problems.problem import Problem
 from shardlab.solvers.choices import listed
 
 if TYPE_CHECKING:
+    from shardlab.deploy.kube import PodOptions
     from shardlab.launch import Launch
 
 
@@ -130,6 +135,42 @@ ConfigDirOpt = Annotated[
 
 
 KvDtypeOpt = Annotated[str | None, typer.Option("--kv-dtype", help=f"{listed(KV_DTYPES)}.")]
+TargetOpt = Annotated[
+    str,
+    typer.Option(
+        help="shell: each node's command (default); k8s: Deployments, LeaderWorkerSets and "
+        "Services; llm-d: the llm-d-modelservice Helm values (vLLM); dynamo: a "
+        "DynamoGraphDeployment."
+    ),
+]
+DeployOutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--out",
+        help="Write into this directory: shell, launch.sh and the config files; k8s "
+        "manifests.yaml; llm-d values.yaml; dynamo dynamo.yaml (default: print them).",
+    ),
+]
+DeployNameOpt = Annotated[
+    str | None, typer.Option("--name", help="Objects' name prefix (default: the model's name).")
+]
+NamespaceOpt = Annotated[str, typer.Option(help="Kubernetes namespace.")]
+ImageOpt = Annotated[
+    str | None,
+    typer.Option(help="Container image (default: the engine's release image the rules are "
+                 "read from; Dynamo's runtime image; llm-d's CUDA image)."),
+]  # fmt: skip
+ShmOpt = Annotated[str, typer.Option("--shm-size", help="/dev/shm of each pod (NCCL).")]
+HfSecretOpt = Annotated[
+    str | None,
+    typer.Option("--hf-token-secret", help="A Secret with key HF_TOKEN the pods read."),
+]
+ModelVolumeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model-volume", help="A PersistentVolumeClaim holding the model (mounted at /models)."
+    ),
+]
 
 
 @app.command()
@@ -146,20 +187,52 @@ def launch(
     max_tokens: MaxTokensOpt = None,
     trust_remote_code: TrustRemoteCodeOpt = False,
     config_dir: ConfigDirOpt = ".",
+    target: TargetOpt = "shell",
+    out_dir: DeployOutOpt = None,
+    name: DeployNameOpt = None,
+    namespace: NamespaceOpt = "default",
+    image: ImageOpt = None,
+    shm_size: ShmOpt = "16Gi",
+    hf_token_secret: HfSecretOpt = None,
+    model_volume: ModelVolumeOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Print the engine's own launch commands for a plan, one per node of each replica,
-    and write the config files it takes; a plan the engine cannot run is refused."""
+    and write the config files it takes; a plan the engine cannot run is refused.
+    ``--target k8s|llm-d|dynamo`` writes the deployment files instead (to ``--out``,
+    else standard output), every container command the shell target's."""
+    from shardlab.deploy import pods
+    from shardlab.deploy.kube import PodOptions, check_name
+    from shardlab.deploy.targets import TARGETS
     from shardlab.launch import build_disagg_launch, build_launch, build_pools_launch
     from shardlab.problems.catalog import hf_id_of
     from shardlab.problems.disagg import DISAGG_SCHEMA
     from shardlab.problems.plan import read_plan_file
     from shardlab.sizing.answer import SIZING_SCHEMA, pool_launches
 
+    if target not in TARGETS:
+        raise ShardlabError(
+            f"--target {target!r}: not a target", field="target", fix=f"use {listed(TARGETS)}"
+        )
+    if out_dir is not None:
+        check_output_dir(out_dir, flag="--out")
+        if target == "shell" and config_dir == ".":  # the config files beside the script
+            config_dir = out_dir
     check_output_dir(config_dir, flag="--config-dir")
     data = read_plan_file(plan_file)
     if not isinstance(data, dict):
         raise ShardlabError(f"{plan_file}: a plan must be a JSON object")
+    opts = None
+    if target != "shell":
+        named = model or data.get("model") or plan_file
+        opts = PodOptions(
+            name=check_name(name or _k8s_name(str(named))),
+            namespace=check_name(namespace, field="namespace"),
+            image=image,
+            shm=shm_size,
+            hf_token_secret=hf_token_secret,
+            model_volume=model_volume,
+        )
     overrides: dict[str, object] = {}
     if kv_dtype is not None:
         overrides["kv_dtype"] = kv_dtype
@@ -177,6 +250,10 @@ def launch(
         )  # fmt: skip
         first = pools[0].problem
         path = model_path or hf_id_of(first.model) or first.model.name
+        if opts is not None:
+            groups = pods.sized_groups(pools, model_path=path, trust_remote_code=trust_remote_code)
+            _emit_deployment(target, groups, opts, out_dir, fmt)
+            return
         spec = build_pools_launch(
             pools, model_path=path, trust_remote_code=trust_remote_code, config_dir=config_dir
         )
@@ -185,7 +262,7 @@ def launch(
             + ("" if p.role == "agg" else f" ({p.role})")
             for p in pools
         )
-        _emit_launch(first, engine, spec, fmt, where=where)
+        _emit_launch(first, engine, spec, fmt, where=where, out_dir=out_dir)
         return
     model = model or data.get("model") or ""
     cluster = cluster or data.get("cluster") or ""
@@ -195,6 +272,12 @@ def launch(
     path = model_path or hf_id_of(problem.model) or problem.model.name
     if data.get("schema") == DISAGG_SCHEMA:
         dplan = DisaggPlan.from_dict(data, problem.model, where=plan_file, cluster=problem.cluster)
+        if opts is not None:
+            groups = pods.disagg_groups(
+                problem, dplan, model_path=path, trust_remote_code=trust_remote_code
+            )
+            _emit_deployment(target, groups, opts, out_dir, fmt)
+            return
         spec = build_disagg_launch(
             problem,
             dplan,
@@ -205,6 +288,12 @@ def launch(
     else:
         plan = Plan.from_dict(data, problem.model, where=plan_file)
         problem.space.degree_index(plan.degrees)  # the degrees must suit this cluster
+        if opts is not None:
+            groups = pods.plan_groups(
+                problem, plan, model_path=path, trust_remote_code=trust_remote_code
+            )
+            _emit_deployment(target, groups, opts, out_dir, fmt)
+            return
         spec = build_launch(
             problem,
             plan,
@@ -212,12 +301,66 @@ def launch(
             trust_remote_code=trust_remote_code,
             config_dir=config_dir,
         )
-    _emit_launch(problem, engine, spec, fmt)
+    _emit_launch(problem, engine, spec, fmt, out_dir=out_dir)
+
+
+def _k8s_name(source: str) -> str:
+    """A Kubernetes name from a model's name or a plan file's."""
+    from pathlib import Path
+
+    stem = Path(source).stem if source.endswith(".json") else source.rsplit("/", 1)[-1]
+    text = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:40].strip("-")
+    return text if text[:1].isalpha() else f"m-{text}"[:40].strip("-")
+
+
+def _emit_deployment(
+    target: str, groups: list, opts: PodOptions, out_dir: str | None, fmt: Format
+) -> None:
+    """The target's YAML: to ``out_dir`` (made only once everything is built) or to
+    standard output; how to apply it and the servers' notes on standard error."""
+    from pathlib import Path
+
+    from shardlab.deploy.targets import FILES, documents, dump, how_to_apply
+    from shardlab.files import make_dir
+
+    docs = documents(target, groups, opts)
+    text = dump(docs)
+    path = str(Path(out_dir) / FILES[target]) if out_dir is not None else FILES[target]
+    notes = [how_to_apply(target, path, opts, groups)]
+    notes += [n for g in groups for n in g.notes]
+    if out_dir is not None:
+        make_dir(Path(out_dir))
+        write_text(path, text)
+    if fmt is Format.json:
+        emit_json({"target": target, "file": path if out_dir else None, "documents": docs,
+                   "notes": list(dict.fromkeys(notes))})  # fmt: skip
+        return
+    if out_dir is None:
+        out.print(text, markup=False, highlight=False, end="", soft_wrap=True)
+    else:
+        err.print(f"wrote {path}", markup=False, highlight=False)
+    for note in dict.fromkeys(notes):
+        err.print(f"note: {note}", markup=False, highlight=False)
 
 
 def _emit_launch(
-    problem: Problem, engine: str, spec: Launch, fmt: Format, *, where: str | None = None
+    problem: Problem,
+    engine: str,
+    spec: Launch,
+    fmt: Format,
+    *,
+    where: str | None = None,
+    out_dir: str | None = None,
 ) -> None:
+    if out_dir is not None:  # the commands as a script beside the config files
+        from pathlib import Path
+
+        from shardlab.files import make_dir
+
+        make_dir(Path(out_dir))
+        script = str(Path(out_dir) / "launch.sh")
+        write_text(script, launch_script(problem, engine, spec, where=where))
+        spec = dataclasses.replace(spec, notes=(*spec.notes, f"wrote {script}"))
     for name, content in spec.files:
         write_text(name, content)
     if fmt is Format.json:

@@ -368,6 +368,25 @@ def validation_table(by_timing: dict[str, list[Any]]) -> Table:
     return table
 
 
+def launch_script(problem: Problem, engine: str, spec: Any, *, where: str | None = None) -> str:
+    """The launch commands as a bash script: each node's command under a comment saying
+    where it runs (run each on its node), the router's, the notes as comments."""
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# {problem.model.name} on {where or problem.cluster.name} with {engine} {spec.version}",
+    ]
+    for c in spec.commands:
+        at = f"{c.role} instance" if c.role else "replica"
+        at += f" {c.replica}, node {c.node}"
+        if c.nodes > 1:
+            at += f" (node rank {c.node_rank} of {c.nodes})"
+        lines += [f"# {at}: run on that node", c.shell()]
+    if spec.router:
+        lines += ["# the router", spec.router_shell()]
+    lines += [f"# note: {note}" for note in spec.notes]
+    return "\n".join(lines) + "\n"
+
+
 def print_launch(problem: Problem, engine: str, spec: Any, *, where: str | None = None) -> None:
     """An engine's launch commands, one per node of each replica or instance, then the
     router's, the files written and the notes (``where``: what it runs on, if not the

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from shardlab.errors import ShardlabError
-from shardlab.launch import _disagg_spots, _tiling, build_disagg_launch
+from shardlab.launch import _disagg_spots, build_disagg_launch, tiling
 from shardlab.problems.problem import Problem
 
 
@@ -50,12 +50,12 @@ def test_an_instance_of_a_whole_node_shares_it_with_none() -> None:
 
 
 def test_tiling_gives_servers_per_node_or_nodes_per_server() -> None:
-    assert _tiling(8, 2) == (4, 1)
-    assert _tiling(8, 8) == (1, 1)
-    assert _tiling(8, 24) == (0, 3)
+    assert tiling(8, 2) == (4, 1)
+    assert tiling(8, 8) == (1, 1)
+    assert tiling(8, 24) == (0, 3)
     for gpus in (3, 12):
         with pytest.raises(ShardlabError, match="use degrees"):
-            _tiling(8, gpus)
+            tiling(8, gpus)
 
 
 def test_tensorrt_llm_disaggregated_launch_is_refused_naming_the_engine() -> None:

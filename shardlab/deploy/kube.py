@@ -1,0 +1,240 @@
+"""Plain Kubernetes objects for a plan's pod groups (``launch --target k8s``).
+
+A group of one-pod servers is a Deployment (``replicas``: the plan's replicas; every
+pod the same command); a group of multi-node servers a LeaderWorkerSet (``replicas``:
+the servers, ``size``: the nodes of one); each group a Service in front of the pods
+that serve requests (a LeaderWorkerSet's leaders). Config files a server takes are a
+ConfigMap mounted at :data:`~shardlab.deploy.pods.POD_CONFIG_DIR`.
+
+Formats written (pinned; fields as documented there):
+
+- ``apps/v1`` Deployment, ``v1`` Service and ConfigMap: Kubernetes API reference
+  1.33, validated in the tests against its OpenAPI schemas (``kubernetes-validate``).
+- ``leaderworkerset.x-k8s.io/v1`` LeaderWorkerSet: kubernetes-sigs/lws v0.10.0 (Apache-2.0),
+  ``config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml`` (kept in
+  ``tests/data/schemas/``); the variables it sets in each pod
+  (``LWS_LEADER_ADDRESS``, ``LWS_WORKER_INDEX``) and the leader's label
+  (``leaderworkerset.sigs.k8s.io/worker-index: "0"``) from its docs
+  (``site/content/en/docs/reference/labels-annotations-and-environment-variables``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from shardlab.deploy.pods import POD_CONFIG_DIR, PORT, PodGroup
+from shardlab.errors import ShardlabError
+from shardlab.launch import NodeCommand, shell_quote
+
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+LWS_LEADER_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+# The engines' release images (the versions shardlab's engine rules are read from:
+# shardlab/problems/data/engines/).
+IMAGES = {
+    "vllm": "vllm/vllm-openai:v0.24.0",
+    "sglang": "lmsysorg/sglang:v0.5.14",
+    "trtllm": "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc3",
+}
+DEFAULT_SHM = "16Gi"
+DEFAULT_NAMESPACE = "default"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodOptions:
+    """What a pod needs that is not the plan's (the CLI's flags, with their defaults)."""
+
+    name: str  # the objects' name prefix (a DNS-1035 label)
+    namespace: str = DEFAULT_NAMESPACE
+    image: str | None = None  # None: the engine's release image (IMAGES)
+    shm: str = DEFAULT_SHM  # /dev/shm for NCCL and the engines' shared-memory queues
+    hf_token_secret: str | None = None  # a Secret whose key HF_TOKEN the pods read
+    model_volume: str | None = None  # a PersistentVolumeClaim mounted at /models
+
+    def image_of(self, engine: str) -> str:
+        return self.image or IMAGES[engine]
+
+
+def check_name(name: str, *, field: str = "name") -> str:
+    """Kubernetes object names (DNS-1035 labels, room left for the suffixes)."""
+    if not re.fullmatch(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?", name):
+        raise ShardlabError(
+            f"{field} {name!r}: not a Kubernetes name (lowercase letters, digits and '-', "
+            "starting with a letter, at most 40 characters)",
+            field=field,
+            fix="give a name like 'llama-70b'",
+        )
+    return name
+
+
+def labels(opts: PodOptions, group: PodGroup) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": opts.name,
+        "app.kubernetes.io/component": group.name,
+        "app.kubernetes.io/managed-by": "shardlab",
+    }
+
+
+def _env(group: PodGroup, command: NodeCommand, opts: PodOptions) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in command.env]
+    text = " ".join([*command.argv, *(v for _, v in command.env)])
+    if "${POD_IP}" in text:
+        env.insert(0, {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    if opts.hf_token_secret:
+        env.append(
+            {
+                "name": "HF_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": opts.hf_token_secret, "key": "HF_TOKEN"}},
+            }
+        )
+    return env
+
+
+def container(group: PodGroup, command: NodeCommand, opts: PodOptions, *, serves: bool) -> dict:
+    """The engine's container for one pod: its command (a shell when it reads the
+    pod's variables), GPUs, shared memory, model and config volumes."""
+    argv = list(command.argv)
+    uses_vars = any("$" in a for a in argv) or any("$" in v for _, v in command.env)
+    if uses_vars:
+        shell = " ".join(shell_quote(a) for a in argv)
+        exports = [f"export {k}={shell_quote(v)}" for k, v in command.env if "$" in v]
+        run = {"command": ["/bin/sh", "-c"], "args": ["; ".join([*exports, f"exec {shell}"])]}
+        env_pairs = [(k, v) for k, v in command.env if "$" not in v]
+    else:
+        run = {"command": argv}
+        env_pairs = list(command.env)
+    plain = dataclasses.replace(command, env=tuple(env_pairs))
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    if group.files:
+        mounts.append({"name": "config", "mountPath": POD_CONFIG_DIR, "readOnly": True})
+    if opts.model_volume:
+        mounts.append({"name": "models", "mountPath": "/models", "readOnly": True})
+    gpus = {"nvidia.com/gpu": group.gpus_per_pod}
+    out: dict[str, Any] = {
+        "name": "engine",
+        "image": opts.image_of(group.engine),
+        **run,
+        "env": _env(group, plain, opts),
+        "resources": {"limits": dict(gpus), "requests": dict(gpus)},
+        "volumeMounts": mounts,
+    }
+    if serves:
+        out["ports"] = [{"name": "http", "containerPort": PORT, "protocol": "TCP"}]
+        out["readinessProbe"] = {
+            "httpGet": {"path": "/health", "port": PORT},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        }
+    if not out["env"]:
+        del out["env"]
+    return out
+
+
+def pod_spec(group: PodGroup, command: NodeCommand, opts: PodOptions, *, serves: bool) -> dict:
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": opts.shm}}
+    ]
+    if group.files:
+        volumes.append({"name": "config", "configMap": {"name": f"{opts.name}-{group.name}"}})
+    if opts.model_volume:
+        volumes.append(
+            {
+                "name": "models",
+                "persistentVolumeClaim": {"claimName": opts.model_volume, "readOnly": True},
+            }
+        )
+    return {
+        "containers": [container(group, command, opts, serves=serves)],
+        "volumes": volumes,
+    }
+
+
+def _meta(opts: PodOptions, name: str, group: PodGroup) -> dict[str, Any]:
+    return {"name": name, "namespace": opts.namespace, "labels": labels(opts, group)}
+
+
+def group_objects(group: PodGroup, opts: PodOptions) -> list[dict[str, Any]]:
+    """The Deployment or LeaderWorkerSet of one group, its ConfigMap and its Service."""
+    name = f"{opts.name}-{group.name}"
+    lab = labels(opts, group)
+    objects: list[dict[str, Any]] = []
+    if group.files:
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": _meta(opts, name, group),
+                "data": {path.rsplit("/", 1)[-1]: text for path, text in group.files},
+            }
+        )
+    if group.nodes == 1:
+        objects.append(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": _meta(opts, name, group),
+                "spec": {
+                    "replicas": group.instances,
+                    "selector": {"matchLabels": lab},
+                    "template": {
+                        "metadata": {"labels": lab},
+                        "spec": pod_spec(group, group.leader, opts, serves=True),
+                    },
+                },
+            }
+        )
+        selector = lab
+    else:
+        assert group.worker is not None
+        objects.append(
+            {
+                "apiVersion": LWS_API,
+                "kind": "LeaderWorkerSet",
+                "metadata": _meta(opts, name, group),
+                "spec": {
+                    "replicas": group.instances,
+                    "startupPolicy": "LeaderCreated",
+                    "leaderWorkerTemplate": {
+                        "size": group.nodes,
+                        "restartPolicy": "RecreateGroupOnPodRestart",
+                        "leaderTemplate": {
+                            "metadata": {"labels": lab},
+                            "spec": pod_spec(group, group.leader, opts, serves=True),
+                        },
+                        "workerTemplate": {
+                            "metadata": {"labels": lab},
+                            "spec": pod_spec(group, group.worker, opts, serves=False),
+                        },
+                    },
+                },
+            }
+        )
+        selector = {**lab, LWS_LEADER_LABEL: "0"}
+    objects.append(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _meta(opts, name, group),
+            "spec": {
+                "selector": selector,
+                "ports": [{"name": "http", "port": PORT, "targetPort": PORT, "protocol": "TCP"}],
+            },
+        }
+    )
+    return objects
+
+
+def k8s_objects(groups: list[PodGroup], opts: PodOptions) -> list[dict[str, Any]]:
+    """Every object of an aggregated plan or sized deployment; disaggregated pools need
+    a router that finds every prefill and decode server, which plain objects do not
+    give: llm-d and Dynamo do."""
+    if any(g.role != "serve" for g in groups):
+        raise ShardlabError(
+            "plan: disaggregated pools need a router that pairs prefill and decode servers, "
+            "which plain Kubernetes objects do not have",
+            field="target",
+            fix="use target llm-d (vLLM) or dynamo",
+        )
+    return [obj for g in groups for obj in group_objects(g, opts)]

@@ -1,0 +1,54 @@
+"""The deployment targets of ``shardlab launch --target``: which objects each writes,
+as YAML, and the file it goes to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from shardlab.deploy.dynamo import dynamo_objects
+from shardlab.deploy.kube import PodOptions, check_name, k8s_objects
+from shardlab.deploy.llmd import CHART, llmd_values
+from shardlab.deploy.pods import PodGroup
+
+TARGETS = ("shell", "k8s", "llm-d", "dynamo")
+FILES = {"k8s": "manifests.yaml", "llm-d": "values.yaml", "dynamo": "dynamo.yaml"}
+
+
+class _Plain(yaml.SafeDumper):
+    """YAML without anchors (a selector and a template share their labels)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump(documents: list[Any]) -> str:
+    return yaml.dump_all(documents, Dumper=_Plain, sort_keys=False, width=100)
+
+
+def documents(target: str, groups: list[PodGroup], opts: PodOptions) -> list[Any]:
+    """The target's YAML documents (objects to apply, or one Helm values document)."""
+    check_name(opts.name)
+    if target == "k8s":
+        return k8s_objects(groups, opts)
+    if target == "dynamo":
+        return dynamo_objects(groups, opts)
+    if target == "llm-d":
+        return [llmd_values(groups, opts)]
+    raise ValueError(target)
+
+
+def how_to_apply(target: str, path: str, opts: PodOptions, groups: list[PodGroup]) -> str:
+    if target == "llm-d":
+        return (
+            f"helm install {opts.name} llm-d-modelservice/{CHART} -n {opts.namespace} -f {path} "
+            "(helm repo add llm-d-modelservice "
+            "https://llm-d-incubation.github.io/llm-d-modelservice/)"
+        )
+    needs = ""
+    if target == "dynamo":
+        needs = " (needs the Dynamo operator and its CRDs)"
+    elif any(g.nodes > 1 for g in groups):
+        needs = " (needs the LeaderWorkerSet controller: its multi-node servers are LWS groups)"
+    return f"kubectl apply -n {opts.namespace} -f {path}{needs}"
