@@ -7,8 +7,11 @@ pod group: aggregated, ``worker``; disaggregated, ``prefill`` and ``decode`` wit
 engine's own flags for the server as on one node (its degrees and per-rank limits,
 exactly the shell target's), given to Dynamo's engine wrapper (``dynamo.vllm``,
 ``dynamo.sglang``, ``dynamo.trtllm``); ``multinode.nodeCount`` spreads a server over
-nodes (the operator adds the engine's multi-node flags; ``resources.limits.gpu`` is
-per node).
+nodes: the operator adds the engine's multi-node flags (vLLM: Ray for TP/PP over nodes,
+the ``--data-parallel-*`` flags for DP over nodes; SGLang: ``--dist-init-addr``,
+``--nnodes``, ``--node-rank``; TensorRT-LLM: ``mpirun`` over SSH it sets up;
+``docs/kubernetes/deployment/multinode-deployment.md``), and ``resources.limits.gpu``
+is per node.
 
 Format pinned to ai-dynamo/dynamo at commit df888f6860e2 (2026-04-21, 1.1.0-dev;
 Apache-2.0): the CRD ``deploy/operator/config/crd/bases/

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from shardlab.errors import ShardlabError
 from shardlab.launch import BASE_PORT, NodeCommand, disagg_args, pool_server, tiling
 from shardlab.launch_engines import BUILDERS, Server, Target
 from shardlab.problems.disagg import POOLS, DisaggPlan
@@ -34,11 +35,11 @@ class PodGroup:
     instances: int
     nodes: int
     gpus_per_pod: int
-    leader: NodeCommand  # the only pod's command when nodes == 1
-    worker: NodeCommand | None
     # the server's command as on one node (its degrees and limits, no node flags): for
     # operators that add the multi-node flags themselves (Dynamo)
     flat: NodeCommand
+    pods: tuple[NodeCommand, ...]  # the leader's, then one for every worker; () if refused
+    refusal: ShardlabError | None  # why the pods' own commands cannot be written
     files: tuple[tuple[str, str], ...]
     notes: tuple[str, ...]
 
@@ -50,44 +51,66 @@ class PodGroup:
     def gpu(self) -> str:
         return self.server.problem.cluster.accelerator.key
 
+    @property
+    def leader(self) -> NodeCommand:
+        """Node rank 0's command (the only pod's, on one node)."""
+        if self.refusal is not None:
+            raise self.refusal
+        return self.pods[0]
+
+    @property
+    def worker(self) -> NodeCommand | None:
+        """Every worker pod's command (over LWS's variables), if several nodes."""
+        if self.refusal is not None:
+            raise self.refusal
+        return self.pods[1] if self.nodes > 1 else None
+
+
+def _command(
+    server: Server, role: str, k: int, nodes: int
+) -> tuple[NodeCommand | None, dict, list]:
+    target = Target(
+        **{f.name: getattr(server, f.name) for f in fields(Server)},
+        port=PORT,
+        first_node=0,
+        node_rank=k,
+        nodes=nodes,
+        in_pods=True,
+    )
+    out = BUILDERS[server.problem.engine](target)
+    if out is None:
+        return None, {}, []
+    env, argv, files, notes = out
+    if role in POOLS:
+        role_env, role_argv = disagg_args(target, role, 0)
+        env, argv = env + role_env, argv + role_argv
+    command = NodeCommand(
+        replica=0, node=k, node_rank=k, nodes=nodes, env=tuple(env), argv=tuple(argv)
+    )
+    return command, files, notes
+
 
 def _group(server: Server, role: str, name: str, instances: int) -> PodGroup:
     d = server.plan.degrees
     gpus = d.pp * d.group
     node = server.problem.cluster.node_size
     _, nodes = tiling(node, gpus)  # refuses a server that does not tile nodes
-    commands: list[NodeCommand | None] = []
-    files: dict[str, str] = {}
-    notes: list[str] = []
-    # the leader, one command for every worker, and the server as on one node
-    for k, n in [*((k, nodes) for k in range(min(nodes, 2))), (0, 1)]:
-        target = Target(
-            **{f.name: getattr(server, f.name) for f in fields(Server)},
-            port=PORT,
-            first_node=0,
-            node_rank=k,
-            nodes=n,
-            in_pods=True,
-        )
-        out = BUILDERS[server.problem.engine](target)
-        if out is None:
-            commands.append(None)
-            continue
-        env, argv, made, said = out
-        if n == 1 and nodes > 1:  # the flat form only: its files and notes are the leader's
-            made, said = {}, []
-        if role in POOLS:
-            role_env, role_argv = disagg_args(target, role, 0)
-            env, argv = env + role_env, argv + role_argv
-        files.update(made)
-        notes += [n for n in said if n not in notes]
-        commands.append(
-            NodeCommand(
-                replica=0, node=k, node_rank=k, nodes=nodes, env=tuple(env), argv=tuple(argv)
-            )
-        )
-    leader, flat = commands[0], commands[-1]
-    assert leader is not None and flat is not None  # every engine starts on node rank 0
+    flat, files, notes = _command(server, role, 0, 1)
+    assert flat is not None  # every engine starts its server on node rank 0
+    pods: list[NodeCommand] = []
+    refusal = None
+    if nodes == 1:
+        pods = [flat]
+    else:
+        try:  # the leader, and one command for every worker
+            for k in (0, 1):
+                command, more_files, more_notes = _command(server, role, k, nodes)
+                if command is not None:
+                    pods.append(command)
+                files.update(more_files)
+                notes += [n for n in more_notes if n not in notes]
+        except ShardlabError as exc:  # an operator may still start it (Dynamo)
+            pods, refusal = [], exc
     return PodGroup(
         role=role,
         name=name,
@@ -95,9 +118,9 @@ def _group(server: Server, role: str, name: str, instances: int) -> PodGroup:
         instances=instances,
         nodes=nodes,
         gpus_per_pod=gpus if nodes == 1 else node,
-        leader=leader,
-        worker=commands[1] if nodes > 1 else None,
         flat=flat,
+        pods=tuple(pods),
+        refusal=refusal,
         files=tuple(sorted(files.items())),
         notes=tuple(notes),
     )

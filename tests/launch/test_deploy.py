@@ -119,10 +119,10 @@ def _runnable(engine: str, case: tuple):
     return found
 
 
-def _groups_or_skip(problem, plan):
+def _or_skip(build, *args):
     try:
-        return plan_groups(problem, plan, model_path=MODEL)
-    except ShardlabError as exc:  # what pods cannot express: one line, naming the fix
+        return build(*args)
+    except ShardlabError as exc:  # what a target cannot express: one line, naming the fix
         assert "\n" not in str(exc) and exc.fix
         pytest.skip(str(exc))
 
@@ -131,10 +131,10 @@ def _groups_or_skip(problem, plan):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2].short()}")
 def test_k8s_objects_are_valid_and_run_the_shell_command(engine: str, case: tuple) -> None:
     problem, plan = _runnable(engine, case)
-    groups = _groups_or_skip(problem, plan)
+    groups = plan_groups(problem, plan, model_path=MODEL)
     (g,) = groups
     d = plan.degrees
-    objects = k8s_objects(groups, OPTS)
+    objects = _or_skip(k8s_objects, groups, OPTS)
     for obj in objects:
         check_k8s(obj)
     assert yaml.safe_load_all(dump(objects))  # the YAML round-trips, no anchors
@@ -206,8 +206,8 @@ def _degrees_in_args(engine: str, args: list[str], files: dict, d: Degrees, moe:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2].short()}")
 def test_dynamo_graph_is_valid_and_carries_the_degrees(engine: str, case: tuple) -> None:
     problem, plan = _runnable(engine, case)
-    groups = _groups_or_skip(problem, plan)
-    objects = dynamo_objects(groups, OPTS)
+    groups = plan_groups(problem, plan, model_path=MODEL)
+    objects = dynamo_objects(groups, OPTS)  # the operator starts every node: all expressible
     for obj in objects:
         check_k8s(obj)
     (dgd,) = [o for o in objects if o["kind"] == "DynamoGraphDeployment"]
@@ -278,7 +278,7 @@ def test_disaggregated_plan_on_llmd_is_valid_helm_values() -> None:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2].short()}")
 def test_aggregated_plans_on_llmd_are_valid_helm_values(case: tuple) -> None:
     problem, plan = _runnable("vllm", case)
-    doc = llmd_values(_groups_or_skip(problem, plan), OPTS)
+    doc = _or_skip(llmd_values, plan_groups(problem, plan, model_path=MODEL), OPTS)
     check_llmd(doc)
     assert (
         doc["prefill"] == {"create": False} and doc["decode"]["replicas"] == plan.degrees.replicas
@@ -297,7 +297,7 @@ def test_what_a_target_cannot_express_is_refused_in_one_line() -> None:
     # TensorRT-LLM starts a multi-node server by naming every node (MPI)
     problem, plan = _runnable("trtllm", CASES[1])
     with pytest.raises(ShardlabError, match="leader's address only"):
-        plan_groups(problem, plan, model_path=MODEL)
+        k8s_objects(plan_groups(problem, plan, model_path=MODEL), OPTS)
 
 
 def test_cli_writes_the_manifests_and_a_refusal_leaves_nothing(
