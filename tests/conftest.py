@@ -6,11 +6,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pickle
 import subprocess
 import sys
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,29 +64,38 @@ def llama8b_config() -> dict:
     return json.loads((MODEL_DIR / "meta-llama--Meta-Llama-3.1-8B.json").read_text())
 
 
+def shared_result(factory: pytest.TempPathFactory, key: str, compute: Callable[[], Any]) -> Any:
+    """``compute()`` once per test session, whichever xdist worker asks first (under a
+    lock), its result shared with the others through a pickle in the session's base
+    directory."""
+    base = factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = shared / f"shared-{key}.pickle"
+    with open(shared / f"shared-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            tmp = path.with_suffix(".partial")
+            tmp.write_bytes(pickle.dumps(compute()))
+            tmp.replace(path)
+        return pickle.loads(path.read_bytes())
+
+
 @pytest.fixture(scope="session")
 def exhaustive_optimum(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Callable[[str], tuple[str, float]]:
     """``(status, objective)`` of exhaustive search on a suite instance, enumerated once
-    per test session: the result is shared through a file by every xdist worker (the
-    first to ask enumerates under a lock; the ground-truth tests of several modules
+    per test session (:func:`shared_result`: the ground-truth tests of several modules
     ask for the same instances)."""
     from shardlab.problems.suite import get_instance
     from shardlab.solvers import Budget, solve
 
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    def enumerate_(name: str) -> tuple[str, float]:
+        r = solve(get_instance(name).problem(), "exhaustive", budget=Budget(max_evals=None))
+        assert r.metrics is not None, r.message
+        return r.status, r.metrics.objective
 
     def optimum(name: str) -> tuple[str, float]:
-        path = shared / f"exhaustive-{name}.json"
-        with open(shared / f"exhaustive-{name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not path.exists():
-                r = solve(get_instance(name).problem(), "exhaustive", budget=Budget(max_evals=None))
-                assert r.metrics is not None, r.message
-                path.write_text(json.dumps([r.status, r.metrics.objective]))
-            status, objective = json.loads(path.read_text())
-        return status, objective
+        return shared_result(tmp_path_factory, f"exhaustive-{name}", lambda: enumerate_(name))
 
     return optimum

@@ -98,6 +98,8 @@ def _stop_after(tmp_path: Path, finished: int, how: signal.Signals) -> tuple[int
     return code, workers
 
 
+# 20-32 s each on 2 cores (a comparison started, stopped and resumed in processes)
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["kill", "ctrl-c"])
 def test_a_stopped_comparison_resumes_without_repeating_or_losing_a_run(

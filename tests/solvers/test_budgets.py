@@ -19,8 +19,9 @@ from shardlab.solvers import Budget, available_solvers, get_solver, solve
 from tests.conftest import ENUMERABLE, HARD, within_limit
 
 METHODS = available_solvers()
-LIMIT = 4.0
-
+# HARD has no method finish in seconds: 2 s of it shows the budget kept as well as more
+LIMIT = 2.0
+CPSAT_LIMIT = 4.0  # CP-SAT's first plan on HARD comes after its bounds
 # The budgets issue's example, DeepSeek-V3 on 16 H200 with both SLOs binding, at a TPOT
 # the Megatron plan misses at any concurrency: CP-SAT proves a plan in 7 s, none in 2 s.
 SLO_BOUND = [
@@ -56,7 +57,7 @@ def test_every_method_ends_on_time_with_its_best_plan(method: str) -> None:
 
 
 def test_cpsat_out_of_time_reports_its_phase_bound_and_gap() -> None:
-    r = get_solver("cpsat").solve(HARD, budget=Budget(max_evals=None, seconds=LIMIT), seed=0)
+    r = get_solver("cpsat").solve(HARD, budget=Budget(max_evals=None, seconds=CPSAT_LIMIT), seed=0)
     assert r.status == "feasible"
     phase = r.facts["ran_out_in"]
     if phase.startswith("subproblem"):  # every subproblem has its bound
@@ -88,10 +89,10 @@ def test_cli_without_a_plan_in_time_says_so_in_one_line() -> None:
 
 
 def test_cli_time_limit_counts_for_the_whole_command_and_shows_progress() -> None:
-    limit = 12.0
+    limit = 7.0  # a progress line every 5 s: one at least
     done, wall = _cli(  # HARD, from the command line
         "solve", "--method", "cpsat", "--model", "llama-3.1-405b", "--cluster", "h100x32",
-        "--tie", "layer", "--schedule", "static", "--time-limit", "12", timeout=120,
+        "--tie", "layer", "--schedule", "static", "--time-limit", "7", timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert within_limit(wall, limit), wall
@@ -99,4 +100,4 @@ def test_cli_time_limit_counts_for_the_whole_command_and_shows_progress() -> Non
     # not a terminal: one progress line every few seconds, time used of time allowed
     progress = [x for x in done.stderr.splitlines() if x.startswith("cpsat: ")]
     assert progress, done.stderr
-    assert all("/12 s, " in x for x in progress)
+    assert all("/7 s, " in x for x in progress)

@@ -14,6 +14,7 @@ from shardlab.problems.suite import get_instance, get_suite
 from shardlab.solvers import Budget, Solver, available_solvers, get_solver, register, solve
 from shardlab.solvers import registry as registry_module
 from shardlab.solvers.registry import solver_class
+from tests.conftest import shared_result
 
 METHODS = available_solvers()
 SMALL = get_instance("llama8b-h100x2-chat").problem()
@@ -25,8 +26,13 @@ def budget_for(method: str) -> Budget:
 
 
 @pytest.fixture(scope="module")
-def results() -> dict[str, object]:
-    return {m: solve(SMALL, m, budget=budget_for(m), seed=3) for m in METHODS}
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    # one run of every method per session, shared by the xdist workers
+    return shared_result(
+        tmp_path_factory,
+        "solvers-small",
+        lambda: {m: solve(SMALL, m, budget=budget_for(m), seed=3) for m in METHODS},
+    )
 
 
 @pytest.mark.parametrize("method", METHODS)
