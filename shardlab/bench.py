@@ -7,8 +7,11 @@ test assertions.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -331,10 +334,6 @@ def solve_speed(
     """Wall seconds, status, objective and CP-SAT solves of ``shardlab solve --method
     cpsat ARGS`` in a fresh process, as a user runs it; ``code``: the source tree to
     run instead of the installed one (a checkout of another commit)."""
-    import json
-    import subprocess
-    import sys
-
     # `python -m` puts its working directory first on the path: run in the tree itself
     tree = code if code is not None else str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": tree}
@@ -359,8 +358,6 @@ def solve_speed(
 
 def tree_label(tree: str) -> str:
     """``tree`` and the commit checked out there, when it is a git checkout."""
-    import subprocess
-
     done = subprocess.run(
         ["git", "-C", tree, "log", "-1", "--format=%h %s"],
         capture_output=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -27,7 +28,7 @@ from shardlab.cli.render import (
 from shardlab.costmodel import evaluate as cost_evaluate
 from shardlab.costmodel import with_concurrency
 from shardlab.errors import ShardlabError
-from shardlab.files import check_output_dir, write_text
+from shardlab.files import check_output_dir, make_dir, write_text
 from shardlab.problems.disagg import DisaggPlan
 from shardlab.problems.dtypes import KV_DTYPES
 from shardlab.problems.engines import ENGINES
@@ -202,7 +203,7 @@ def launch(
     ``--target k8s|llm-d|dynamo`` writes the deployment files instead (to ``--out``,
     else standard output), every container command the shell target's."""
     from shardlab.deploy import pods
-    from shardlab.deploy.kube import PodOptions, check_name
+    from shardlab.deploy.kube import PodOptions
     from shardlab.deploy.targets import TARGETS
     from shardlab.launch import build_disagg_launch, build_launch, build_pools_launch
     from shardlab.problems.catalog import hf_id_of
@@ -226,8 +227,8 @@ def launch(
     if target != "shell":
         named = model or data.get("model") or plan_file
         opts = PodOptions(
-            name=check_name(name or _k8s_name(str(named))),
-            namespace=check_name(namespace, field="namespace"),
+            name=name or _k8s_name(str(named)),
+            namespace=namespace,
             image=image,
             shm=shm_size,
             hf_token_secret=hf_token_secret,
@@ -306,8 +307,6 @@ def launch(
 
 def _k8s_name(source: str) -> str:
     """A Kubernetes name from a model's name or a plan file's."""
-    from pathlib import Path
-
     stem = Path(source).stem if source.endswith(".json") else source.rsplit("/", 1)[-1]
     text = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:40].strip("-")
     return text if text[:1].isalpha() else f"m-{text}"[:40].strip("-")
@@ -318,10 +317,7 @@ def _emit_deployment(
 ) -> None:
     """The target's YAML: to ``out_dir`` (made only once everything is built) or to
     standard output; how to apply it and the servers' notes on standard error."""
-    from pathlib import Path
-
     from shardlab.deploy.targets import FILES, documents, dump, how_to_apply
-    from shardlab.files import make_dir
 
     docs = documents(target, groups, opts)
     text = dump(docs)
@@ -353,10 +349,6 @@ def _emit_launch(
     out_dir: str | None = None,
 ) -> None:
     if out_dir is not None:  # the commands as a script beside the config files
-        from pathlib import Path
-
-        from shardlab.files import make_dir
-
         make_dir(Path(out_dir))
         script = str(Path(out_dir) / "launch.sh")
         write_text(script, launch_script(problem, engine, spec, where=where))

@@ -368,6 +368,13 @@ def validation_table(by_timing: dict[str, list[Any]]) -> Table:
     return table
 
 
+def _runs_on(c: Any) -> str:
+    """Which server a node command is, and on which node."""
+    at = f"{c.role} instance" if c.role else "replica"
+    at += f" {c.replica}, node {c.node}"
+    return at + (f" (node rank {c.node_rank} of {c.nodes})" if c.nodes > 1 else "")
+
+
 def launch_script(problem: Problem, engine: str, spec: Any, *, where: str | None = None) -> str:
     """The launch commands as a bash script: each node's command under a comment saying
     where it runs (run each on its node), the router's, the notes as comments."""
@@ -376,11 +383,7 @@ def launch_script(problem: Problem, engine: str, spec: Any, *, where: str | None
         f"# {problem.model.name} on {where or problem.cluster.name} with {engine} {spec.version}",
     ]
     for c in spec.commands:
-        at = f"{c.role} instance" if c.role else "replica"
-        at += f" {c.replica}, node {c.node}"
-        if c.nodes > 1:
-            at += f" (node rank {c.node_rank} of {c.nodes})"
-        lines += [f"# {at}: run on that node", c.shell()]
+        lines += [f"# {_runs_on(c)}: run on that node", c.shell()]
     if spec.router:
         lines += ["# the router", spec.router_shell()]
     lines += [f"# note: {note}" for note in spec.notes]
@@ -397,11 +400,7 @@ def print_launch(problem: Problem, engine: str, spec: Any, *, where: str | None 
         markup=False,
     )
     for c in spec.commands:
-        where = f"{c.role} instance" if c.role else "replica"
-        where += f" {c.replica}, node {c.node}"
-        if c.nodes > 1:
-            where += f" (node rank {c.node_rank} of {c.nodes})"
-        out.print(f"# {where}", markup=False)
+        out.print(f"# {_runs_on(c)}", markup=False)
         out.print(c.shell(), markup=False, soft_wrap=True)
     if spec.router:
         out.print("# the router", markup=False)

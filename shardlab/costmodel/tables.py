@@ -95,8 +95,11 @@ class DegreeTables:
         _, self.n_ops, self.n_opts, self.n_edges = table_dims(m)
         self.res_index = 0  # "residual" is every layer's first operator
         self._build_op_tables()
-        self._build_edge_tables()
-        self._build_head_tables()
+        # redistributions priced in this build: the same pair of layouts and bytes per
+        # request recurs across options, edges, classes and the model's ends
+        seen: dict[tuple, np.ndarray] = {}
+        self._build_edge_tables(seen)
+        self._build_head_tables(seen)
         self._build_p2p()
         for st, step in enumerate(self.steps):
             if step.accepted != 1.0:
@@ -130,7 +133,7 @@ class DegreeTables:
                 per_class.append(per_op)
             self.op_costs.append(per_class)
 
-    def _build_edge_tables(self) -> None:
+    def _build_edge_tables(self, seen: dict) -> None:
         """Edges inside a layer (per class: the mixer decides the tensor widths)."""
         m, o = self.problem.model, self.n_opts
         self.edges: dict[LayerKind, tuple[tuple[int, int], ...]] = {}
@@ -147,11 +150,11 @@ class DegreeTables:
                 width = output_width(ops[si_], self.problem, attn)
                 for st, step in enumerate(self.steps):
                     self.edge_time[st, ci, ei] = self._edge_table(
-                        ops[si_], ops[di_], step.tokens, width
+                        ops[si_], ops[di_], step.tokens, width, seen
                     )
             self.edges[kind] = tuple(pairs)
 
-    def _build_head_tables(self) -> None:
+    def _build_head_tables(self, seen: dict) -> None:
         """The residual stream from one layer to the next, and the model's ends."""
         problem, m = self.problem, self.problem.model
         ns, o, nb = len(self.steps), self.n_opts, len(self.b)
@@ -169,7 +172,7 @@ class DegreeTables:
         self.lm_sampler = np.zeros((ns, o, o, nb))
         drafting = problem.workload.draft_tokens > 0
         for st, step in enumerate(self.steps):
-            self.inter_time[st] = self._edge_table(residual, residual, step.tokens, h)
+            self.inter_time[st] = self._edge_table(residual, residual, step.tokens, h, seen)
             # MTP weights sit on the last stage whatever the step; drafts run in decoding ones.
             draft = self._draft(step) if drafting else None
             per_op = []
@@ -186,11 +189,11 @@ class DegreeTables:
                     self.head_weight[ki, oi] = c.weight_bytes
                 per_op.append(per_opt)
             self.head_costs.append(per_op)
-            self.emb_first[st] = self._edge_table(emb, residual, step.tokens, h)
-            self.last_fnorm[st] = self._edge_table(residual, fnorm, step.logits, h)
-            self.fnorm_lm[st] = self._edge_table(fnorm, lm, step.logits, h)
+            self.emb_first[st] = self._edge_table(emb, residual, step.tokens, h, seen)
+            self.last_fnorm[st] = self._edge_table(residual, fnorm, step.logits, h, seen)
+            self.fnorm_lm[st] = self._edge_table(fnorm, lm, step.logits, h, seen)
             self.lm_sampler[st] = self._edge_table(
-                lm, sampler, step.logits, output_width(lm, problem)
+                lm, sampler, step.logits, output_width(lm, problem), seen
             )
 
     def _build_p2p(self) -> None:
@@ -313,12 +316,14 @@ class DegreeTables:
             floors[name] = np.minimum.accumulate(table[..., ::-1], axis=-1)[..., ::-1]
         return floors[name]
 
-    def _edge_table(self, src: OpSpec, dst: OpSpec, per_req: float, width: float) -> np.ndarray:
+    def _edge_table(
+        self, src: OpSpec, dst: OpSpec, per_req: float, width: float, seen: dict
+    ) -> np.ndarray:
+        """Seconds of each (src option, dst option) redistribution per ``b``; ``seen``:
+        those already priced in this build, by layouts and bytes per request."""
         o = self.n_opts
         table = np.zeros((o, o, len(self.b)))
         full = self.b * per_req * self.degrees.dp_attn * width * ACT_BYTES
-        # the same pair of layouts recurs across options, edges and classes
-        seen = self.__dict__.setdefault("_redistributions", {})
         for i, a in enumerate(src.options):
             for j, c in enumerate(dst.options):
                 key = (a.out, c.inp, per_req * width)

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from shardlab.deploy.kube import PodOptions, check_name
+from shardlab.deploy.kube import PodOptions
 from shardlab.deploy.pods import POD_CONFIG_DIR, PodGroup
 from shardlab.errors import ShardlabError
 from shardlab.launch import TRTLLM_DISAGG
@@ -121,7 +121,6 @@ def _service_name(group: PodGroup) -> str:
 
 def dynamo_objects(groups: list[PodGroup], opts: PodOptions) -> list[dict[str, Any]]:
     """The graph deployment (and a ConfigMap when a worker reads a file)."""
-    check_name(opts.name)
     engines = {g.engine for g in groups}
     if len(groups) > 2 or len({_service_name(g) for g in groups}) < len(groups):
         raise ShardlabError(

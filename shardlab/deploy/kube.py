@@ -20,7 +20,6 @@ Formats written (pinned; fields as documented there):
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +52,10 @@ class PodOptions:
     hf_token_secret: str | None = None  # a Secret whose key HF_TOKEN the pods read
     model_volume: str | None = None  # a PersistentVolumeClaim mounted at /models
 
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        check_name(self.namespace, field="namespace")
+
     def image_of(self, engine: str) -> str:
         return self.image or IMAGES[engine]
 
@@ -77,11 +80,8 @@ def labels(opts: PodOptions, group: PodGroup) -> dict[str, str]:
     }
 
 
-def _env(group: PodGroup, command: NodeCommand, opts: PodOptions) -> list[dict[str, Any]]:
+def _env(command: NodeCommand, opts: PodOptions) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in command.env]
-    text = " ".join([*command.argv, *(v for _, v in command.env)])
-    if "${POD_IP}" in text:
-        env.insert(0, {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     if opts.hf_token_secret:
         env.append(
             {
@@ -93,19 +93,14 @@ def _env(group: PodGroup, command: NodeCommand, opts: PodOptions) -> list[dict[s
 
 
 def container(group: PodGroup, command: NodeCommand, opts: PodOptions, *, serves: bool) -> dict:
-    """The engine's container for one pod: its command (a shell when it reads the
-    pod's variables), GPUs, shared memory, model and config volumes."""
+    """The engine's container for one pod: its command (through a shell when it reads
+    LWS's variables, ``$((LWS_WORKER_INDEX*n))`` being shell arithmetic), GPUs, shared
+    memory, model and config volumes. The environment is plain values (the pod's own
+    address is only disaggregated serving's, which this target refuses)."""
     argv = list(command.argv)
-    uses_vars = any("$" in a for a in argv) or any("$" in v for _, v in command.env)
-    if uses_vars:
-        shell = " ".join(shell_quote(a) for a in argv)
-        exports = [f"export {k}={shell_quote(v)}" for k, v in command.env if "$" in v]
-        run = {"command": ["/bin/sh", "-c"], "args": ["; ".join([*exports, f"exec {shell}"])]}
-        env_pairs = [(k, v) for k, v in command.env if "$" not in v]
-    else:
-        run = {"command": argv}
-        env_pairs = list(command.env)
-    plain = dataclasses.replace(command, env=tuple(env_pairs))
+    run: dict[str, Any] = {"command": argv}
+    if any("$" in a for a in argv):
+        run = {"command": ["/bin/sh", "-c"], "args": ["exec " + " ".join(map(shell_quote, argv))]}
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
     if group.files:
         mounts.append({"name": "config", "mountPath": POD_CONFIG_DIR, "readOnly": True})
@@ -116,7 +111,7 @@ def container(group: PodGroup, command: NodeCommand, opts: PodOptions, *, serves
         "name": "engine",
         "image": opts.image_of(group.engine),
         **run,
-        "env": _env(group, plain, opts),
+        "env": _env(command, opts),
         "resources": {"limits": dict(gpus), "requests": dict(gpus)},
         "volumeMounts": mounts,
     }

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shardlab.deploy.kube import PodOptions, check_name
+from shardlab.deploy.kube import PodOptions
 from shardlab.deploy.pods import PORT, PodGroup
 from shardlab.errors import ShardlabError
 from shardlab.launch import shell_quote
@@ -107,7 +107,6 @@ def _role(group: PodGroup, opts: PodOptions, disagg: bool) -> dict[str, Any]:
 
 def llmd_values(groups: list[PodGroup], opts: PodOptions) -> dict[str, Any]:
     """The chart's values for an aggregated plan (decode only) or a disaggregated one."""
-    check_name(opts.name)
     engines = {g.engine for g in groups}
     if engines != {"vllm"}:
         raise ShardlabError(

@@ -14,7 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from shardlab.errors import ShardlabError
-from shardlab.launch import BASE_PORT, NodeCommand, disagg_args, pool_server, tiling
+from shardlab.launch import (
+    BASE_PORT,
+    NodeCommand,
+    PoolLaunch,
+    disagg_args,
+    pool_server,
+    tiling,
+)
 from shardlab.launch_engines import BUILDERS, Server, Target
 from shardlab.problems.disagg import POOLS, DisaggPlan
 from shardlab.problems.plan import Plan
@@ -153,7 +160,7 @@ def disagg_groups(
 
 
 def sized_groups(
-    pools: list, *, model_path: str, trust_remote_code: bool = False
+    pools: list[PoolLaunch], *, model_path: str, trust_remote_code: bool = False
 ) -> list[PodGroup]:
     """A sized deployment (:class:`~shardlab.launch.PoolLaunch` each): one group per
     pool, on its own GPU type."""

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from shardlab.deploy.dynamo import dynamo_objects
-from shardlab.deploy.kube import PodOptions, check_name, k8s_objects
+from shardlab.deploy.kube import PodOptions, k8s_objects
 from shardlab.deploy.llmd import CHART, llmd_values
 from shardlab.deploy.pods import PodGroup
 
@@ -29,7 +29,6 @@ def dump(documents: list[Any]) -> str:
 
 def documents(target: str, groups: list[PodGroup], opts: PodOptions) -> list[Any]:
     """The target's YAML documents (objects to apply, or one Helm values document)."""
-    check_name(opts.name)
     if target == "k8s":
         return k8s_objects(groups, opts)
     if target == "dynamo":

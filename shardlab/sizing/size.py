@@ -374,12 +374,13 @@ class Sizer:
         deployment of, skipped: infeasibility carries upward)."""
         check_finite(rate, what="rate (requests/s)", positive=True)
         gpus = list(self.accelerators)
-        if rate > self.rate_ceiling():
+        ceiling = self.rate_ceiling()
+        if rate > ceiling:
             return Sizing(
                 rate=rate,
                 best=None,
                 by_gpu=dict.fromkeys(gpus),
-                proof=(f"above {self.rate_ceiling():.4g}/s: more than the GPUs compute",),
+                proof=(f"above {ceiling:.4g}/s: more than the GPUs compute",),
             )
         solves, seconds = self.caps.solves, self.caps.seconds
         start = time.perf_counter()
@@ -442,10 +443,10 @@ class Sizer:
     def why_unserved(self, rate: float) -> ShardlabError:
         """Why no deployment serves ``rate``: past what ``max_gpus`` GPUs compute, an
         SLO no instance meets, or a rate past what they serve."""
-        if rate > self.rate_ceiling():
+        if rate > (ceiling := self.rate_ceiling()):
             return ShardlabError(
                 f"rate {rate:g} requests/s: {self.max_gpus} GPUs of "
-                f"{', '.join(self.accelerators)} compute at most {self.rate_ceiling():.4g} "
+                f"{', '.join(self.accelerators)} compute at most {ceiling:.4g} "
                 f"requests/s of {self.problem.model.name} at their peak",
                 field="rate",
                 fix="give a lower rate or allow more GPUs (max_gpus)",

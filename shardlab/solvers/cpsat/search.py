@@ -15,28 +15,13 @@ import math
 import time
 from collections.abc import Callable
 
-import numpy as np
-
-from shardlab.costmodel import integer_tables, judge, price, requests_per_rank
-from shardlab.problems.plan import Plan
-from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Outcome, SearchContext
 from shardlab.solvers.cpsat.bounds import Subproblem, cutoff, subproblems
 from shardlab.solvers.cpsat.forms import objective_of
-from shardlab.solvers.cpsat.solves import Solves
+from shardlab.solvers.cpsat.solves import Solves, table_objective
 from shardlab.solvers.cpsat.subproblem_model import SubSolution
 from shardlab.solvers.evaluator import BudgetExhausted
 from shardlab.solvers.megatron import megatron_rule
-
-
-def table_objective(problem: Problem, plan: Plan | None) -> float | None:
-    """``plan``'s objective priced from CP-SAT's integer tables at the requests the
-    evaluator runs it with."""
-    if plan is None:
-        return None
-    c = requests_per_rank(problem, plan)
-    cost = price(problem, integer_tables(problem, plan.degrees, c), plan)
-    return float(judge(problem, cost.latencies, np.array([cost.fits])).objective[0])
 
 
 class ScalarSearch:

@@ -9,10 +9,12 @@ import math
 import numpy as np
 
 from shardlab.costmodel import (
+    IntegerTables,
     evaluate,
     integer_tables,
     judge,
     price,
+    requests_per_rank,
 )
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
@@ -21,6 +23,20 @@ from shardlab.solvers.cpsat.bounds import Subproblem, cutoff, valid_options
 from shardlab.solvers.cpsat.chain import chain_plan, memory_bound, pipeline_plan
 from shardlab.solvers.cpsat.forms import chain_weights, objective_of, time_for, time_function
 from shardlab.solvers.cpsat.subproblem_model import SubproblemModel, SubSolution
+
+
+def table_objective(
+    problem: Problem, plan: Plan | None, tables: IntegerTables | None = None
+) -> float | None:
+    """``plan``'s objective priced from CP-SAT's integer tables: ``tables`` (its
+    subproblem's), else those at the requests the evaluator runs it with."""
+    if plan is None:
+        return None
+    if tables is None:
+        tables = integer_tables(problem, plan.degrees, requests_per_rank(problem, plan))
+    cost = price(problem, tables, plan)
+    return float(judge(problem, cost.latencies, np.array([cost.fits])).objective[0])
+
 
 # A hint must lie inside the cut model: its table objective clears the cut by this
 # (relative), more than the integer rounding between the tables and CP-SAT's sums.
@@ -134,8 +150,7 @@ class Solves:
         hint = None if limits else self.feasible.hint(sub.degree_index, sub.requests_per_rank)
         if hint is not None and cut_ns is not None:
             # a hint outside the model aborted CP-SAT 9.15 (see Feasibility.hint)
-            cost = price(problem, model.t, hint)
-            value = judge(problem, cost.latencies, np.array([cost.fits])).objective[0]
+            value = table_objective(problem, hint, model.t)
             if not value > beat + HINT_MARGIN * abs(beat):
                 hint = None
         if hint is not None:
