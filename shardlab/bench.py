@@ -19,9 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardlab.costmodel import evaluate, evaluate_batch, forget_tables
-from shardlab.costmodel.arithmetic import assemble
-from shardlab.costmodel.units import units_of_codes
+from shardlab.costmodel import assemble, evaluate, evaluate_batch, forget_tables, units_of_codes
 from shardlab.problems.problem import Problem
 from shardlab.problems.suite import get_instance
 

@@ -166,8 +166,8 @@ def _validate_serving(
     """Measured serving: predicted with one timing backend, reported by group."""
     from pathlib import Path
 
-    from shardlab.serving_report import peer_section, write_serving_report
     from shardlab.validation import predict
+    from shardlab.validation.serving_report import peer_section, write_serving_report
 
     if peer is not None and not Path(peer).is_file():
         raise ShardlabError(f"--peer {peer!r}: no such file")
@@ -302,9 +302,9 @@ def calibrate(
     GPU). Apply them with --calibration."""
     from pathlib import Path
 
-    from shardlab.calibrate import calibrate as fit_calibration
-    from shardlab.calibrate import write_fit_report
     from shardlab.validation import load_measurements
+    from shardlab.validation.calibrate import calibrate as fit_calibration
+    from shardlab.validation.calibrate import write_fit_report
 
     if out_path is not None:
         check_output_file(out_path, flag="--out", parents=True)

@@ -37,8 +37,8 @@ from shardlab.problems.problem import Problem
 from shardlab.solvers.choices import listed
 
 if TYPE_CHECKING:
-    from shardlab.deploy.kube import PodOptions
-    from shardlab.launch import Launch
+    from shardlab.launch.kube import PodOptions
+    from shardlab.launch.servers import Launch
 
 
 def _report(problem: Problem, plan: Plan | DisaggPlan, fmt: Format, *, top: int | None) -> None:
@@ -202,14 +202,15 @@ def launch(
     and write the config files it takes; a plan the engine cannot run is refused.
     ``--target k8s|llm-d|dynamo`` writes the deployment files instead (to ``--out``,
     else standard output), every container command the shell target's."""
-    from shardlab.deploy import pods
-    from shardlab.deploy.kube import PodOptions
-    from shardlab.deploy.targets import TARGETS
-    from shardlab.launch import build_disagg_launch, build_launch, build_pools_launch
+    from shardlab.launch import pods
+    from shardlab.launch.kube import PodOptions
+    from shardlab.launch.servers import build_disagg_launch, build_launch, build_pools_launch
+    from shardlab.launch.sized import pool_launches
+    from shardlab.launch.targets import TARGETS
     from shardlab.problems.catalog import hf_id_of
     from shardlab.problems.disagg import DISAGG_SCHEMA
     from shardlab.problems.plan import read_plan_file
-    from shardlab.sizing.answer import SIZING_SCHEMA, pool_launches
+    from shardlab.sizing.answer import SIZING_SCHEMA
 
     if target not in TARGETS:
         raise ShardlabError(
@@ -317,7 +318,7 @@ def _emit_deployment(
 ) -> None:
     """The target's YAML: to ``out_dir`` (made only once everything is built) or to
     standard output; how to apply it and the servers' notes on standard error."""
-    from shardlab.deploy.targets import FILES, documents, dump, how_to_apply
+    from shardlab.launch.targets import FILES, documents, dump, how_to_apply
 
     docs = documents(target, groups, opts)
     text = dump(docs)

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from shardlab.compare.journal import is_whole_run
 from shardlab.compare.runs import DISAGG_OPTIMUM, FREE_OPTIMUM
 from shardlab.errors import ShardlabError
 from shardlab.files import make_dir, replacing
-from shardlab.journal import is_whole_run
 from shardlab.solvers.base import quality
 
 

@@ -6,6 +6,7 @@ so the cost model's files can be reorganized without touching its callers.
 """
 
 from shardlab.costmodel import silicon
+from shardlab.costmodel.arithmetic import assemble
 from shardlab.costmodel.collectives import Span, collective_time
 from shardlab.costmodel.constants import ACT_BYTES
 from shardlab.costmodel.context import CostContext
@@ -21,6 +22,7 @@ from shardlab.costmodel.disagg import (
     DisaggMetrics,
     combine,
     evaluate_disagg,
+    instance_rate,
     pool_problems,
     with_concurrencies,
 )
@@ -49,6 +51,13 @@ from shardlab.costmodel.pricing import (
     prepare,
     with_concurrency,
 )
+from shardlab.costmodel.rate import (
+    RateFit,
+    fit_rate,
+    little_rate,
+    prefix_capacity,
+    requests_per_second,
+)
 from shardlab.costmodel.regimes import (
     Form,
     Forms,
@@ -61,6 +70,7 @@ from shardlab.costmodel.regimes import (
 )
 from shardlab.costmodel.tables import degree_tables
 from shardlab.costmodel.trace import collectives_of
+from shardlab.costmodel.units import units_of_codes
 
 __all__ = [
     "ACT_BYTES",
@@ -75,8 +85,10 @@ __all__ = [
     "IntegerTables",
     "Metrics",
     "OpBreakdown",
+    "RateFit",
     "ServingCosts",
     "Span",
+    "assemble",
     "assemble_plan",
     "at_capacity",
     "basic_times",
@@ -90,24 +102,30 @@ __all__ = [
     "evaluate_batch",
     "evaluate_disagg",
     "evaluate_points",
+    "fit_rate",
     "forget_tables",
     "forms",
     "handoff_ns",
     "handoff_seconds",
     "in_flight_requests",
+    "instance_rate",
     "integer_tables",
     "judge",
     "kv_bytes",
+    "little_rate",
     "pool_problems",
+    "prefix_capacity",
     "prepare",
     "price",
     "requests_per_rank",
+    "requests_per_second",
     "serving_constants",
     "serving_constants_yaml",
     "serving_costs",
     "silicon",
     "time_ns",
     "tokens",
+    "units_of_codes",
     "with_concurrencies",
     "with_concurrency",
 ]

@@ -28,7 +28,7 @@ were), so a step advances a request by
 Objective ``request_rate``: the most requests per second the cluster completes under
 the SLOs, by Little's law on the closed loop: ``N`` requests in flight, each taking
 the request latency ``L = TTFT + (output_len - 1) * TPOT``, complete ``N / L`` per
-second (:mod:`shardlab.sizing.rate`). It is what a deployment offered a request rate
+second (:mod:`shardlab.costmodel.rate`). It is what a deployment offered a request rate
 has to cover; ``rate`` (requests/s, optional) is that offered rate, checked against
 the plan after the search (the plan runs at the fewest requests in flight that cover
 it).

@@ -1,7 +1,7 @@
 """Capacity planning: load as a request rate, and the cheapest deployment that serves it.
 
-- :mod:`shardlab.sizing.rate`: what a plan serves per second (Little's law on the
-  closed loop) and the concurrency a rate needs;
+- what a plan serves per second (Little's law on the closed loop) and the concurrency a
+  rate needs are the cost model's (:mod:`shardlab.costmodel.rate`);
 - :mod:`shardlab.sizing.capacity`: the proven capacity of one instance of each shape,
   aggregated or one pool of disaggregated serving;
 - :mod:`shardlab.sizing.cover`: the fewest-cost multiset of instances covering a rate,
@@ -9,6 +9,6 @@
 - :mod:`shardlab.sizing.size`: ``shardlab size``: over GPU types, shapes and serving
   modes, with the proof's argument;
 - :mod:`shardlab.sizing.inputs` (rates, prices as written) and
-  :mod:`shardlab.sizing.answer` (the JSON answer, read back for ``launch``);
+  :mod:`shardlab.sizing.answer` (the JSON answer; :mod:`shardlab.launch.sized` reads it back);
 - :mod:`shardlab.sizing.suite`: the sizing suite of ``shardlab compare --suite sizing``.
 """

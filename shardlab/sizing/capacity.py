@@ -5,7 +5,7 @@ a deployment of several is several instances behind a router). Its capacity is a
 CP-SAT optimum over every plan and concurrency of that instance (a proof, or a proof
 that no plan meets the SLOs there):
 
-- aggregated: the most requests/s by Little's law (:mod:`shardlab.sizing.rate`),
+- aggregated: the most requests/s by Little's law (:mod:`shardlab.costmodel.rate`),
   the workload's objective ``request_rate``;
 - a prefill instance of disaggregated serving: prompts/s under the TTFT SLO, its TTFT
   including the handoff of each prompt's cache to the decode pool's layout and GPU;
@@ -26,14 +26,12 @@ from typing import Literal
 
 import numpy as np
 
-from shardlab.costmodel.disagg import instance_rate
-from shardlab.costmodel.metrics import BatchMetrics, Metrics
+from shardlab.costmodel import BatchMetrics, Metrics, instance_rate, little_rate, prefix_capacity
 from shardlab.errors import ShardlabError
 from shardlab.problems.cluster import Accelerator, Cluster
 from shardlab.problems.disagg import decode_problem, prefill_problem
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
-from shardlab.sizing.rate import little_rate, prefix_capacity
 from shardlab.solvers.base import Budget
 
 Role = Literal["agg", "prefill", "decode"]

@@ -13,7 +13,7 @@ plan that CP-SAT proves best for it (:mod:`shardlab.sizing.capacity`). Cost is
 **The proof** that no deployment in that space costs less rests on:
 
 1. *Capacity adds over instances.* An instance's servable capacity is the most it
-   serves over the concurrencies that all meet the SLOs (:mod:`shardlab.sizing.rate`),
+   serves over the concurrencies that all meet the SLOs (:mod:`shardlab.costmodel.rate`),
    so any share up to it settles at a concurrency that meets them; instances behind a
    router are independent, so ``k`` serve ``k`` times one and a mix the sum. The
    cheapest deployment is then a covering knapsack over instance kinds, solved exactly
@@ -45,6 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from shardlab.costmodel import fit_rate
 from shardlab.errors import ShardlabError
 from shardlab.problems.cluster import Accelerator, Cluster
 from shardlab.problems.disagg import SERVINGS
@@ -52,7 +53,6 @@ from shardlab.problems.limits import check_finite
 from shardlab.problems.problem import Problem
 from shardlab.sizing.capacity import Capacities, Capacity, instance_sizes, least_gpus
 from shardlab.sizing.cover import Kind, cover
-from shardlab.sizing.rate import fit_rate
 
 if TYPE_CHECKING:
     pass

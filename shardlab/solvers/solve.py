@@ -17,12 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from shardlab.costmodel import DisaggMetrics, Metrics
+from shardlab.costmodel import DisaggMetrics, Metrics, RateFit, fit_rate
 from shardlab.errors import ShardlabError
 from shardlab.problems.disagg import DisaggPlan, Serving, check_disagg, check_serving
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
-from shardlab.sizing.rate import RateFit, fit_rate
 from shardlab.solvers.base import Budget, SolveResult, Status, quality
 from shardlab.solvers.evaluator import HistoryPoint, Progress
 from shardlab.solvers.front import FrontPoint

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from shardlab.compare import run_comparison
+from shardlab.compare.journal import JOURNAL, Journal
 from shardlab.errors import ShardlabError
-from shardlab.journal import JOURNAL, Journal
 from shardlab.problems.suite import get_suite
 
 # 13 runs (random and anneal, 6 seeds each, and megatron) of about a second each

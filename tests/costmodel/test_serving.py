@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardlab import ShardlabError
-from shardlab.calibrate import Rows, fit, groups_of, held_out, linearize
 from shardlab.costmodel import evaluate
 from shardlab.costmodel.engines import ServingCosts, serving_constants, serving_costs
 from shardlab.costmodel.regimes import forms
@@ -22,6 +21,7 @@ from shardlab.problems.calibration import Calibration
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
 from shardlab.validation import load_measurements, predict
+from shardlab.validation.calibrate import Rows, fit, groups_of, held_out, linearize
 from shardlab.validation.serving_sample import SAMPLE, read_sample
 from tests.conftest import DATA_DIR, cli_process
 

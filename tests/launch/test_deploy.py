@@ -18,13 +18,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from shardlab.deploy.dynamo import dynamo_objects
-from shardlab.deploy.kube import LWS_LEADER_LABEL, PodOptions, k8s_objects
-from shardlab.deploy.llmd import llmd_values
-from shardlab.deploy.pods import POD_CONFIG_DIR, disagg_groups, plan_groups
-from shardlab.deploy.targets import dump
 from shardlab.errors import ShardlabError
-from shardlab.launch import build_launch
+from shardlab.launch.dynamo import dynamo_objects
+from shardlab.launch.kube import LWS_LEADER_LABEL, PodOptions, k8s_objects
+from shardlab.launch.llmd import llmd_values
+from shardlab.launch.pods import POD_CONFIG_DIR, disagg_groups, plan_groups
+from shardlab.launch.servers import build_launch
+from shardlab.launch.targets import dump
 from shardlab.problems.disagg import DisaggPlan
 from shardlab.problems.engines import ENGINES
 from shardlab.problems.plan import Degrees

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shardlab.errors import ShardlabError
-from shardlab.launch import Launch, build_launch
+from shardlab.launch.servers import Launch, build_launch
 from shardlab.problems.engines import ENGINES
 from shardlab.problems.plan import Degrees, Plan
 from shardlab.problems.problem import Problem
@@ -266,7 +266,7 @@ def test_cli_launch_with_draft_tokens(tmp_path: Path, capsys, monkeypatch) -> No
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_disaggregated_plan_launches_both_pools_and_a_router(engine: str) -> None:
-    from shardlab.launch import build_disagg_launch
+    from shardlab.launch.servers import build_disagg_launch
     from shardlab.solvers import Budget
     from shardlab.solvers.cpsat.disagg import solve_disagg
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from shardlab.errors import ShardlabError
-from shardlab.launch import _disagg_spots, build_disagg_launch, tiling
+from shardlab.launch.servers import _disagg_spots, build_disagg_launch, tiling
 from shardlab.problems.problem import Problem
 
 

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardlab.costmodel import evaluate, evaluate_batch
+from shardlab.costmodel.rate import fit_rate, little_rate, prefix_capacity
 from shardlab.errors import ShardlabError
 from shardlab.problems.problem import Problem
 from shardlab.problems.suite import get_instance
-from shardlab.sizing.rate import fit_rate, little_rate, prefix_capacity
 from shardlab.solvers import Budget, solve
 
 ROUNDING = 1e-4  # the tables' rounding (shardlab.costmodel.decompose)

@@ -1,4 +1,4 @@
-"""shardlab.serving_report: error bands and statistics, and a report written only where
+"""shardlab.validation.serving_report: error bands and statistics, and a report written only where
 asked."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.cluster import parse_cluster
-from shardlab.serving_report import band, peer_section, stats, write_serving_report
 from shardlab.validation import Measurement, MeasurementSet, Refusal, Row
+from shardlab.validation.serving_report import band, peer_section, stats, write_serving_report
 
 
 def _row(rid: str, metric: str, predicted: float, measured: float, requests_per_rank: int) -> Row:
@@ -114,7 +114,7 @@ def test_little_rate_pairs_a_setups_ttft_and_tpot() -> None:
     import dataclasses
 
     from shardlab.problems.problem import Problem
-    from shardlab.serving_report import rate_rows
+    from shardlab.validation.serving_report import rate_rows
 
     problem = Problem.build("llama-3.1-8b", "h100x8", "chat", batch=64, output_len=101)
     ttft, tpot = (

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from shardlab import ShardlabError
-from shardlab.calibrate import calibrate, linearize
 from shardlab.problems.calibration import Calibration
 from shardlab.validation import (
     against_reference,
@@ -21,6 +20,7 @@ from shardlab.validation import (
     predict_all,
     write_report,
 )
+from shardlab.validation.calibrate import calibrate, linearize
 from tests.conftest import DATA_DIR, cli_process
 
 TIMINGS = ("roofline", "silicon")

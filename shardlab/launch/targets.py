@@ -7,10 +7,10 @@ from typing import Any
 
 import yaml
 
-from shardlab.deploy.dynamo import dynamo_objects
-from shardlab.deploy.kube import PodOptions, k8s_objects
-from shardlab.deploy.llmd import CHART, llmd_values
-from shardlab.deploy.pods import PodGroup
+from shardlab.launch.dynamo import dynamo_objects
+from shardlab.launch.kube import PodOptions, k8s_objects
+from shardlab.launch.llmd import CHART, llmd_values
+from shardlab.launch.pods import PodGroup
 
 TARGETS = ("shell", "k8s", "llm-d", "dynamo")
 FILES = {"k8s": "manifests.yaml", "llm-d": "values.yaml", "dynamo": "dynamo.yaml"}

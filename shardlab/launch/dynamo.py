@@ -32,11 +32,11 @@ from typing import Any
 
 import yaml
 
-from shardlab.deploy.kube import PodOptions
-from shardlab.deploy.pods import POD_CONFIG_DIR, PodGroup
 from shardlab.errors import ShardlabError
-from shardlab.launch import TRTLLM_DISAGG
-from shardlab.launch_engines import TRTLLM_CONFIG
+from shardlab.launch.engines import TRTLLM_CONFIG
+from shardlab.launch.kube import PodOptions
+from shardlab.launch.pods import POD_CONFIG_DIR, PodGroup
+from shardlab.launch.servers import TRTLLM_DISAGG
 
 DYNAMO_API = "nvidia.com/v1alpha1"
 DYNAMO_VERSION = "1.0.1"  # the runtime images' tag

@@ -7,7 +7,7 @@ becomes one server: a replica smaller than a node shares it with others (its own
 the engine's multi-node flags (node count, node rank, the head node's address as a
 placeholder). Replicas are independent servers; a router in front spreads requests.
 
-Each engine's own command for one node is built in :mod:`shardlab.launch_engines`.
+Each engine's own command for one node is built in :mod:`shardlab.launch.engines`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from shardlab.errors import ShardlabError
-from shardlab.launch_engines import BUILDERS, Server, Target
+from shardlab.launch.engines import BUILDERS, Server, Target
 from shardlab.problems.disagg import POOLS, DisaggPlan
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem

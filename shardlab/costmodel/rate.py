@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardlab.costmodel import evaluate, evaluate_batch
 from shardlab.costmodel.metrics import BatchMetrics, Metrics
+from shardlab.costmodel.pricing import evaluate, evaluate_batch
 from shardlab.errors import ShardlabError
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem

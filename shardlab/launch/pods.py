@@ -3,8 +3,8 @@
 A server on one node (or part of one) is one pod; a server over several nodes is a
 LeaderWorkerSet group of that many pods, the leader running node rank 0's command and
 every worker one command over LWS's variables (``LWS_LEADER_ADDRESS``,
-``LWS_WORKER_INDEX``). The commands are :mod:`shardlab.launch_engines`' own, built for
-pods (:attr:`~shardlab.launch_engines.Target.in_pods`): the flags, degrees and per-rank
+``LWS_WORKER_INDEX``). The commands are :mod:`shardlab.launch.engines`' own, built for
+pods (:attr:`~shardlab.launch.engines.Target.in_pods`): the flags, degrees and per-rank
 limits are those ``--target shell`` prints. Each pod owns its GPUs (the device plugin
 hands them out), so no ``CUDA_VISIBLE_DEVICES``, and every server listens on one port.
 """
@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from shardlab.errors import ShardlabError
-from shardlab.launch import (
+from shardlab.launch.engines import BUILDERS, Server, Target
+from shardlab.launch.servers import (
     BASE_PORT,
     NodeCommand,
     PoolLaunch,
@@ -22,7 +23,6 @@ from shardlab.launch import (
     pool_server,
     tiling,
 )
-from shardlab.launch_engines import BUILDERS, Server, Target
 from shardlab.problems.disagg import POOLS, DisaggPlan
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem

@@ -4,7 +4,7 @@ A group of one-pod servers is a Deployment (``replicas``: the plan's replicas; e
 pod the same command); a group of multi-node servers a LeaderWorkerSet (``replicas``:
 the servers, ``size``: the nodes of one); each group a Service in front of the pods
 that serve requests (a LeaderWorkerSet's leaders). Config files a server takes are a
-ConfigMap mounted at :data:`~shardlab.deploy.pods.POD_CONFIG_DIR`.
+ConfigMap mounted at :data:`~shardlab.launch.pods.POD_CONFIG_DIR`.
 
 Formats written (pinned; fields as documented there):
 
@@ -24,9 +24,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from shardlab.deploy.pods import POD_CONFIG_DIR, PORT, PodGroup
 from shardlab.errors import ShardlabError
-from shardlab.launch import NodeCommand, shell_quote
+from shardlab.launch.pods import POD_CONFIG_DIR, PORT, PodGroup
+from shardlab.launch.servers import NodeCommand, shell_quote
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 LWS_LEADER_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"

@@ -26,10 +26,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shardlab.deploy.kube import PodOptions
-from shardlab.deploy.pods import PORT, PodGroup
 from shardlab.errors import ShardlabError
-from shardlab.launch import shell_quote
+from shardlab.launch.kube import PodOptions
+from shardlab.launch.pods import PORT, PodGroup
+from shardlab.launch.servers import shell_quote
 
 CHART = "llm-d-modelservice"
 CHART_VERSION = "v0.4.12"
