@@ -62,45 +62,100 @@ def solve_progress(
     the phase the run is in) and over the evaluations otherwise, filled when the run
     ends (an exact solver that proves its optimum in a tenth of its time limit is
     done, not at 10%); when stdout or stderr is not a terminal, one line every few
-    seconds. A thread redraws it, so a phase that reports nothing (an exact solver's
-    enumeration) still shows the time pass.
+    seconds.
     """
     live = sys.stdout.isatty() and sys.stderr.isatty()
     latest: list[Progress | None] = [None]
-    start = time.perf_counter() if started is None else started
-    stop = threading.Event()
 
     def callback(p: Progress) -> None:
         latest[0] = p  # called from the solver's threads: only the display reads it
 
+    def read(used: float) -> tuple[float, str]:
+        p = latest[0]
+        done = used if seconds else (p.evals if p is not None else 0)
+        return done, progress_line(method, p, used, seconds).split(": ", 1)[1]
+
+    total = float(seconds) if seconds else (float(max_evals) if max_evals else None)
+    with _display(method, total, read, live=live, plain=not live, started=started):
+        yield callback
+
+
+@contextmanager
+def task_progress(
+    label: str,
+    total: float | None = None,
+    *,
+    unit: str = "done",
+    seconds: float | None = None,
+    started: float | None = None,
+) -> Iterator[Callable[[float, str], None]]:
+    """A bar on stderr for a command that may run for long (size, compare, validate,
+    calibrate, train-policy), shown only when stderr is a terminal: a log or a pipe
+    gets nothing. Yields ``report(done, what)``: ``done`` steps of ``total`` (None:
+    steps counted, no bar; ``unit`` names them) and what is being done. With ``seconds`` (a time limit,
+    counted from ``started``) the bar fills over the time allowed instead.
+    """
+    state: list[Any] = [0.0, "starting"]
+
+    def report(done: float, what: str) -> None:
+        state[:] = [done, what]  # called from the work's threads: only the display reads it
+
+    def read(used: float) -> tuple[float, str]:
+        done, what = state
+        clock = f"{used:.0f}/{seconds:g} s" if seconds else f"{used:.0f} s"
+        count = f"{done:,.0f}/{total:,.0f} {unit}" if total else f"{done:,.0f} {unit}"
+        return (used if seconds else done), f"{clock}, {count}, {what}"
+
+    bar_total = float(seconds) if seconds else (float(total) if total else None)
+    with _display(label, bar_total, read, live=sys.stderr.isatty(), plain=False, started=started):
+        yield report
+
+
+@contextmanager
+def _display(
+    label: str,
+    total: float | None,
+    read: Callable[[float], tuple[float, str]],
+    *,
+    live: bool,
+    plain: bool,
+    started: float | None,
+) -> Iterator[None]:
+    """The display behind every progress bar: ``read(seconds used)`` gives (steps done,
+    line). ``live``: a rich bar on stderr, filled when the work ends; ``plain``: one
+    line every few seconds instead; neither: nothing. A thread redraws it, so work
+    that reports nothing for a while (an exact solver's enumeration) still shows the
+    time pass."""
+    if not (live or plain):
+        yield
+        return
+    start = time.perf_counter() if started is None else started
+    stop = threading.Event()
     with ExitStack() as stack:
         if live:
             bar = stack.enter_context(
                 RichProgress(
-                    TextColumn(f"[bold]{method}[/]"),
+                    TextColumn(f"[bold]{label}[/]"),
                     BarColumn(),
                     TextColumn("{task.fields[line]}"),
                     console=err,
                     transient=False,
                 )
             )
-            total = float(seconds) if seconds else (float(max_evals) if max_evals else None)
-            task = bar.add_task(method, total=total, line="")
+            task = bar.add_task(label, total=total, line="")
 
         def draw() -> None:
             while not stop.wait(0.2 if live else PLAIN_PROGRESS_S):
-                p, used = latest[0], time.perf_counter() - start
-                line = progress_line(method, p, used, seconds)
+                done, line = read(time.perf_counter() - start)
                 if live:
-                    done = used if seconds else (p.evals if p is not None else 0)
-                    bar.update(task, completed=done, line=line.split(": ", 1)[1])
+                    bar.update(task, completed=done, line=line)
                 else:
-                    err.print(line, soft_wrap=True)
+                    err.print(f"{label}: {line}", soft_wrap=True)
 
         thread = threading.Thread(target=draw, name="progress", daemon=True)
         thread.start()
         try:
-            yield callback
+            yield
         except BaseException:
             stop.set()
             thread.join()
@@ -110,8 +165,7 @@ def solve_progress(
         stop.set()
         thread.join()
         if live:
-            p, used = latest[0], time.perf_counter() - start
-            line = progress_line(method, p, used, seconds).split(": ", 1)[1]
+            _, line = read(time.perf_counter() - start)
             bar.update(task, completed=total or 1.0, total=total or 1.0, line=f"{line}, done")
 
 

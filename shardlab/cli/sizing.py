@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from shardlab.cli.app import Format, FormatOpt, app
+from shardlab.cli.app import STARTED, Format, FormatOpt, app
 from shardlab.cli.options import problem_command
-from shardlab.cli.render import emit_json, out, problem_json
+from shardlab.cli.render import emit_json, out, problem_json, task_progress
 from shardlab.errors import ShardlabError
 from shardlab.files import check_output_file, write_text
 from shardlab.problems.cluster import Cluster, parse_accelerators
@@ -17,7 +17,7 @@ from shardlab.problems.limits import MAX_GPUS
 from shardlab.problems.problem import Problem
 
 if TYPE_CHECKING:
-    from shardlab.sizing.size import Sizer, Sizing
+    from shardlab.sizing.size import Sizer, Sizing, SizingProgress
 
 DEFAULT_GPUS = "h100,h200,b200"
 
@@ -70,6 +70,16 @@ def size(
         typer.Option("--max-gpus", min=1, max=MAX_GPUS, help="Most GPUs a deployment may use."),
     ] = 256,
     seed: Annotated[int, typer.Option(min=0, help="CP-SAT's seed.")] = 0,
+    time_limit: Annotated[
+        float | None,
+        typer.Option(
+            "--time-limit",
+            min=0.001,
+            help="Wall seconds for the whole command, all in. When they run out: the "
+            "cheapest deployment found so far, marked partial (not proven least-cost), with "
+            "the instance capacities left unproven. [default: until proven]",
+        ),
+    ] = None,
     out_file: Annotated[
         str | None,
         typer.Option("--out", help="Write the answer (JSON; `shardlab launch --plan` takes it)."),
@@ -99,9 +109,36 @@ def size(
     accs = parse_accelerators(gpus)
     prices = parse_prices(price, list(accs))
     problem = dataclasses.replace(problem, workload=problem.workload.at_rate(values[0]))
-    sizer = Sizer(problem, accs, prices=prices, serving=serving, max_gpus=max_gpus, seed=seed)
-    results = sizer.curve(values)
+    with task_progress(
+        "size", unit="capacities solved", seconds=time_limit, started=STARTED
+    ) as report:
+
+        def progress(p: SizingProgress) -> None:
+            c = p.last
+            what = "starting" if c is None else f"{c.label()} {c.role}: {c.rate:.3g}/s {c.status}"
+            report(p.solves, f"rate {p.rate:g}/s ({p.rate_index + 1} of {p.rates}), {what}")
+
+        sizer = Sizer(
+            problem,
+            accs,
+            prices=prices,
+            serving=serving,
+            max_gpus=max_gpus,
+            seed=seed,
+            time_limit=time_limit,
+            started=STARTED,
+            progress=progress,
+        )
+        results = sizer.curve(values)
     if all(s.best is None for s in results):
+        partial = [s for s in results if s.partial]
+        if partial:
+            raise ShardlabError(
+                f"no deployment found within the time limit of {time_limit:g} s; left "
+                f"unproven: {partial[0].left()}",
+                field="time_limit",
+                fix="allow more time, fewer GPU types, or a smaller --max-gpus",
+            )
         raise sizer.why_unserved(values[0])
     data = sizing_json(sizer, results)
     if out_file is not None:
@@ -159,6 +196,7 @@ def _print(sizer: Sizer, results: list[Sizing]) -> None:
             table.add_column(f"{g} only", justify="right")
         table.add_column("cheapest", justify="right")
         table.add_column("deployment")
+        table.add_column("status")
         for s in results:
             cells = [_cell(sizer, s.by_gpu.get(g)) for g in sizer.accelerators]
             best = s.best
@@ -166,13 +204,23 @@ def _print(sizer: Sizer, results: list[Sizing]) -> None:
                 f"{s.rate:g}",
                 *cells,
                 _cell(sizer, best),
-                best.label() if best is not None else "none up to --max-gpus",
+                _none(s) if best is None else best.label(),
+                "partial" if s.partial else "proven",
             )
         out.print(table)
-    out.print(
-        f"proof: {sizer.caps.solves} instance capacities proven by CP-SAT "
-        f"({sizer.caps.seconds:.1f} s); the rest pruned by bounds (shardlab.sizing.size)"
-    )
+    partial = [s for s in results if s.partial]
+    if not partial:
+        out.print(
+            f"proof: {sizer.caps.solves} instance capacities proven by CP-SAT "
+            f"({sizer.caps.seconds:.1f} s); the rest pruned by bounds (shardlab.sizing.size)"
+        )
+    for s in partial:
+        out.print(
+            f"[bold]partial[/] at {s.rate:g} requests/s: the time limit "
+            f"({sizer.time_limit:g} s) ran out first; "
+            + ("the cheapest found, " if s.best else "none found, ")
+            + f"not proven least-cost. Left unproven: {s.left()}"
+        )
     for c in sizer.caps.gaps():
         out.print(
             f"note: {c.label()} ({c.role}) serves {c.rate:.3f}/s, below its CP-SAT optimum "
@@ -191,9 +239,12 @@ def _print_one(sizer: Sizer, s: Sizing) -> None:
     from rich.table import Table
 
     best = s.best
-    assert best is not None
+    if best is None:
+        out.print(f"rate [bold]{s.rate:g} requests/s[/]: {_none(s)}")
+        return
     out.print(
-        f"rate [bold]{s.rate:g} requests/s[/]: [bold]{best.label()}[/] ({best.mode}), "
+        ("[bold]partial[/] (not proven least-cost) " if s.partial else "")
+        + f"rate [bold]{s.rate:g} requests/s[/]: [bold]{best.label()}[/] ({best.mode}), "
         + (f"${best.cost:,.2f}/h, " if sizer.priced else "")
         + f"{best.gpus} GPUs on {best.nodes} node(s), "
         f"capacity {best.capacity:.3f}/s"
@@ -220,6 +271,12 @@ def _print_one(sizer: Sizer, s: Sizing) -> None:
     table = Table(title="each GPU type alone")
     for col in ("GPU", "cost" if sizer.priced else "GPUs", "deployment"):
         table.add_column(col)
+    left = {c.gpu for c in s.unproven}
     for g, d in s.by_gpu.items():
-        table.add_row(g, _cell(sizer, d), d.label() if d else "none up to --max-gpus")
+        none = "none found in time" if g in left else "none up to --max-gpus"
+        table.add_row(g, _cell(sizer, d), d.label() if d else none)
     out.print(table)
+
+
+def _none(s: Sizing) -> str:
+    return "none found in time" if s.partial else "none up to --max-gpus"

@@ -49,6 +49,9 @@ def sizing_json(sizer: Sizer, results: Sequence[Sizing]) -> dict[str, Any]:
         "cost_unit": "$/hour" if sizer.priced else "GPUs",
         "serving": sizer.serving,
         "max_gpus": sizer.max_gpus,
+        "time_limit_s": sizer.time_limit,
+        # partial: the time limit left a capacity unproven at some rate (see its rate)
+        "status": "partial" if any(s.partial for s in results) else "proven",
         "capacity_solves": sizer.caps.solves,
         "capacity_seconds": round(sizer.caps.seconds, 3),
         "capacity_gaps": [
@@ -67,6 +70,13 @@ def sizing_json(sizer: Sizer, results: Sequence[Sizing]) -> dict[str, Any]:
                 "deployment": s.best.to_dict(problem, sizer.priced, s.rate) if s.best else None,
                 "by_gpu": {g: brief(d) for g, d in s.by_gpu.items()},
                 "carried": s.carried,
+                # proven: least-cost under the cost model; partial: the cheapest found
+                # before the time limit, with the capacities left unproven
+                "status": "partial" if s.partial else "proven",
+                "unproven": [
+                    {"gpu": c.gpu, "gpus": c.gpus, "role": c.role, "status": c.status}
+                    for c in s.unproven
+                ],
             }
             for s in results
         ],

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +36,8 @@ from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Budget
 
 Role = Literal["agg", "prefill", "decode"]
+# Seconds under which a solve is not started before the deadline (it could prove nothing).
+_LEAST_S = 0.05
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +50,7 @@ class Capacity:
     rate: float  # requests/s servable: every load up to it meets the SLOs
     bound: float  # requests/s of the CP-SAT optimum at its concurrency (>= rate)
     status: str  # optimal, infeasible, skipped (no problem: weights, layout), or the solve's
+    # (feasible, unknown: stopped by the time limit; "unsolved": no time left to start)
     plan: Plan | None
     metrics: Metrics | None
     problem: Problem | None  # the instance's problem (None: skipped)
@@ -97,13 +101,27 @@ class Capacities:
     (objective ``request_rate``); its cluster is replaced per instance.
     """
 
-    def __init__(self, problem: Problem, accelerators: dict[str, Accelerator], seed: int = 0):
+    def __init__(
+        self,
+        problem: Problem,
+        accelerators: dict[str, Accelerator],
+        seed: int = 0,
+        deadline: float | None = None,
+    ):
         self.problem = problem
         self.accelerators = accelerators
         self.seed = seed
+        # time.perf_counter() past which no solve starts and a running one stops (None:
+        # every solve to its proof)
+        self.deadline = deadline
         self.solves = 0
         self.seconds = 0.0
+        # called with each capacity as it is solved (the CLI's progress display)
+        self.on_solved: Callable[[Capacity], None] | None = None
         self._kept: dict[tuple, Capacity] = {}
+        # capacities asked for since the last clear that are not proven (the time limit
+        # stopped or prevented their solve): what a partial answer names
+        self.unproven: dict[tuple, Capacity] = {}
         w = problem.workload
         # an instance's capacity: the most requests/s, no rate to fit
         self._agg_base = dataclasses.replace(
@@ -128,6 +146,10 @@ class Capacities:
         None: no handoff (an upper bound on any)."""
         return self._get(("prefill", gpu, gpus, decode), lambda: self._prefill(gpu, gpus, decode))
 
+    def expired(self) -> bool:
+        """Whether the time limit has run out (no solve starts any more)."""
+        return self.deadline is not None and time.perf_counter() >= self.deadline - _LEAST_S
+
     def gaps(self) -> list[Capacity]:
         """Instances whose servable capacity is below their CP-SAT optimum: an SLO
         fails at a load below the optimum's (the cost model's latencies dip there)."""
@@ -145,7 +167,10 @@ class Capacities:
     def _get(self, key: tuple, make: object) -> Capacity:
         if key not in self._kept:
             self._kept[key] = make()  # type: ignore[operator]
-        return self._kept[key]
+        found = self._kept[key]
+        if not found.proven:
+            self.unproven[key] = found
+        return found
 
     def _agg(self, gpu: str, gpus: int) -> Capacity:
         acc = self.accelerators[gpu]
@@ -207,7 +232,12 @@ class Capacities:
         except ShardlabError as exc:
             return skipped(exc.message)
         start = time.perf_counter()
-        s = solve(problem, "cpsat", budget=Budget.exact(), seed=self.seed, baseline=False)
+        budget = Budget.exact()
+        if self.deadline is not None:
+            if self.expired():
+                return dataclasses.replace(skipped("no time left"), status="unsolved")
+            budget = Budget(max_evals=None, seconds=min(budget.seconds, self.deadline - start))
+        s = solve(problem, "cpsat", budget=budget, seed=self.seed, baseline=False)
         seconds = time.perf_counter() - start
         self.solves += 1
         self.seconds += seconds
@@ -225,7 +255,7 @@ class Capacities:
                     return instance_rate(self._pool_base, problem, b.throughput_tok_s)
 
             rate, _ = prefix_capacity(problem, plan, m.requests_per_rank, rate_of)
-        return Capacity(
+        found = Capacity(
             gpu=acc.key,
             gpus=gpus,
             role=role,
@@ -238,3 +268,6 @@ class Capacities:
             why="" if feasible else s.message,
             seconds=seconds,
         )
+        if self.on_solved is not None:
+            self.on_solved(found)
+        return found

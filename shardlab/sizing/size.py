@@ -35,15 +35,22 @@ plan that CP-SAT proves best for it (:mod:`shardlab.sizing.capacity`). Cost is
    than they compute at their peak (:meth:`Sizer.rate_ceiling`); a rate above it is
    refused before any solve. Between the ceiling and what the GPUs really serve, the
    proof of "none" solves every shape (minutes for large models at 256 GPUs).
+
+**A time limit** (``time_limit``, wall seconds from ``started``) ends the proof early:
+each solve gets what is left, none starts after it, and an answer that needed a
+capacity not proven (a solve stopped, or never started) is *partial*: the cheapest
+deployment found so far (its instances do serve the rate: a stopped solve's capacity is
+what its plan serves), not proven least-cost, naming the capacities left unproven.
+Unproven capacities prove no infeasibility either: nothing is carried upward from them.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from shardlab.costmodel import fit_rate
 from shardlab.errors import ShardlabError
@@ -54,13 +61,13 @@ from shardlab.problems.problem import Problem
 from shardlab.sizing.capacity import Capacities, Capacity, instance_sizes, least_gpus
 from shardlab.sizing.cover import Kind, cover
 
-if TYPE_CHECKING:
-    pass
-
 Mode = Literal["agg", "disagg"]
 DEFAULT_MAX_GPUS = 256
 # Costs within this relative distance are equal (prices are given to the cent).
 _SAME = 1e-12
+# Seconds of a time limit kept for what follows the last solve (a stopped CP-SAT solve
+# ends within a second of its limit; then the answer is priced and printed).
+_RESERVE_S = 1.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,6 +206,39 @@ class Sizing:
     by_gpu: dict[str, Deployment | None]
     proof: tuple[str, ...]
     carried: bool = False  # unserved because a lower rate was (not solved)
+    # capacities the proof asked for and the time limit left unproven: when any, the
+    # answer is the cheapest found, not proven least-cost
+    unproven: tuple[Capacity, ...] = ()
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.unproven)
+
+    def left(self) -> str:
+        """The unproven capacities by GPU type and role, e.g. ``a100 agg instances of 4
+        (stopped), 8, 16 GPUs``: "stopped" a solve the limit ended, the others never
+        started."""
+        sizes: dict[tuple[str, str], dict[int, bool]] = {}
+        for c in self.unproven:
+            stopped = sizes.setdefault((c.gpu, c.role), {})
+            stopped[c.gpus] = stopped.get(c.gpus, False) or c.status != "unsolved"
+        return "; ".join(
+            f"{gpu} {role} instances of "
+            + ", ".join(f"{n}{' (stopped)' if stopped[n] else ''}" for n in sorted(stopped))
+            + " GPUs"
+            for (gpu, role), stopped in sizes.items()
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SizingProgress:
+    """Where a sizing is: reported after each capacity solve and at each rate."""
+
+    rate: float  # the rate being sized
+    rate_index: int  # 0-based, of ``rates``
+    rates: int
+    solves: int  # capacities solved so far, every rate
+    last: Capacity | None  # the capacity just solved (None: a rate starts)
 
 
 @dataclass
@@ -212,7 +252,13 @@ class Sizer:
     serving: str = "best"
     max_gpus: int = DEFAULT_MAX_GPUS
     seed: int = 0
+    # wall seconds for the whole sizing from ``started`` (time.perf_counter(); None:
+    # construction), all in; None: every capacity to its proof
+    time_limit: float | None = None
+    started: float | None = None
+    progress: Callable[[SizingProgress], None] | None = None
     caps: Capacities = field(init=False)
+    _at: tuple[float, int, int] = field(init=False, default=(0.0, 0, 1))
 
     def __post_init__(self) -> None:
         if self.serving not in SERVINGS:
@@ -220,11 +266,28 @@ class Sizer:
                 f"serving {self.serving!r}: use one of {', '.join(SERVINGS)}",
                 field="serving",
             )
-        self.caps = Capacities(self.problem, self.accelerators, seed=self.seed)
+        deadline = None
+        if self.time_limit is not None:
+            if not 0 < self.time_limit < math.inf:  # NaN too
+                raise ShardlabError(
+                    f"time limit {self.time_limit!r} s: give a positive number of seconds",
+                    field="time_limit",
+                )
+            start = time.perf_counter() if self.started is None else self.started
+            deadline = start + self.time_limit - min(_RESERVE_S, self.time_limit / 4)
+        self.caps = Capacities(self.problem, self.accelerators, seed=self.seed, deadline=deadline)
+        self.caps.on_solved = self._report
 
     @property
     def priced(self) -> bool:
         return self.prices is not None
+
+    def _report(self, last: Capacity | None) -> None:
+        if self.progress is not None:
+            rate, i, n = self._at
+            self.progress(
+                SizingProgress(rate=rate, rate_index=i, rates=n, solves=self.caps.solves, last=last)
+            )
 
     # -- kinds -----------------------------------------------------------------------
 
@@ -384,6 +447,7 @@ class Sizer:
             )
         solves, seconds = self.caps.solves, self.caps.seconds
         start = time.perf_counter()
+        self.caps.unproven.clear()
         by_gpu: dict[str, Deployment | None] = {}
         for g in gpus:
             by_gpu[g] = None if unserved and unserved.get(g) else self._best(rate, [g])
@@ -393,11 +457,12 @@ class Sizer:
         if len(gpus) > 1:  # mixes: only what beats every one-type answer is searched
             best = better(self._best(rate, gpus, best.cost if best else math.inf), best)
         proof = (
-            f"{self.caps.solves - solves} instance capacities proven by CP-SAT for this rate "
+            f"{self.caps.solves - solves} instance capacities solved by CP-SAT for this rate "
             f"({self.caps.seconds - seconds:.1f} s; {self.caps.solves} in all), "
             f"{time.perf_counter() - start:.1f} s",
         )
-        return Sizing(rate=rate, best=best, by_gpu=by_gpu, proof=proof)
+        unproven = tuple(self.caps.unproven.values())
+        return Sizing(rate=rate, best=best, by_gpu=by_gpu, proof=proof, unproven=unproven)
 
     def curve(self, rates: Sequence[float]) -> list[Sizing]:
         """Each rate's answer, lowest first; a type (or the mix) that serves no rate
@@ -405,7 +470,9 @@ class Sizer:
         out: list[Sizing] = []
         unserved: dict[str, bool] = {}
         mix_unserved = False
-        for rate in sorted(rates):
+        for i, rate in enumerate(sorted(rates)):
+            self._at = (rate, i, len(rates))
+            self._report(None)
             if mix_unserved:
                 out.append(
                     Sizing(
@@ -418,9 +485,10 @@ class Sizer:
                 )
                 continue
             s = self.size(rate, unserved)
+            left = {c.gpu for c in s.unproven}  # a type searched in part proves no "none"
             for g, d in s.by_gpu.items():
-                unserved[g] = unserved.get(g, False) or d is None
-            mix_unserved = s.best is None
+                unserved[g] = unserved.get(g, False) or (d is None and g not in left)
+            mix_unserved = s.best is None and not s.partial
             out.append(s)
         return out
 

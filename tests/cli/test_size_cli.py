@@ -80,13 +80,22 @@ def test_an_slo_nothing_meets_is_refused() -> None:
     assert "meets the SLOs" in line and "TPOT <= 0.5 ms" in line
 
 
+def test_a_time_limit_that_runs_out_before_any_deployment_says_so() -> None:
+    # the limit counts from the command's start (here: the test session's import)
+    line = refused([*SMALL, "--gpus", "h100", "--rate", "5", "--time-limit", "0.01"])
+    assert "no deployment found within the time limit of 0.01 s" in line, line
+    assert "h100 agg instances of 1" in line and "(set by --time-limit)" in line
+
+
 def test_size_writes_a_deployment_launch_runs(tmp_path: Path) -> None:
     out = tmp_path / "d.json"
     argv = [*SMALL, "--gpus", "h100,h200", "--max-gpus", "8", "--rate", "30"]
     argv += ["--price", "h100=2.99,h200=3.79", "--out", str(out), "--format", "json"]
     code, text, err = run(argv, tmp_path)
     assert code == 0, err
+    assert err == ""  # stderr not a terminal: no progress display
     data = json.loads(text)
+    assert data["status"] == data["rates"][0]["status"] == "proven"
     best = data["rates"][0]["deployment"]
     assert best["capacity_rps"] >= 30
     assert best["cost_per_hour"] == pytest.approx(

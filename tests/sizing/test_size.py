@@ -83,6 +83,7 @@ def _cost(d: object) -> float:
 def test_size_equals_enumeration(serving: str, prices: dict[str, float] | None) -> None:
     sizer = _sizer(serving, prices)
     for s in sizer.curve([2.0, 9.0, 25.0, 60.0, 400.0]):
+        assert not s.partial and not s.unproven  # no limit: every capacity proven
         assert _cost(s.best) == pytest.approx(_enumerate(sizer, s.rate, ["h100", "h200"]))
         for g, d in s.by_gpu.items():
             assert _cost(d) == pytest.approx(_enumerate(sizer, s.rate, [g])), (s.rate, g)
