@@ -92,8 +92,9 @@ def task_progress(
     """A bar on stderr for a command that may run for long (size, compare, validate,
     calibrate, train-policy), shown only when stderr is a terminal: a log or a pipe
     gets nothing. Yields ``report(done, what)``: ``done`` steps of ``total`` (None:
-    steps counted, no bar; ``unit`` names them) and what is being done. With ``seconds`` (a time limit,
-    counted from ``started``) the bar fills over the time allowed instead.
+    steps counted, no bar; ``unit`` names them) and what is being done. With
+    ``seconds`` (a time limit, counted from ``started``) the bar fills over the time
+    allowed instead.
     """
     state: list[Any] = [0.0, "starting"]
 
