@@ -13,6 +13,7 @@ from shardlab.cli.app import Format, FormatOpt, app, command_line
 from shardlab.cli.render import (
     emit_json,
     out,
+    task_progress,
     validation_table,
 )
 from shardlab.errors import ShardlabError
@@ -110,11 +111,17 @@ def validate(
     if peer is not None:
         raise ShardlabError("--peer compares measured serving rows (the sample's columns)")
     rows = measured.rows
-    by_timing = {
-        t: predict_all(t, engine, rows) for t in ([timing] if timing else get_args(Timing))
-    }
+    runs = [(t, t, None) for t in ([timing] if timing else get_args(Timing))]
     if cal is not None:
-        by_timing[f"{cal.timing}+calibration"] = predict_all(cal.timing, engine, rows, cal)
+        runs.append((f"{cal.timing}+calibration", cal.timing, cal))
+    by_timing: dict[str, Any] = {}
+    with task_progress("validate", len(rows) * len(runs), unit="rows") as report:
+        for i, (name, t, c) in enumerate(runs):
+
+            def progress(done: int, total: int, i: int = i, name: str = name) -> None:
+                report(i * total + done, f"{name} timing")
+
+            by_timing[name] = predict_all(t, engine, rows, c, progress=progress)
     source = measurements or "shardlab/data/validation/measured.csv"
     summaries = write_validation(by_timing, command, source, path=_path(out_path))
     if fmt is Format.json:
@@ -171,7 +178,11 @@ def _validate_serving(
 
     if peer is not None and not Path(peer).is_file():
         raise ShardlabError(f"--peer {peer!r}: no such file")
-    rows = [predict(m, timing, m.engine or "trtllm", cal) for m in measured.rows]
+    rows: list[Any] = []
+    with task_progress("validate", len(measured.rows), unit="rows") as report:
+        for m in measured.rows:
+            rows.append(predict(m, timing, m.engine or "trtllm", cal))
+            report(len(rows), f"{timing} timing")
     sections = peer_section(rows, Path(peer)) if peer is not None else []
     md = _path(out_path)
     summary = write_serving_report(
@@ -315,15 +326,17 @@ def calibrate(
     groupings = [g for g in (hold_out or ("family,gpu" if measured.serving else "row")).split(",")]
     source = measurements or "the published measurements"
     described = source + "".join(f", {k} {','.join(v)}" for k, v in filters.items())
-    report = fit_calibration(
-        measured.rows,
-        timing,
-        engine,
-        described,
-        hold_out=[g.strip() for g in groupings if g.strip()],
-        factors=not engines,
-        per_engine=engines,
-    )
+    with task_progress("calibrate", len(measured.rows), unit="rows priced") as progress:
+        report = fit_calibration(
+            measured.rows,
+            timing,
+            engine,
+            described,
+            hold_out=[g.strip() for g in groupings if g.strip()],
+            factors=not engines,
+            per_engine=engines,
+            progress=lambda done, total: progress(done, f"{timing} timing"),
+        )
     command = command_line(
         "shardlab calibrate",
         measurements=measurements,

@@ -16,6 +16,7 @@ from shardlab.cli.render import (
     emit_json,
     err,
     out,
+    task_progress,
     timing_label,
 )
 from shardlab.compare.executors import check_executor
@@ -66,24 +67,25 @@ def train_policy(
     instances = get_suite(suite)
     check_output_file(out_file, flag="--out")
     log: list[TrainProgress] = []
+    with task_progress("train-policy", rounds * len(instances), unit="instances") as report:
 
-    def progress(p: TrainProgress) -> None:
-        log.append(p)
-        best = "-" if p.best is None else f"{p.best:,.1f}"
-        err.print(
-            f"  round {p.round + 1} {p.instance}: {p.evals} evals, best {best}, {p.seconds:.0f} s"
+        def progress(p: TrainProgress) -> None:
+            log.append(p)
+            best = "-" if p.best is None else f"{p.best:,.1f}"
+            line = f"round {p.round + 1} {p.instance}: {p.evals} evals, best {best}"
+            err.print(f"  {line}, {p.seconds:.0f} s")
+            report(p.position, line)
+
+        path = train(
+            instances,
+            out=out_file,
+            seed=seed,
+            evals_per_instance=evals,
+            rounds=rounds,
+            meta_lr=meta_lr,
+            resume=resume,
+            progress=progress,
         )
-
-    path = train(
-        instances,
-        out=out_file,
-        seed=seed,
-        evals_per_instance=evals,
-        rounds=rounds,
-        meta_lr=meta_lr,
-        resume=resume,
-        progress=progress,
-    )
     if fmt is Format.json:
         emit_json(
             {
@@ -228,37 +230,45 @@ def compare(
     check_executor(executor)
     out_dir = check_output_dir(Path(results_dir) / folder_name(spec.label), flag="--results-dir")
     journal = _journal(out_dir, fresh)
-    done: list[dict] = []
+    with task_progress("compare", unit="runs") as report:
+        done: list[dict] = []
+        before = [0]  # runs the journal had: the bar counts from there
 
-    def on_done(r: dict) -> None:
-        done.append(r)
-        err.print(f"  [{len(done)}] {r['instance']} {r['method']} seed {r['seed']}: {r['status']}")
+        def on_done(r: dict) -> None:
+            done.append(r)
+            line = f"{r['instance']} {r['method']} seed {r['seed']}: {r['status']}"
+            err.print(f"  [{len(done)}] {line}")
+            report(before[0] + len(done), line)
 
-    def on_resume(reused: int, total: int) -> None:
-        if reused:
-            err.print(f"{journal.path}: {reused} of {total} runs finished before, not run again")
+        def on_resume(reused: int, total: int) -> None:
+            before[0] = reused
+            report(reused, "running", total=total)
+            if reused:
+                err.print(
+                    f"{journal.path}: {reused} of {total} runs finished before, not run again"
+                )
 
-    results = run_comparison(
-        spec.cases,
-        spec.methods,
-        seeds,
-        max_evals=max_evals if spec.budgets is None else max(spec.budgets),
-        seconds=time_limit,
-        jobs=jobs,
-        on_done=on_done,
-        budgets=spec.budgets,
-        variants=spec.variants,
-        timing=problem.timing,
-        engine=problem.engine,
-        engines=spec.engines,
-        space_kind=problem.space_kind,
-        vs_free=vs_free,
-        journal=journal,
-        executor=executor,  # type: ignore[arg-type]
-        address=address,
-        on_resume=on_resume,
-        serving=spec.serving,
-    )
+        results = run_comparison(
+            spec.cases,
+            spec.methods,
+            seeds,
+            max_evals=max_evals if spec.budgets is None else max(spec.budgets),
+            seconds=time_limit,
+            jobs=jobs,
+            on_done=on_done,
+            budgets=spec.budgets,
+            variants=spec.variants,
+            timing=problem.timing,
+            engine=problem.engine,
+            engines=spec.engines,
+            space_kind=problem.space_kind,
+            vs_free=vs_free,
+            journal=journal,
+            executor=executor,  # type: ignore[arg-type]
+            address=address,
+            on_resume=on_resume,
+            serving=spec.serving,
+        )
     rows = summarize(results)
     command = "shardlab compare " + " ".join(sys.argv[2:])
     anchor = list(spec.anchor) if spec.anchor is not None else None
@@ -285,10 +295,16 @@ def _compare_sizing(results_dir: Path, aiconfigurator: str | None, **unused: obj
             )
     command = "shardlab compare " + " ".join(sys.argv[2:])
 
-    def on_case(name: str, rows: list[dict]) -> None:
-        err.print(f"  {name}: {rows[0]['curve_solves']} solves, {rows[0]['curve_seconds']} s")
+    with task_progress("compare --suite sizing", unit="problems") as report:
+        sized: list[str] = []
 
-    rows = run_suite(out_dir, command, anchor, on_case)
+        def on_case(name: str, rows: list[dict]) -> None:
+            sized.append(name)
+            line = f"{name}: {rows[0]['curve_solves']} solves, {rows[0]['curve_seconds']} s"
+            err.print(f"  {line}")
+            report(len(sized), line)
+
+        rows = run_suite(out_dir, command, anchor, on_case)
     out.print(f"sized {len(rows)} (problem, rate) pairs; wrote {out_dir}/summary.md, results.json")
 
 

@@ -70,13 +70,14 @@ def solve_progress(
     def callback(p: Progress) -> None:
         latest[0] = p  # called from the solver's threads: only the display reads it
 
-    def read(used: float) -> tuple[float, str]:
+    total = float(seconds) if seconds else (float(max_evals) if max_evals else None)
+
+    def read(used: float) -> tuple[float, float | None, str]:
         p = latest[0]
         done = used if seconds else (p.evals if p is not None else 0)
-        return done, progress_line(method, p, used, seconds).split(": ", 1)[1]
+        return done, total, progress_line(method, p, used, seconds).split(": ", 1)[1]
 
-    total = float(seconds) if seconds else (float(max_evals) if max_evals else None)
-    with _display(method, total, read, live=live, plain=not live, started=started):
+    with _display(method, read, live=live, plain=not live, started=started):
         yield callback
 
 
@@ -88,45 +89,46 @@ def task_progress(
     unit: str = "done",
     seconds: float | None = None,
     started: float | None = None,
-) -> Iterator[Callable[[float, str], None]]:
+) -> Iterator[Callable[..., None]]:
     """A bar on stderr for a command that may run for long (size, compare, validate,
     calibrate, train-policy), shown only when stderr is a terminal: a log or a pipe
-    gets nothing. Yields ``report(done, what)``: ``done`` steps of ``total`` (None:
-    steps counted, no bar; ``unit`` names them) and what is being done. With
-    ``seconds`` (a time limit, counted from ``started``) the bar fills over the time
-    allowed instead.
+    gets nothing. Yields ``report(done, what, total=None)``: ``done`` steps of
+    ``total`` (given here or learnt later; None: steps counted, no bar; ``unit``
+    names them) and what is being done. With ``seconds`` (a time limit, counted from
+    ``started``) the bar fills over the time allowed instead.
     """
-    state: list[Any] = [0.0, "starting"]
+    state: dict[str, Any] = {"done": 0.0, "what": "starting", "total": total}
 
-    def report(done: float, what: str) -> None:
-        state[:] = [done, what]  # called from the work's threads: only the display reads it
+    def report(done: float, what: str, total: float | None = None) -> None:
+        # called from the work's threads: only the display reads it
+        state.update(done=done, what=what, **({"total": total} if total else {}))
 
-    def read(used: float) -> tuple[float, str]:
-        done, what = state
+    def read(used: float) -> tuple[float, float | None, str]:
+        done, what, steps = state["done"], state["what"], state["total"]
         clock = f"{used:.0f}/{seconds:g} s" if seconds else f"{used:.0f} s"
-        count = f"{done:,.0f}/{total:,.0f} {unit}" if total else f"{done:,.0f} {unit}"
-        return (used if seconds else done), f"{clock}, {count}, {what}"
+        count = f"{done:,.0f}/{steps:,.0f} {unit}" if steps else f"{done:,.0f} {unit}"
+        if seconds:
+            return used, float(seconds), f"{clock}, {count}, {what}"
+        return done, (float(steps) if steps else None), f"{clock}, {count}, {what}"
 
-    bar_total = float(seconds) if seconds else (float(total) if total else None)
-    with _display(label, bar_total, read, live=sys.stderr.isatty(), plain=False, started=started):
+    with _display(label, read, live=sys.stderr.isatty(), plain=False, started=started):
         yield report
 
 
 @contextmanager
 def _display(
     label: str,
-    total: float | None,
-    read: Callable[[float], tuple[float, str]],
+    read: Callable[[float], tuple[float, float | None, str]],
     *,
     live: bool,
     plain: bool,
     started: float | None,
 ) -> Iterator[None]:
     """The display behind every progress bar: ``read(seconds used)`` gives (steps done,
-    line). ``live``: a rich bar on stderr, filled when the work ends; ``plain``: one
-    line every few seconds instead; neither: nothing. A thread redraws it, so work
-    that reports nothing for a while (an exact solver's enumeration) still shows the
-    time pass."""
+    steps in all or None, line). ``live``: a rich bar on stderr, filled when the work
+    ends; ``plain``: one line every few seconds instead; neither: nothing. A thread
+    redraws it, so work that reports nothing for a while (an exact solver's
+    enumeration) still shows the time pass."""
     if not (live or plain):
         yield
         return
@@ -143,13 +145,13 @@ def _display(
                     transient=False,
                 )
             )
-            task = bar.add_task(label, total=total, line="")
+            task = bar.add_task(label, total=read(0.0)[1], line="")
 
         def draw() -> None:
             while not stop.wait(0.2 if live else PLAIN_PROGRESS_S):
-                done, line = read(time.perf_counter() - start)
+                done, total, line = read(time.perf_counter() - start)
                 if live:
-                    bar.update(task, completed=done, line=line)
+                    bar.update(task, completed=done, total=total, line=line)
                 else:
                     err.print(f"{label}: {line}", soft_wrap=True)
 
@@ -166,7 +168,7 @@ def _display(
         stop.set()
         thread.join()
         if live:
-            _, line = read(time.perf_counter() - start)
+            _, total, line = read(time.perf_counter() - start)
             bar.update(task, completed=total or 1.0, total=total or 1.0, line=f"{line}, done")
 
 

@@ -463,14 +463,20 @@ def calibrate(
     factors: bool = True,
     per_engine: bool = False,
     linearized: Rows | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Report:
     """Fit on every row, and judge each row by a fit on the groups it is not in (each
-    grouping of ``hold_out``; ``row``: leave-one-out)."""
-    rows = (
-        linearized
-        if linearized is not None
-        else Rows([linearize(m, timing, engine) for m in measurements])
-    )
+    grouping of ``hold_out``; ``row``: leave-one-out). ``progress(done, total)`` hears
+    of each row priced (the slow part: one cost-model run per row)."""
+    if linearized is not None:
+        rows = linearized
+    else:
+        priced: list[Linearized] = []
+        for m in measurements:
+            priced.append(linearize(m, timing, engine))
+            if progress is not None:
+                progress(len(priced), len(measurements))
+        rows = Rows(priced)
     if len(rows) < 3:
         raise ShardlabError(
             f"calibrate: {len(rows)} row(s) in {source}; give at least 3 to fit and check"

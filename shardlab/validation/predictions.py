@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -183,11 +184,18 @@ def predict_all(
     engine: str = "trtllm",
     measurements: list[Measurement] | None = None,
     calibration: Calibration | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Row]:
     """Every measurement predicted with ``timing``; rows on an accelerator the measured
-    tables do not cover are predicted by the roofline (and say so)."""
+    tables do not cover are predicted by the roofline (and say so). ``progress(done,
+    total)`` hears of each row predicted."""
     rows = measurements if measurements is not None else load_measurements().rows
-    return [predict(m, timing, engine, calibration) for m in rows]
+    predicted: list[Row] = []
+    for m in rows:
+        predicted.append(predict(m, timing, engine, calibration))
+        if progress is not None:
+            progress(len(predicted), len(rows))
+    return predicted
 
 
 def summarize(rows: list[Row]) -> dict[str, Any]:

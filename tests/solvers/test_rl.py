@@ -108,6 +108,7 @@ def test_checkpoint_round_trip_resume_and_errors(tmp_path) -> None:
         [get_instance("llama8b-h100x2-chat")], out=out, evals_per_instance=60, progress=seen.append
     )
     assert out.is_file() and len(seen) == 1 and seen[0].evals == 60
+    assert seen[0].position == 1  # the progress bar's count
     assert not list(tmp_path.glob(".*tmp"))  # the temporary file was renamed, not left
     more = train_policy(
         [get_instance("llama8b-h100x2-chat")],
@@ -117,7 +118,7 @@ def test_checkpoint_round_trip_resume_and_errors(tmp_path) -> None:
         resume=out,
         progress=seen.append,
     )
-    assert len(seen) == 2 and seen[1].round == 1
+    assert len(seen) == 2 and seen[1].round == 1 and seen[1].position == 2  # resumed at 1
     before = torch.load(out, weights_only=True)["state_dict"]
     after = torch.load(more, weights_only=True)["state_dict"]
     assert any(not torch.equal(before[k], after[k]) for k in before)

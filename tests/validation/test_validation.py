@@ -28,7 +28,13 @@ TIMINGS = ("roofline", "silicon")
 
 def test_every_published_row_is_predicted_and_reported(tmp_path: Path) -> None:
     ids = {r["id"] for r in csv.DictReader(builtin_measurements().read_text().splitlines())}
-    by_timing = {t: predict_all(t) for t in ("roofline", "silicon")}
+    heard: list[tuple[int, int]] = []
+    by_timing = {
+        t: predict_all(t, progress=lambda d, n: heard.append((d, n)))
+        for t in ("roofline", "silicon")
+    }
+    n = len(ids)
+    assert heard == [(d, n) for d in range(1, n + 1)] * 2  # each row once, per timing
     for rows in by_timing.values():
         assert [r.id for r in rows] == [r.id for r in by_timing["roofline"]]
         assert {r.id for r in rows} == ids
@@ -146,7 +152,11 @@ def test_calibrate_recovers_known_corrections_and_cross_validates() -> None:
         dataclasses.replace(m, value=predict(m, "silicon", "trtllm", truth).predicted)
         for m in published
     ]
-    report = calibrate(made, "silicon", "trtllm", "synthetic")
+    heard: list[tuple[int, int]] = []
+    report = calibrate(
+        made, "silicon", "trtllm", "synthetic", progress=lambda d, n: heard.append((d, n))
+    )
+    assert heard == [(d, len(made)) for d in range(1, len(made) + 1)]
     s = report.summary()
     assert s["median_before"] > 0.1
     assert s["median_after"] < 0.02 and s["median_cross_validated"] < 0.05

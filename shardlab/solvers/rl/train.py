@@ -38,6 +38,7 @@ from shardlab.solvers.rl.search import Search, new_policy
 class TrainProgress:
     round: int  # 0-based
     instance: str
+    position: int  # instances finished, counted over every round (a resumed run's too)
     evals: int
     best: float | None  # best objective found on this instance (None: nothing feasible)
     seconds: float  # since train_policy started
@@ -127,6 +128,7 @@ def train_policy(
                     TrainProgress(
                         round=(position - 1) // len(problems),
                         instance=name,
+                        position=position,
                         evals=ev.n_evals,
                         best=best,
                         seconds=time.perf_counter() - start,
