@@ -20,25 +20,31 @@ MAX_BATCH = 1 << 20  # requests in one batch, or in flight
 MAX_CONTEXT = 1 << 24  # prompt + output tokens of a model whose config states no maximum
 
 
-def check_count(value: object, limit: int, *, what: str, minimum: int = 1) -> int:
-    """``value`` as an integer in ``[minimum, limit]``; refused (naming ``what``) if not."""
+def check_count(
+    value: object, limit: int, *, what: str, minimum: int = 1, field: str | None = None
+) -> int:
+    """``value`` as an integer in ``[minimum, limit]``; refused (naming ``what``, and
+    ``field`` for the caller that maps it to its input) if not."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ShardlabError(f"{what} must be an integer, got {value!r}")
+        raise ShardlabError(f"{what} must be an integer, got {value!r}", field=field)
     if value < minimum:
-        raise ShardlabError(f"{what} must be at least {minimum:,}, got {value:,}")
+        raise ShardlabError(f"{what} must be at least {minimum:,}, got {value:,}", field=field)
     if value > limit:
-        raise ShardlabError(f"{what} is {value:,}: more than shardlab takes ({limit:,})")
+        raise ShardlabError(
+            f"{what} is {value:,}: more than shardlab takes ({limit:,})", field=field
+        )
     return value
 
 
-def check_finite(value: object, *, what: str, positive: bool = False) -> float:
+def check_finite(
+    value: object, *, what: str, positive: bool = False, field: str | None = None
+) -> float:
     """``value`` as a finite number (positive if asked); NaN and infinity are refused."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ShardlabError(f"{what} must be a number, got {value!r}")
+        raise ShardlabError(f"{what} must be a number, got {value!r}", field=field)
     if not math.isfinite(value):
-        raise ShardlabError(f"{what} must be a finite number, got {value!r}")
+        raise ShardlabError(f"{what} must be a finite number, got {value!r}", field=field)
     if value < 0 or (positive and value == 0):
-        raise ShardlabError(
-            f"{what} must be a {'positive' if positive else 'non-negative'} number, got {value!r}"
-        )
+        sign = "positive" if positive else "non-negative"
+        raise ShardlabError(f"{what} must be a {sign} number, got {value!r}", field=field)
     return float(value)

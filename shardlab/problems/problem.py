@@ -67,7 +67,7 @@ class Problem(CachedHash):
                 raise ShardlabError(
                     f"{key} must be a positive integer, got {value!r}",
                     field=key,
-                    fix=f"give {key} a positive integer or None",
+                    fix="give a positive integer, or none for the engine's own limit",
                 )
         for key, allowed in (
             ("timing", get_args(Timing)),
@@ -113,7 +113,7 @@ class Problem(CachedHash):
                 else f"shardlab takes at most {limit:,}"
             )
             raise ShardlabError(
-                f"workload {w.name!r}: {w.input_len:,} prompt + {w.output_len:,} output tokens "
+                f"workload {w.preset!r}: {w.input_len:,} prompt + {w.output_len:,} output tokens "
                 f"= {tokens:,} per request, but {source}",
                 field="workload",
                 fix="shorten the workload's input_len or output_len",

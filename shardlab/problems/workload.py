@@ -91,7 +91,7 @@ class Workload:
     rate: float | None = None
 
     def __post_init__(self) -> None:
-        where = f"workload {self.name!r}"
+        where = f"workload {self.preset!r}"
         for key, allowed in (
             ("phase", Phase),
             ("schedule", Schedule),
@@ -100,18 +100,19 @@ class Workload:
             if getattr(self, key) not in get_args(allowed):
                 raise ShardlabError(
                     f"{where}: {key} {getattr(self, key)!r} is not one of "
-                    + ", ".join(get_args(allowed))
+                    + ", ".join(get_args(allowed)),
+                    field=f"workload.{key}",
                 )
-        check_count(self.batch, MAX_BATCH, what=f"{where}: batch")
-        check_count(self.prompts_per_client, MAX_BATCH, what=f"{where}: prompts_per_client")
+        counts = [("batch", MAX_BATCH), ("prompts_per_client", MAX_BATCH)]
+        counts += [("input_len", MAX_CONTEXT), ("output_len", MAX_CONTEXT)]
         if self.clients is not None:
-            check_count(self.clients, MAX_BATCH, what=f"{where}: clients")
-        for key in ("input_len", "output_len"):
-            check_count(getattr(self, key), MAX_CONTEXT, what=f"{where}: {key}")
+            counts.append(("clients", MAX_BATCH))
+        for key, limit in counts:
+            check_count(getattr(self, key), limit, what=f"{where}: {key}", field=f"workload.{key}")
         for key in ("ttft_ms", "tpot_ms"):
             value = getattr(self, key)
             if value is not None:
-                check_finite(value, what=f"{where}: {key} (ms)", positive=True)
+                check_finite(value, what=f"{where}: {key}", positive=True, field=f"workload.{key}")
         self._check_speculation(where)
         self._check_rate(where)
         if self.weight_dtype is not None:
@@ -122,11 +123,17 @@ class Workload:
     def _check_speculation(self, where: str) -> None:
         k, a = self.draft_tokens, self.acceptance
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ShardlabError(f"{where}: draft_tokens must be an integer >= 0, got {k!r}")
+            raise ShardlabError(
+                f"{where}: draft_tokens must be an integer >= 0, got {k!r}",
+                field="workload.draft_tokens",
+            )
         if a is not None and (
             isinstance(a, bool) or not isinstance(a, int | float) or not 0 <= a <= 1
         ):  # NaN is not in [0, 1] either
-            raise ShardlabError(f"{where}: acceptance must be a number in [0, 1], got {a!r}")
+            raise ShardlabError(
+                f"{where}: acceptance must be a number in [0, 1], got {a!r}",
+                field="workload.acceptance",
+            )
         if k and a is None:
             raise ShardlabError(
                 f"{where}: draft_tokens {k} needs acceptance (the probability that a draft "
@@ -141,7 +148,7 @@ class Workload:
 
     def _check_rate(self, where: str) -> None:
         if self.rate is not None:
-            check_finite(self.rate, what=f"{where}: rate (requests/s)", positive=True)
+            check_finite(self.rate, what=f"{where}: rate", positive=True, field="workload.rate")
         wants_rate = self.rate is not None or self.objective == "request_rate"
         if wants_rate and self.phase != "request":
             raise ShardlabError(
@@ -202,11 +209,17 @@ class Workload:
         """This workload offered ``rate`` requests/s: the search maximizes requests/s
         under the SLOs, and requests in flight are bounded by the engine and the KV
         cache alone (the rate implies how many run)."""
-        check_finite(rate, what=f"workload {self.name!r}: rate (requests/s)", positive=True)
+        check_finite(rate, what=f"workload {self.preset!r}: rate", positive=True, field="rate")
         name = self.name if self.name == "custom" or self.name.endswith("*") else f"{self.name}*"
         return replace(
             self, name=name, rate=float(rate), objective="request_rate", batch=RATE_IN_FLIGHT
         )
+
+    @property
+    def preset(self) -> str:
+        """The preset's name as the user gave it (``name`` marks one with overrides
+        ``chat*`` for the outputs; errors name the input as written)."""
+        return self.name.removesuffix("*")
 
     @property
     def per_gpu(self) -> bool:

@@ -61,7 +61,9 @@ def parse_rates(text: str, *, name: str = "rates") -> list[float]:
             raise ShardlabError(
                 f"{name} {text!r}: {value!r} is not a number of requests/s", field=name
             ) from None
-        return check_finite(x, what=f"{name}: {what}", positive=True)
+        # "rate must be ...", "rates '5:1:x2': step must be ..." (the input as written)
+        said = name if what == name else f"{name} {text!r}: {what}"
+        return check_finite(x, what=said, positive=True, field=name)
 
     if ":" in text:
         parts = text.split(":")
