@@ -16,8 +16,7 @@ EVALUATE = ["evaluate", "--model", "llama-3.1-8b", "--cluster", "h100x1", "--tp"
     [
         (
             [*EVALUATE, "--ttft-ms", "0"],
-            "error: workload 'chat': ttft_ms must be a positive number, got 0.0 "
-            "(set by --ttft-ms)",
+            "error: workload 'chat': ttft_ms must be a positive number, got 0.0 (set by --ttft-ms)",
         ),
         (
             [*EVALUATE, "--input-len", "0"],
