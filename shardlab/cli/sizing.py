@@ -92,7 +92,8 @@ def size(
     """The cheapest deployment (least $/hour, or fewest GPUs without prices) serving a
     rate under the SLOs: GPU type, instances, nodes and plan of each pool, proven
     optimal under the cost model over every listed type, count up to --max-gpus and
-    serving mode."""
+    serving mode. With --time-limit, the cheapest found when it runs out, marked
+    partial with what is left unproven."""
     from shardlab.sizing.answer import sizing_json
     from shardlab.sizing.inputs import parse_prices, parse_rates
     from shardlab.sizing.size import Sizer
