@@ -438,6 +438,7 @@ class Sizer:
         """The answer at ``rate`` (``unserved``: types a lower rate found no
         deployment of, skipped: infeasibility carries upward)."""
         check_finite(rate, what="rate (requests/s)", positive=True)
+        self._at = (rate, *self._at[1:])  # what the progress reports (curve: which of them)
         gpus = list(self.accelerators)
         ceiling = self.rate_ceiling()
         if rate > ceiling:
