@@ -161,6 +161,10 @@ class Solver(ABC):
     Options: ClassVar[type[SolverOptions]] = SolverOptions
 
     def __init__(self, options: SolverOptions | None = None) -> None:
+        """``options``: the method's :attr:`Options` (``get_solver(name, **options)``
+        builds them from keywords); None: their defaults."""
+        if options is not None and not isinstance(options, type(self).Options):
+            raise TypeError(f"{type(self).__name__} takes {type(self).Options.__name__}")
         self.options = options if options is not None else type(self).Options()
 
     def solve(

@@ -68,8 +68,8 @@ class OptunaOptions(SolverOptions):
     """The first trials: megatron (the Megatron plans of up to 32 degree tuples) or
     none (the sampler's own)."""
     history: int | None = None
-    """tpe: the latest trials modelled besides the best ones (default 1000; 0: every
-    trial)."""
+    """How many of the latest trials TPE models besides the best ones (default 1000; 0:
+    every trial); the tpe sampler's only."""
     storage: str | OptunaStorage | None = None
     """Where the study lives: a storage URL (sqlite:///study.db, postgresql://...), or
     an Optuna storage object (default: in memory)."""
