@@ -122,7 +122,10 @@ class RLOptions(SolverOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.config()  # a bad knob is refused now, not when the policy is built
+        try:
+            self.config()  # a bad knob is refused now, not when the policy is built
+        except ShardlabError as exc:  # the knob at fault is given through knobs
+            raise ShardlabError(str(exc), field="knobs") from None
 
     def config(self) -> RLConfig:
         """The policy's knobs: these options over :class:`RLConfig`'s defaults (built

@@ -262,3 +262,11 @@ def test_methods_options_parse_as_their_types() -> None:
         {"history": 500, "sampler": "tpe"},
     )
     assert registry_module.parse_method("cpsat:workers=2") == ("cpsat", {"workers": 2})
+
+
+def test_a_bad_rl_knob_is_refused_as_the_knobs_option() -> None:
+    # the CLI maps the field to its flag: --knobs, not a flag that does not exist
+    for knobs in ("reward=foo", "d_model=63", "lr=fast"):
+        with pytest.raises(ShardlabError) as info:
+            solve(SMALL, "rl", budget=Budget(max_evals=1), options={"knobs": knobs})
+        assert info.value.field == "knobs", knobs
