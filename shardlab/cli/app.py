@@ -29,9 +29,8 @@ STARTED = time.perf_counter()
 
 def plain_help(text: str | None) -> str | None:
     """Help as a reader should see it: a docstring's paragraphs each on one line (its
-    line breaks are the source's; the terminal wraps), and its reST literals
-    (````--target````) as Markdown's (```--target```), as the other help texts write
-    them."""
+    line breaks are the source's; the terminal wraps), and its reST literals (two
+    backticks each side) as Markdown's (one), as the other help texts write them."""
     if not text:
         return text
     paragraphs = inspect.cleandoc(text).split("\n\n")

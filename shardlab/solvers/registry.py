@@ -1,6 +1,10 @@
 """Solvers by name: the built-in ones (imported only when asked for, so heavy
 dependencies such as torch load lazily) and third-party ones from the entry-point
-group ``shardlab.solvers``. Registering a name twice is refused."""
+group ``shardlab.solvers``. Registering a name twice is refused.
+
+A method's own options are its class's ``Options`` dataclass
+(:mod:`shardlab.solvers.options`): read here without importing a built-in method, and
+built from the keywords a caller gives, which checks them."""
 
 from __future__ import annotations
 
