@@ -7,13 +7,15 @@ the library's errors name the input at fault, and only here does it become a fla
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import time
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from shardlab.cli.render import (
     err,
@@ -24,7 +26,57 @@ from shardlab.errors import ShardlabError, interrupted
 # When the command started (this module's import): --time-limit counts from here.
 STARTED = time.perf_counter()
 
+
+def plain_help(text: str | None) -> str | None:
+    """Help as a reader should see it: a docstring's paragraphs each on one line (its
+    line breaks are the source's; the terminal wraps), and its reST literals (two
+    backticks each side) as Markdown's (one), as the other help texts write them."""
+    if not text:
+        return text
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(" ".join(p.split()) for p in paragraphs).replace("``", "`")
+
+
+def _tidy_option(param: Any) -> None:
+    """A parameter's help made plain; a flag shown without a value's type (``<bool>``):
+    it takes none. (Typer's parameters are click's, or since typer 0.2x its own copy of
+    click's: read by their attributes.)"""
+    if getattr(param, "param_type_name", None) == "option":
+        param.help = plain_help(param.help)
+        if param.is_flag:
+            param.metavar = ""
+
+
+def _tidy(command: Any) -> None:
+    """The help of ``command`` and of its options, as :func:`plain_help` and
+    :func:`_tidy_option` make them."""
+    command.help = plain_help(command.help)
+    for param in command.params:
+        _tidy_option(param)
+    make = command.get_help_option
+
+    # typer makes the --help option when a help is first printed, not with the command
+    def get_help_option(ctx: Any) -> Any:
+        option = make(ctx)
+        if option is not None:
+            _tidy_option(option)
+        return option
+
+    command.get_help_option = get_help_option  # type: ignore[method-assign]
+
+
+class _Group(TyperGroup):
+    """The root command, whose commands' help reads as prose (:func:`_tidy`): every
+    command gets it here, none on its own."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for command in (self, *self.commands.values()):
+            _tidy(command)
+
+
 app = typer.Typer(
+    cls=_Group,
     add_completion=False,
     no_args_is_help=True,
     help="Find how to spread an LLM over a GPU cluster for inference.",

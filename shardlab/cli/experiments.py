@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from shardlab.cli.app import Format, FormatOpt, app
-from shardlab.cli.options import problem_command
+from shardlab.cli.options import methods_help, problem_command
 from shardlab.cli.render import (
     comparison_table,
     emit_json,
@@ -102,7 +102,8 @@ MethodsOpt = Annotated[
     str | None,
     typer.Option(
         help="Comma-separated methods, each with options as METHOD:KEY=VALUE "
-        "(e.g. optuna:sampler=gp:encoding=class). [default: random,anneal,genetic]"
+        f"(e.g. optuna:sampler=gp:encoding=class; the options: {methods_help()}; "
+        "`shardlab solve --help` says what each means). Default: random,anneal,genetic."
     ),
 ]
 CompareSuiteOpt = Annotated[

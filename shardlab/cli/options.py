@@ -1,8 +1,11 @@
-"""Command-line options shared by several commands: the problem and the plan.
+"""Command-line options shared by several commands: the problem, the plan and the
+methods' own options.
 
 ``problem_command`` gives a command every option that defines a problem and calls it
 with the built :class:`Problem`; ``plan_command`` adds ``--plan FILE`` or the degree
-flags and calls it with the chosen :class:`Plan`. One definition, every command.
+flags and calls it with the chosen :class:`Plan`; ``solver_options_command`` adds a flag
+per option of the registered methods, generated from their ``Options`` dataclasses, and
+calls it with the ``options`` given. One definition, every command.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 from collections.abc import Callable
 from typing import Annotated, Any, get_type_hints
 
@@ -30,7 +34,7 @@ from shardlab.problems.problem import (
     DEFAULT_WORKLOAD,
     Problem,
 )
-from shardlab.solvers.choices import listed
+from shardlab.solvers.choices import choices, field_docs, hints, listed, text_type
 
 PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     (
@@ -361,3 +365,78 @@ def resolve_degrees(
         )
     problem.space.degree_index(degrees)
     return degrees
+
+
+def _first_lower(text: str) -> str:
+    """``text`` as the rest of a sentence (``The sampler`` as ``the sampler``; an
+    acronym kept)."""
+    return text[:1].lower() + text[1:] if re.match(r"[A-Z][a-z]", text) else text
+
+
+@functools.cache
+def solver_flags() -> dict[str, Any]:
+    """One flag per distinct option name of the registered methods, as the annotation
+    typer reads: the type, and help from the field's docstring, the methods that take
+    it and the values its ``Literal`` allows."""
+    from shardlab.solvers.registry import available_solvers, options_class
+
+    takers: dict[str, list[str]] = {}
+    owner: dict[str, type] = {}
+    for method in available_solvers():
+        try:
+            cls = options_class(method)
+        except ImportError:  # a third-party method whose dependency is missing
+            continue
+        for f in dataclasses.fields(cls):
+            first = owner.setdefault(f.name, cls)
+            if text_type(hints(cls)[f.name]) is not text_type(hints(first)[f.name]):
+                raise TypeError(f"option {f.name!r} has a different type in {method}")
+            takers.setdefault(f.name, []).append(method)
+    flags: dict[str, Any] = {}
+    for name, methods in takers.items():
+        cls = owner[name]
+        kind, allowed = text_type(hints(cls)[name]), choices(hints(cls)[name])
+        if kind is None:  # an object only a library caller can give
+            continue
+        default = next(f.default for f in dataclasses.fields(cls) if f.name == name)
+        text = f"{', '.join(methods)}: {_first_lower(field_docs(cls).get(name, ''))}"
+        if allowed:
+            text += f" Values: {listed(allowed, default if isinstance(default, str) else None)}."
+        option = typer.Option(f"--{name.replace('_', '-')}", help=text)
+        flags[name] = Annotated[kind | None, option]
+    return flags
+
+
+def methods_help() -> str:
+    """Each method with options and the options it takes (``cpsat: workers; ...``), as
+    ``compare --methods METHOD:KEY=VALUE`` takes them."""
+    from shardlab.solvers.registry import available_solvers, options_class
+
+    taken = []
+    for method in available_solvers():
+        try:
+            names = [f.name for f in dataclasses.fields(options_class(method))]
+        except ImportError:  # a third-party method whose dependency is missing
+            continue
+        if names:
+            taken.append(f"{method}: {', '.join(names)}")
+    return "; ".join(taken)
+
+
+def solver_options_command(func: Callable[..., None]) -> Callable[..., None]:
+    """Give a command a flag per option of the registered methods (:func:`solver_flags`);
+    it receives ``options``, the ones given (:func:`shardlab.solve` checks that the
+    method takes them, and their values)."""
+    flags = solver_flags()
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=typ)
+        for name, typ in flags.items()
+    ]
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> None:
+        given = {name: kwargs.pop(name) for name in flags}
+        func(options={k: v for k, v in given.items() if v is not None}, **kwargs)
+
+    _extend(func, wrapper, "options", extra)
+    return wrapper

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from shardlab.cli.app import STARTED, Format, FormatOpt, app
-from shardlab.cli.options import problem_command
+from shardlab.cli.options import problem_command, solver_options_command
 from shardlab.cli.render import (
     emit_json,
     out,
@@ -24,14 +24,6 @@ from shardlab.cli.render import (
 from shardlab.errors import ShardlabError
 from shardlab.files import check_output_file, write_text
 from shardlab.problems.problem import Problem
-from shardlab.solvers.choices import (
-    ALGORITHMS,
-    ENCODINGS,
-    PROPOSALS,
-    SAMPLERS,
-    WARM_STARTS,
-    listed,
-)
 from shardlab.solvers.registry import available_solvers
 
 if TYPE_CHECKING:
@@ -40,52 +32,12 @@ if TYPE_CHECKING:
 METHODS = ", ".join(available_solvers())
 
 
-def _solver_options(**given: object) -> dict[str, object]:
-    """The method options the user gave (:func:`shardlab.solve` checks the method takes
-    them)."""
-    return {k: v for k, v in given.items() if v is not None}
-
-
 MaxEvalsOpt = Annotated[
     int | None, typer.Option("--max-evals", min=1, help="Most distinct plans to evaluate.")
 ]
 TimeLimitOpt = Annotated[
     float | None,
     typer.Option("--time-limit", min=0.001, help="Wall seconds for the command, all in."),
-]
-WorkersOpt = Annotated[
-    int | None, typer.Option(min=1, help="Search workers (cpsat; default: all cores).")
-]
-SamplerOpt = Annotated[str | None, typer.Option(help=f"optuna: {listed(SAMPLERS, SAMPLERS[0])}.")]
-EncodingOpt = Annotated[
-    str | None,
-    typer.Option(
-        help=f"optuna: {listed(ENCODINGS, ENCODINGS[0])}; shared: degrees per axis, options "
-        "per operator."
-    ),
-]
-WarmStartOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--warm-start",
-        help=f"optuna: {listed(WARM_STARTS, WARM_STARTS[0])}; megatron: the first trials are "
-        "Megatron plans.",
-    ),
-]
-HistoryOpt = Annotated[
-    int | None,
-    typer.Option(
-        min=0,
-        help="optuna tpe: latest trials modelled besides the best (default 1000; 0: all).",
-    ),
-]
-StorageOpt = Annotated[
-    str | None,
-    typer.Option(help="optuna: a storage URL (sqlite:///study.db, postgresql://...)."),
-]
-PolicyOpt = Annotated[
-    str | None,
-    typer.Option(help="rl: start from this policy checkpoint (`shardlab train-policy`)."),
 ]
 OutFileOpt = Annotated[str | None, typer.Option("--out", help="Write the best plan here (JSON).")]
 VsFreeOpt = Annotated[
@@ -110,30 +62,14 @@ ServingOpt = Annotated[
 
 @app.command()
 @problem_command
+@solver_options_command
 def solve(
     problem: Problem,
+    options: dict[str, object],
     method: Annotated[str, typer.Option("--method", help=f"One of: {METHODS}.")] = "cpsat",
     max_evals: MaxEvalsOpt = None,
     time_limit: TimeLimitOpt = None,
     seed: Annotated[int, typer.Option(min=0, help="Same seed, same plan.")] = 0,
-    workers: WorkersOpt = None,
-    sampler: SamplerOpt = None,
-    encoding: EncodingOpt = None,
-    warm_start: WarmStartOpt = None,
-    history: HistoryOpt = None,
-    storage: StorageOpt = None,
-    study: Annotated[str | None, typer.Option(help="optuna: the study name.")] = None,
-    policy: PolicyOpt = None,
-    algorithm: Annotated[
-        str | None, typer.Option(help=f"rl: {listed(ALGORITHMS, ALGORITHMS[0])}.")
-    ] = None,
-    proposal: Annotated[
-        str | None,
-        typer.Option(
-            help=f"rl: {listed(PROPOSALS, PROPOSALS[0])}; edit changes chosen decisions of an "
-            "elite plan, decode builds each plan from scratch."
-        ),
-    ] = None,
     out_file: OutFileOpt = None,
     vs_free: VsFreeOpt = False,
     plot: PlotOpt = None,
@@ -149,18 +85,6 @@ def solve(
     """
     from shardlab.solvers import solve as solve_problem
 
-    options = _solver_options(
-        workers=workers,
-        sampler=sampler,
-        encoding=encoding,
-        warm_start=warm_start,
-        history=history,
-        storage=storage,
-        study=study,
-        policy=policy,
-        algorithm=algorithm,
-        proposal=proposal,
-    )
     if out_file is not None:
         check_output_file(out_file, flag="--out")
     if plot is not None:

@@ -27,6 +27,7 @@ from shardlab.problems.problem import Problem
 from shardlab.problems.space import SearchSpace
 from shardlab.solvers.evaluator import BudgetExhausted, Evaluator, HistoryPoint, Progress
 from shardlab.solvers.front import FrontPoint
+from shardlab.solvers.options import SolverOptions
 
 # unknown: the time budget ran out before any plan met memory and the SLOs
 Status = Literal["optimal", "feasible", "infeasible", "unknown", "interrupted", "error"]
@@ -156,6 +157,15 @@ class Solver(ABC):
     # is the same in a longer run: a benchmark may read several budgets off one run.
     anytime: ClassVar[bool] = True
     description: ClassVar[str] = ""
+    # the method's own options (shardlab.solvers.options); none by default
+    Options: ClassVar[type[SolverOptions]] = SolverOptions
+
+    def __init__(self, options: SolverOptions | None = None) -> None:
+        """``options``: the method's :attr:`Options` (``get_solver(name, **options)``
+        builds them from keywords); None: their defaults."""
+        if options is not None and not isinstance(options, type(self).Options):
+            raise TypeError(f"{type(self).__name__} takes {type(self).Options.__name__}")
+        self.options = options if options is not None else type(self).Options()
 
     def solve(
         self,

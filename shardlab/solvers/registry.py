@@ -1,15 +1,22 @@
 """Solvers by name: the built-in ones (imported only when asked for, so heavy
 dependencies such as torch load lazily) and third-party ones from the entry-point
-group ``shardlab.solvers``. Registering a name twice is refused."""
+group ``shardlab.solvers``. Registering a name twice is refused.
+
+A method's own options are its class's ``Options`` dataclass
+(:mod:`shardlab.solvers.options`): read here without importing a built-in method, and
+built from the keywords a caller gives, which checks them."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import fields
 from importlib.metadata import entry_points
 
 from shardlab.errors import ShardlabError
 from shardlab.solvers.base import Solver
+from shardlab.solvers.choices import hints, read_text
+from shardlab.solvers.options import BUILTIN_OPTIONS, SolverOptions
 
 ENTRY_POINT_GROUP = "shardlab.solvers"
 
@@ -39,6 +46,8 @@ def register(name: str) -> Callable[[type[Solver]], type[Solver]]:
             raise ValueError(f"solver name {name!r} is already registered by {owner}")
         if not (isinstance(cls, type) and issubclass(cls, Solver)):
             raise TypeError(f"{cls!r} is not a shardlab Solver subclass")
+        if name in BUILTIN and cls.Options is not BUILTIN_OPTIONS.get(name, SolverOptions):
+            raise TypeError(f"{name}: its Options are not the ones BUILTIN_OPTIONS lists")
         cls.name = name
         _REGISTERED[name] = cls
         return cls
@@ -72,40 +81,51 @@ def solver_class(name: str) -> type[Solver]:
     return _REGISTERED[name]
 
 
+def options_class(name: str) -> type[SolverOptions]:
+    """The options dataclass of the solver called ``name`` (a built-in method's without
+    importing it)."""
+    if name in BUILTIN and name not in _REGISTERED:
+        return BUILTIN_OPTIONS.get(name, SolverOptions)
+    return solver_class(name).Options
+
+
+def method_options(name: str, given: Mapping[str, object] | None = None) -> SolverOptions:
+    """The options of the method ``name`` from ``given`` (field name to value): a key the
+    method does not take is refused naming the method and its options, and constructing
+    the options checks every value (the one place they are checked)."""
+    cls = options_class(name)
+    taken = tuple(f.name for f in fields(cls))
+    for key in given or {}:
+        if key not in taken:
+            raise ShardlabError(
+                f"option {key!r} does not apply to method {name!r}",
+                field=key,
+                fix=f"its options: {', '.join(taken) or 'none'}",
+            )
+    return cls(**(given or {}))
+
+
 def get_solver(name: str, **options: object) -> Solver:
     """A fresh instance of the solver called ``name``, with method-specific options."""
-    return solver_class(name)(**options)
+    return solver_class(name)(method_options(name, options))
 
 
-def accepted_options(name: str) -> tuple[str, ...]:
-    """The method-specific options the solver called ``name`` takes."""
-    import inspect
-
-    params = inspect.signature(solver_class(name).__init__).parameters.values()
-    return tuple(
-        p.name
-        for p in params
-        if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    )
-
-
-def parse_method(spec: str) -> tuple[str, dict[str, str]]:
-    """``"optuna:sampler=gp:encoding=class"`` as ``("optuna", {"sampler": "gp", ...})``:
-    a method with options, as ``shardlab compare --methods`` takes it."""
+def parse_method(spec: str) -> tuple[str, dict[str, object]]:
+    """``"optuna:sampler=gp:history=500"`` as ``("optuna", {"sampler": "gp", "history":
+    500})``: a method with options, as ``shardlab compare --methods`` takes it, each value
+    read as its option's type and checked once, here."""
     name, *pairs = spec.strip().split(":")
-    accepted = accepted_options(name)
-    options: dict[str, str] = {}
+    cls = options_class(name)
+    kinds = hints(cls)
+    options: dict[str, object] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key or not value:
             raise ShardlabError(
                 f"method {spec!r}: write options as METHOD:KEY=VALUE (e.g. optuna:sampler=gp)"
             )
-        if key not in accepted:
-            takes = ", ".join(accepted) or "none"
-            raise ShardlabError(
-                f"method {spec!r}: {name} takes no option {key!r} (it takes: {takes})"
-            )
-        options[key] = value
-    get_solver(name, **options)  # a bad value fails here, once, not in every run
+        options[key] = (
+            read_text(kinds[key], key, value, f"method {spec!r}") if key in kinds else value
+        )
+    method_options(name, options)  # a bad value fails here, once, not in every run
     return name, options

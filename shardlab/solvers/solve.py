@@ -26,7 +26,7 @@ from shardlab.solvers.base import Budget, SolveResult, Status, quality
 from shardlab.solvers.evaluator import HistoryPoint, Progress
 from shardlab.solvers.front import FrontPoint
 from shardlab.solvers.megatron import megatron_baseline
-from shardlab.solvers.registry import accepted_options, get_solver, solver_class
+from shardlab.solvers.registry import get_solver, method_options, solver_class
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,15 +233,7 @@ def solve(
         workload = dataclasses.replace(problem.workload, objective=objective)
         problem = dataclasses.replace(problem, workload=workload)
     options = dict(options or {})
-    taken = accepted_options(method)
-    for key in options:
-        if key not in taken:
-            raise ShardlabError(
-                f"option {key!r} does not apply to method {method!r}",
-                field=key,
-                fix=f"its options: {', '.join(taken) or 'none'}",
-            )
-    get_solver(method, **options)  # an unknown method or a bad value fails before a search
+    method_options(method, options)  # an unknown method, option or value fails before a search
     if vs_free and problem.space_kind != "engine":
         raise ShardlabError(
             "the free-space comparison measures what an engine's space gives up, but this "

@@ -3,6 +3,8 @@ made it."""
 
 from __future__ import annotations
 
+import inspect
+
 from shardlab.cli.app import command_line, flag_advice
 from shardlab.errors import ShardlabError
 from shardlab.solvers.choices import listed
@@ -36,3 +38,22 @@ def test_command_line_keeps_the_options_given_in_order() -> None:
 def test_listed_marks_the_default() -> None:
     assert listed(("tpe", "gp", "random"), "tpe") == "tpe (default), gp or random"
     assert listed(("bf16",)) == "bf16"
+
+
+def test_help_shows_paragraphs_without_rest_literals_or_flag_types() -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from shardlab.cli.app import app
+
+    root = typer.main.get_command(app)
+    for name in [None, *root.list_commands(None)]:
+        args = [name, "--help"] if name else ["--help"]
+        text = CliRunner().invoke(app, args, env={"COLUMNS": "3000"}).output
+        assert "``" not in text, f"{name}: reST literal in its help"
+        assert "<bool>" not in text, f"{name}: a flag shown with a value type"
+        command = root if name is None else root.get_command(None, name)
+        # each paragraph of the docstring is one line of the help, however it was wrapped
+        for paragraph in inspect.cleandoc(command.help or "").split("\n\n")[:3]:
+            start = " ".join(paragraph.replace("``", "`").split())
+            assert any(start in line for line in text.splitlines()), (name, start)

@@ -40,3 +40,17 @@ def test_gymnasium_env_does_not_import_torch() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_solve_help_lists_every_methods_options_without_loading_them() -> None:
+    code = (
+        "import sys\n"
+        "from shardlab.cli import main\n"
+        "sys.argv = ['shardlab', 'solve', '--help']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "heavy = [m for m in ('torch', 'optuna', 'ortools') if m in sys.modules]\n"
+        "sys.exit(f'imported {heavy}' if heavy else 0)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--sampler" in proc.stdout and "--proposal" in proc.stdout

@@ -111,7 +111,7 @@ def test_methods_with_options_run_as_their_own_rows(tmp_path: Path, capsys, monk
     assert by["optuna:encoding=class"]["facts"]["encoding"] == "class"
     for bad, why in (
         ("optuna:sampler", "METHOD:KEY=VALUE"),
-        ("optuna:flavour=x", "takes no option 'flavour'"),
+        ("optuna:flavour=x", "option 'flavour' does not apply to method 'optuna'"),
         ("optuna:sampler=bogus", "sampler 'bogus'"),
         ("annealing", "unknown method"),
     ):

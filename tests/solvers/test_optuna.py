@@ -25,9 +25,9 @@ from shardlab import Problem, ShardlabError
 from shardlab.costmodel import evaluate, evaluate_batch
 from shardlab.problems.suite import get_instance
 from shardlab.solvers import Budget, available_solvers, get_solver
+from shardlab.solvers.choices import choices
+from shardlab.solvers.options import Encoding, Sampler
 from shardlab.solvers.optuna import (
-    ENCODINGS,
-    SAMPLERS,
     ClassLayout,
     OptunaSolver,
     SharedLayout,
@@ -130,8 +130,8 @@ def test_ctrl_c_returns_the_best_plan_so_far_and_leaves_no_trial_running() -> No
     assert len({tuple(t.user_attrs["code"]) for t in trials}) == 12
 
 
-@pytest.mark.parametrize("encoding", ENCODINGS)
-@pytest.mark.parametrize("sampler", SAMPLERS)
+@pytest.mark.parametrize("encoding", choices(Encoding))
+@pytest.mark.parametrize("sampler", choices(Sampler))
 def test_every_sampler_runs(sampler: str, encoding: str) -> None:
     # GP fits a Gaussian process (torch) per trial after 10 random ones: keep it short.
     budget = Budget(max_evals=14 if sampler == "gp" else 40, seconds=120)
@@ -150,7 +150,7 @@ def test_module_does_not_import_torch() -> None:
 # -- the parameter layout --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("encoding", choices(Encoding))
 @pytest.mark.parametrize("instance", ["llama8b-h100x2-chat", "deepseek-v3-h100x64-chat"])
 def test_layout_round_trips_every_plan(instance: str, encoding: str) -> None:
     space = get_instance(instance).problem().space
@@ -492,9 +492,9 @@ def test_a_short_study_samples_exactly_as_plain_tpe() -> None:
 
 def test_history_must_be_a_count() -> None:
     with pytest.raises(ShardlabError, match="history"):
-        OptunaSolver(history=-1)
+        OptunaSolver.Options(history=-1)
     with pytest.raises(ShardlabError, match="TPE's"):
-        OptunaSolver(sampler="nsga2", history=10)
+        OptunaSolver.Options(sampler="nsga2", history=10)
 
 
 def test_a_trial_never_marked_alive_is_failed_once_stale(tmp_path: Path, monkeypatch) -> None:

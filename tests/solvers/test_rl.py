@@ -13,9 +13,9 @@ from shardlab import Problem, ShardlabError  # noqa: E402
 from shardlab.envs import ShardingEnv  # noqa: E402
 from shardlab.problems.suite import get_instance  # noqa: E402
 from shardlab.solvers import Budget, get_solver  # noqa: E402
-from shardlab.solvers.choices import PROPOSALS  # noqa: E402
+from shardlab.solvers.choices import choices  # noqa: E402
 from shardlab.solvers.evaluator import INFEASIBLE, Evaluator  # noqa: E402
-from shardlab.solvers.rl.config import RLConfig  # noqa: E402
+from shardlab.solvers.rl.config import Proposal, RLConfig  # noqa: E402
 from shardlab.solvers.rl.decisions import Decisions  # noqa: E402
 from shardlab.solvers.rl.policy import Elite, ProblemTensors  # noqa: E402
 from shardlab.solvers.rl.reward import fitness_of, rank_rewards, rewards  # noqa: E402
@@ -42,7 +42,7 @@ def _random_elite(problem: Problem, dec: Decisions, k: int) -> Elite:
     return Elite(actions=dec.to_actions(codes), rewards=np.linspace(0.5, -2.0, k))
 
 
-@pytest.mark.parametrize("proposal", PROPOSALS)
+@pytest.mark.parametrize("proposal", choices(Proposal))
 @pytest.mark.parametrize(
     "problem", [SMALL, MOE, LAYER, BIG_MOE], ids=["dense", "moe", "layer", "big"]
 )
@@ -76,7 +76,7 @@ def test_degree_decisions_reach_exactly_the_valid_tuples() -> None:
     assert np.array_equal(dec.degree_index(actions[:, : dec.n_degree_steps]), codes[:, 0])
 
 
-@pytest.mark.parametrize("proposal", PROPOSALS)
+@pytest.mark.parametrize("proposal", choices(Proposal))
 def test_parameter_count_does_not_depend_on_the_problem(proposal: str) -> None:
     def count(problem: Problem) -> int:
         policy = new_policy(RLConfig(proposal=proposal), 0)
@@ -221,7 +221,7 @@ def test_elite_keeps_several_degree_tuples() -> None:
     assert np.all(np.diff(search.fit[rows]) <= 0)  # best first
 
 
-@pytest.mark.parametrize("proposal", PROPOSALS)
+@pytest.mark.parametrize("proposal", choices(Proposal))
 def test_the_environment_replays_every_proposal(proposal: str) -> None:
     """What the policy proposes is an episode of the gymnasium environment: each action
     is allowed by the environment's mask, and its final reward is the solver's."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -171,3 +172,101 @@ def test_exhaustive_matches_brute_force_on_a_tiny_space() -> None:
     assert len(codes) == space.num_plans()
     r = solve(problem, "exhaustive", budget=Budget(max_evals=None))
     assert r.status == "optimal" and r.n_evals == len(codes)
+
+
+# -- options: one declaration per option -----------------------------------------------
+
+
+def _bad_values(cls: type) -> dict[str, object]:
+    """A value each checkable field refuses: outside its Literal, or a negative count."""
+    from shardlab.solvers.choices import choices, hints, text_type
+
+    bad: dict[str, object] = {}
+    for f in dataclasses.fields(cls):
+        hint = hints(cls)[f.name]
+        if choices(hint):
+            bad[f.name] = "no-such-value"
+        elif text_type(hint) is int:
+            bad[f.name] = -5
+    return bad
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_options_are_one_documented_dataclass(method: str) -> None:
+    from shardlab.solvers.choices import field_docs
+    from shardlab.solvers.options import SolverOptions
+    from shardlab.solvers.registry import options_class
+
+    cls = options_class(method)
+    assert cls is solver_class(method).Options  # read without importing the method
+    assert issubclass(cls, SolverOptions) and dataclasses.is_dataclass(cls)
+    params = cls.__dataclass_params__
+    assert params.frozen and all(f.kw_only for f in dataclasses.fields(cls))
+    undocumented = [f.name for f in dataclasses.fields(cls) if not field_docs(cls).get(f.name)]
+    assert not undocumented, f"{method}: fields without a docstring: {undocumented}"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_unknown_option_is_refused_naming_the_method_and_its_options(method: str) -> None:
+    from shardlab.solvers.registry import options_class
+
+    with pytest.raises(ShardlabError) as info:
+        solve(SMALL, method, budget=Budget(max_evals=1), options={"no_such_option": 1})
+    e = info.value
+    assert e.field == "no_such_option" and repr(method) in str(e)
+    taken = [f.name for f in dataclasses.fields(options_class(method))]
+    assert f"its options: {', '.join(taken) or 'none'}" in str(e)
+    assert str(e).count("no_such_option") == 1  # said once
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_bad_value_is_refused_by_the_options_naming_the_field(method: str) -> None:
+    from shardlab.solvers.registry import options_class
+
+    cls = options_class(method)
+    for name, value in _bad_values(cls).items():
+        with pytest.raises(ShardlabError) as direct:
+            cls(**{name: value})
+        assert direct.value.field == name
+        with pytest.raises(ShardlabError) as solved:
+            solve(SMALL, method, budget=Budget(max_evals=1), options={name: value})
+        # the one check: solve refuses it with the options' own error
+        assert str(solved.value) == str(direct.value) and solved.value.field == name
+        with pytest.raises(ShardlabError) as parsed:
+            registry_module.parse_method(f"{method}:{name}={value}")
+        assert parsed.value.field == name
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_option_is_a_flag_of_solve_whose_help_names_the_method(method: str) -> None:
+    from typer.testing import CliRunner
+
+    from shardlab.cli.app import app
+    from shardlab.solvers.choices import choices, hints
+    from shardlab.solvers.registry import options_class
+
+    cls = options_class(method)
+    help_text = CliRunner().invoke(app, ["solve", "--help"], env={"COLUMNS": "2000"}).output
+    lines = {line.split()[1]: line for line in help_text.splitlines() if "│ --" in line}
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        assert flag in lines, f"{method}: no flag {flag} in solve --help"
+        assert f"{method}" in lines[flag]
+        for value in choices(hints(cls)[f.name]):
+            assert value in lines[flag]
+
+
+def test_methods_options_parse_as_their_types() -> None:
+    assert registry_module.parse_method("optuna:history=500:sampler=tpe") == (
+        "optuna",
+        {"history": 500, "sampler": "tpe"},
+    )
+    assert registry_module.parse_method("cpsat:workers=2") == ("cpsat", {"workers": 2})
+
+
+def test_a_bad_rl_knob_is_refused_as_the_knobs_option() -> None:
+    # the CLI maps the field to its flag: --knobs, not a flag that does not exist
+    for knobs in ("reward=foo", "d_model=63", "lr=fast"):
+        with pytest.raises(ShardlabError) as info:
+            solve(SMALL, "rl", budget=Budget(max_evals=1), options={"knobs": knobs})
+        assert info.value.field == "knobs", knobs

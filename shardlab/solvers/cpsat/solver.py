@@ -13,6 +13,7 @@ from shardlab.solvers.cpsat.fronts import SubproblemFront, SweepFront
 from shardlab.solvers.cpsat.search import ScalarSearch
 from shardlab.solvers.evaluator import BudgetExhausted
 from shardlab.solvers.megatron import megatron_candidates
+from shardlab.solvers.options import CpSatOptions
 from shardlab.solvers.registry import register
 
 
@@ -21,8 +22,12 @@ class CpSatSolver(Solver):
     exact = True
     description = "CP-SAT over (degrees, concurrency) subproblems: proven optimum"
 
-    def __init__(self, workers: int | None = None) -> None:
-        self.workers = workers or os.cpu_count() or 1
+    Options = CpSatOptions
+    options: CpSatOptions
+
+    @property
+    def workers(self) -> int:
+        return self.options.workers or os.cpu_count() or 1
 
     def _search(self, ctx: SearchContext) -> Outcome:
         if ctx.problem.workload.objective != "pareto":

@@ -121,7 +121,6 @@ plan is the front's highest throughput per GPU.
 
 from __future__ import annotations
 
-from shardlab.solvers.choices import ENCODINGS, SAMPLERS
 from shardlab.solvers.optuna.encodings import (
     ClassLayout,
     Layout,
@@ -133,8 +132,6 @@ from shardlab.solvers.optuna.storage import check_storage_url, open_storage
 from shardlab.solvers.optuna.study import default_study_name, fingerprint
 
 __all__ = [
-    "ENCODINGS",
-    "SAMPLERS",
     "ClassLayout",
     "Layout",
     "OptunaSolver",

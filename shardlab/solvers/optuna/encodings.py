@@ -49,7 +49,8 @@ from optuna.trial import BaseTrial
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.space import MAX_SHIFT, SearchSpace
-from shardlab.solvers.choices import ENCODINGS
+from shardlab.solvers.choices import choices, listed
+from shardlab.solvers.options import Encoding
 
 
 class Layout(Protocol):
@@ -68,7 +69,11 @@ def layout_for(space: SearchSpace, encoding: str) -> Layout:
         return SharedLayout(space)
     if encoding == "class":
         return ClassLayout(space)
-    raise ShardlabError(f"optuna encoding {encoding!r}: use one of {', '.join(ENCODINGS)}")
+    raise ShardlabError(
+        f"optuna encoding {encoding!r} is unknown",
+        field="encoding",
+        fix=f"use {listed(choices(Encoding))}",
+    )
 
 
 def _register(distributions: dict[str, BaseDistribution], name: str, dist: BaseDistribution):

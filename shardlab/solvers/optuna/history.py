@@ -32,8 +32,10 @@ from optuna.distributions import BaseDistribution
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from shardlab.solvers.options import TPE_HISTORY
+
 # Trials TPE sees besides the elite (see the module docstring).
-WINDOW = 1000
+WINDOW = TPE_HISTORY
 ELITE = 25
 
 # Optuna >= 5 names each constraint on the trial (``FrozenTrial.constraints``).

@@ -13,15 +13,13 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from shardlab.costmodel import evaluate_batch
 from shardlab.errors import ShardlabError
 from shardlab.solvers.base import Outcome, SearchContext, Solver
-from shardlab.solvers.choices import ENCODINGS, SAMPLERS, WARM_STARTS
 from shardlab.solvers.evaluator import BudgetExhausted
 from shardlab.solvers.moves import mutate, one_move
+from shardlab.solvers.options import OptunaOptions
 from shardlab.solvers.optuna.encodings import Layout, layout_for
-from shardlab.solvers.optuna.history import WINDOW
 from shardlab.solvers.optuna.samplers import HAS_SET_CONSTRAINT, make_sampler, quiet
 from shardlab.solvers.optuna.storage import (
     STALE_CHECK_TRIALS,
-    check_storage_url,
     fail_stale_trials,
     heartbeat,
 )
@@ -57,50 +55,20 @@ class OptunaSolver(Solver):
         "resumable and shareable through an Optuna storage"
     )
 
-    def __init__(
-        self,
-        sampler: str | None = None,
-        storage: str | optuna.storages.BaseStorage | None = None,
-        study: str | None = None,
-        encoding: str = "shared",
-        warm_start: str = "megatron",
-        history: int | None = None,
-    ) -> None:
-        if sampler is not None and sampler not in SAMPLERS:
-            raise ShardlabError(f"optuna sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
-        if encoding not in ENCODINGS:
-            raise ShardlabError(f"optuna encoding {encoding!r}: use one of {', '.join(ENCODINGS)}")
-        self.sampler = sampler  # None: tpe, or nsga2 for a Pareto front
-        if isinstance(storage, str):
-            check_storage_url(storage)  # refused now, not when the study opens
-        self.storage = storage
-        self.study_name = study
-        self.encoding = encoding
-        if warm_start not in WARM_STARTS:
-            raise ShardlabError(
-                f"optuna warm start {warm_start!r}: use one of {', '.join(WARM_STARTS)}"
-            )
-        self.warm_start = warm_start
-        if history is not None and (not isinstance(history, int) or history < 0):
-            raise ShardlabError(
-                f"optuna history {history!r}: a number of trials >= 0 (0: every trial)"
-            )
-        if history is not None and sampler not in (None, "tpe"):
-            raise ShardlabError(f"optuna history is TPE's; sampler {sampler} models every trial")
-        # tpe: the latest trials modelled besides the best ones; 0: every trial
-        self.history = WINDOW if history is None else history
+    Options = OptunaOptions
+    options: OptunaOptions
 
     # -- set-up ----------------------------------------------------------------------
 
     # -- the search ------------------------------------------------------------------
 
     def _search(self, ctx: SearchContext) -> Outcome:
-        ev = ctx.evaluator
+        ev, opts = ctx.evaluator, self.options
         with quiet():
             ev.enter("opening the study")
-            layout = layout_for(ctx.space, self.encoding)
-            study = open_study(ctx.problem, self.storage, self.study_name, layout)
-            sampler = self.sampler or ("nsga2" if pareto(ctx.problem) else "tpe")
+            layout = layout_for(ctx.space, opts.encoding)
+            study = open_study(ctx.problem, opts.storage, opts.study, layout)
+            sampler = opts.sampler or ("nsga2" if pareto(ctx.problem) else "tpe")
             if sampler == "cmaes" and pareto(ctx.problem):
                 raise ShardlabError(
                     "optuna sampler cmaes optimizes one objective, not a Pareto front",
@@ -110,7 +78,7 @@ class OptunaSolver(Solver):
             facts: dict[str, Any] = {
                 "sampler": sampler,
                 "study": study.study_name,
-                "storage": storage_kind(self.storage),
+                "storage": storage_kind(opts.storage),
                 "replayed_trials": 0,
                 "replay_mismatches": 0,
                 "trials": 0,
@@ -118,7 +86,7 @@ class OptunaSolver(Solver):
                 "neighbour_trials": 0,
                 "warm_start_trials": 0,
                 "encoding": layout.encoding,
-                **({"history": self.history} if sampler == "tpe" else {}),
+                **({"history": opts.tpe_history} if sampler == "tpe" else {}),
                 "sampler_s": 0.0,  # Optuna's own time: ask, suggest and tell
             }
             facts["stale_trials_failed"] = fail_stale_trials(study)
@@ -129,13 +97,13 @@ class OptunaSolver(Solver):
             study.sampler = make_sampler(
                 sampler,
                 seed,
-                encoding=self.encoding,
-                shared=self.storage is not None,
-                history=self.history,
+                encoding=opts.encoding,
+                shared=opts.storage is not None,
+                history=opts.tpe_history,
             )
             try:
                 self._replay(ctx, existing, facts)
-                if not existing and self.warm_start == "megatron":
+                if not existing and opts.warm_start == "megatron":
                     self._enqueue_megatron(ctx, study, layout, facts)
                 ev.enter("search")
                 while True:

@@ -52,7 +52,7 @@ context (log parameters, GPUs, node size, MoE, layers, HBM, batch, input/output
 lengths, SLOs, phase, objective). The parameter count is the same for every problem,
 so a policy pretrained on some instances (:func:`~shardlab.solvers.rl.train.train_policy`,
 an initialization learned by Reptile) starts the search on others
-(``RLSolver(policy=path)``).
+(``get_solver("rl", policy=path)``).
 
 torch is imported only by the modules that need it (``policy``, ``search``, ``solver``,
 ``checkpoint``, ``train``); ``decisions``, ``features``, ``reward`` and ``config`` are

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from shardlab.errors import ShardlabError
-from shardlab.solvers.choices import ALGORITHMS, PROPOSALS
+from shardlab.solvers.choices import check_choices, hints, read_text
 
 Algorithm = Literal["ppo", "reinforce"]
 Proposal = Literal["edit", "decode"]
@@ -174,21 +174,7 @@ class RLConfig:
             for name, value in PROPOSAL_DEFAULTS[self.proposal].items():
                 if getattr(self, name) is None:
                     object.__setattr__(self, name, value)
-        if self.algorithm not in ALGORITHMS:
-            raise ShardlabError(
-                f"rl algorithm {self.algorithm!r} is unknown; use 'ppo' or 'reinforce'"
-            )
-        for name, allowed in (
-            ("proposal", PROPOSALS),
-            ("elite_encoding", ("attention", "mean")),
-            ("reward", ("log", "rank")),
-            ("reheat_on", ("repeat", "stall")),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ShardlabError(
-                    f"rl config: {name} {getattr(self, name)!r} is unknown; use "
-                    + " or ".join(repr(a) for a in allowed)
-                )
+        check_choices(self, "rl config")
         if self.edits <= 0 or self.class_edits <= 0 or not 0 < self.degree_edit < 1:
             raise ShardlabError(
                 "rl config: edits and class_edits must be positive, degree_edit between 0 and 1"
@@ -223,7 +209,7 @@ def parse_knobs(text: str) -> dict[str, Any]:
     """``"lr=0.0005;ppo_epochs=1"`` as ``{"lr": 0.0005, "ppo_epochs": 1}``: knobs of
     :class:`RLConfig` by name, each value read as its field's type (``;`` separates them,
     as ``,`` and ``:`` separate methods and options on the command line)."""
-    kinds = {f.name: f.type for f in fields(RLConfig)}
+    kinds = hints(RLConfig)
     out: dict[str, Any] = {}
     for pair in filter(None, (p.strip() for p in text.split(";"))):
         name, sep, value = pair.partition("=")
@@ -233,20 +219,8 @@ def parse_knobs(text: str) -> dict[str, Any]:
                 f"{', '.join(kinds)}",
                 field="knobs",
             )
-        kind = str(kinds[name]).removesuffix(" | None")
         try:
-            if kind == "bool":
-                if value.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError(value)
-                out[name] = value.lower() in ("true", "1")
-            elif kind == "int":
-                out[name] = int(value)
-            elif kind == "float":
-                out[name] = float(value)
-            else:
-                out[name] = value
-        except ValueError:
-            raise ShardlabError(
-                f"rl knobs: {name}={value!r} is not a {kind}", field="knobs"
-            ) from None
+            out[name] = read_text(kinds[name], name, value, "rl knobs")
+        except ShardlabError as exc:
+            raise ShardlabError(str(exc), field="knobs") from None
     return out

@@ -8,12 +8,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from shardlab.errors import ShardlabError
 from shardlab.solvers.base import Outcome, SearchContext, Solver
-from shardlab.solvers.choices import ALGORITHMS
+from shardlab.solvers.options import RLOptions
 from shardlab.solvers.registry import register
 from shardlab.solvers.rl.checkpoint import load_checkpoint, load_policy
-from shardlab.solvers.rl.config import RLConfig, parse_knobs
 from shardlab.solvers.rl.search import Search, new_policy
 
 
@@ -22,33 +20,13 @@ class RLSolver(Solver):
     description = "Learning to Shard: attention policy over the elite history, trained by PPO"
     anytime: ClassVar[bool] = True  # the search never reads its budget
 
-    def __init__(
-        self,
-        *,
-        policy: str | Path | None = None,
-        algorithm: str | None = None,
-        proposal: str | None = None,
-        knobs: str | None = None,
-        config: RLConfig | None = None,
-    ) -> None:
-        changes: dict[str, Any] = {}
-        if algorithm is not None:
-            if algorithm not in ALGORITHMS:
-                raise ShardlabError(
-                    f"rl algorithm {algorithm!r} is unknown; use 'ppo' or 'reinforce'"
-                )
-            changes["algorithm"] = algorithm
-        if proposal is not None:
-            changes["proposal"] = proposal
-        if knobs is not None:
-            changes |= parse_knobs(knobs)
-        # built whole, so that knobs left unset take the default of the proposal chosen
-        config = (
-            RLConfig(**changes)
-            if config is None
-            else RLConfig.from_dict(config.to_dict() | changes)
-        )
-        self.policy_path = Path(policy) if policy is not None else None
+    Options = RLOptions
+    options: RLOptions
+
+    def __init__(self, options: RLOptions | None = None) -> None:
+        super().__init__(options)
+        config = self.options.config()
+        self.policy_path = Path(self.options.policy) if self.options.policy else None
         self._state: dict[str, Any] | None = None
         if self.policy_path is not None:
             # load now so a bad path fails before any search, and every solve starts
