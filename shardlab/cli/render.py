@@ -210,11 +210,23 @@ def print_metrics(m: Metrics) -> None:
     out.print(
         f"  TTFT {m.ttft_ms:,.1f} ms   TPOT {m.tpot_ms:,.2f} ms   latency {m.latency_ms:,.0f} ms"
     )
-    out.print(
-        f"  memory {m.memory_gb_per_gpu:,.1f} of {m.hbm_gb:g} GB per GPU (weights "
-        f"{m.weights_gb:,.1f}, KV cache {m.kv_cache_gb:,.1f}, activations "
-        f"{m.activations_gb:,.2f})"
+    shares = " + ".join(
+        f"{MEMORY_SHARES.get(s.name, s.name)} {s.gb:,.2f}" + (f" ({s.note})" if s.note else "")
+        for s in m.memory_shares
     )
+    out.print(
+        f"  memory {m.memory_gb_per_gpu:,.2f} of {m.hbm_gb:g} GB per GPU = {shares}",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+MEMORY_SHARES = {
+    "kv_cache": "KV cache",
+    "runtime_reserve": "runtime reserve",
+    "left_free": "left free",
+    "engine_reserve": "engine reserve",
+}
 
 
 def print_disagg(
