@@ -57,7 +57,7 @@ class Target(Server):
                     f"plan: {self.problem.engine} names every node of a multi-node server; "
                     "a LeaderWorkerSet gives its pods the leader's address only",
                     field="target",
-                    fix="launch it with target shell, or use degrees of one node per replica",
+                    fix="use target dynamo (its operator starts every node) or shell",
                 )
             return "${LWS_LEADER_ADDRESS}"
         return f"${{NODE{self.first_node + k}_ADDR}}"
