@@ -215,9 +215,10 @@ def launch(
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Print the engine's own launch commands for a plan, one per node of each replica,
-    and write the config files it takes; a plan the engine cannot run is refused.
-    ``--target k8s|llm-d|dynamo`` writes the deployment files instead (to ``--out``,
-    else standard output), every container command the shell target's."""
+    with the config files they read as here-documents (``--out``: a script and the
+    files, written there); a plan the engine cannot run, or made for another engine, is
+    refused. ``--target k8s|llm-d|dynamo`` writes the deployment files instead (to
+    ``--out``, else standard output), every container command the shell target's."""
     from shardlab.launch import pods
     from shardlab.launch.kube import PodOptions
     from shardlab.launch.servers import build_disagg_launch, build_launch, build_pools_launch
