@@ -82,7 +82,7 @@ def _report_disagg(problem: Problem, plan: DisaggPlan, fmt: Format, *, top: int 
             {
                 "problem": problem_json(problem),
                 "serving": "disagg",
-                "plan": plan.to_dict(problem.model, cluster=problem.cluster.name),
+                "plan": plan_json(problem, plan),
                 **metrics.to_dict(breakdown=top is not None),
             }
         )
@@ -131,7 +131,12 @@ TrustRemoteCodeOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Let the engine run the model's code.")
 ]
 ConfigDirOpt = Annotated[
-    str, typer.Option("--config-dir", help="Where config files the engine takes go.")
+    str,
+    typer.Option(
+        "--config-dir",
+        help="Where the engine reads its config files (TensorRT-LLM's options) on each node; "
+        "the printed commands write them there, --out writes them (default: beside launch.sh).",
+    ),
 ]
 
 
@@ -177,7 +182,18 @@ ModelVolumeOpt = Annotated[
 @app.command()
 def launch(
     plan_file: Annotated[str, typer.Option("--plan", help="A plan JSON (shardlab solve --out).")],
-    engine: Annotated[str, typer.Option(help=f"{listed(ENGINES)}.")],
+    engine: Annotated[
+        str | None,
+        typer.Option(help=f"{listed(ENGINES)} (default: the engine the plan was made for)."),
+    ] = None,
+    force_engine: Annotated[
+        bool,
+        typer.Option(
+            "--force-engine",
+            help="Launch on --engine even if the plan was made for another engine (its "
+            "degrees, limits and memory were priced for that one).",
+        ),
+    ] = False,
     model_path: ModelPathOpt = None,
     model: ModelOpt = None,
     cluster: ClusterOpt = None,
@@ -199,9 +215,10 @@ def launch(
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Print the engine's own launch commands for a plan, one per node of each replica,
-    and write the config files it takes; a plan the engine cannot run is refused.
-    ``--target k8s|llm-d|dynamo`` writes the deployment files instead (to ``--out``,
-    else standard output), every container command the shell target's."""
+    with the config files they read as here-documents (``--out``: a script and the
+    files, written there); a plan the engine cannot run, or made for another engine, is
+    refused. ``--target k8s|llm-d|dynamo`` writes the deployment files instead (to
+    ``--out``, else standard output), every container command the shell target's."""
     from shardlab.launch import pods
     from shardlab.launch.kube import PodOptions
     from shardlab.launch.servers import build_disagg_launch, build_launch, build_pools_launch
@@ -224,6 +241,7 @@ def launch(
     data = read_plan_file(plan_file)
     if not isinstance(data, dict):
         raise ShardlabError(f"{plan_file}: a plan must be a JSON object")
+    engine, said = _engine_of(data, plan_file, engine, force=force_engine)
     opts = None
     if target != "shell":
         named = model or data.get("model") or plan_file
@@ -254,7 +272,7 @@ def launch(
         path = model_path or hf_id_of(first.model) or first.model.name
         if opts is not None:
             groups = pods.sized_groups(pools, model_path=path, trust_remote_code=trust_remote_code)
-            _emit_deployment(target, groups, opts, out_dir, fmt)
+            _emit_deployment(target, groups, opts, out_dir, fmt, said)
             return
         spec = build_pools_launch(
             pools, model_path=path, trust_remote_code=trust_remote_code, config_dir=config_dir
@@ -264,13 +282,19 @@ def launch(
             + ("" if p.role == "agg" else f" ({p.role})")
             for p in pools
         )
-        _emit_launch(first, engine, spec, fmt, where=where, out_dir=out_dir)
+        _emit_launch(first, engine, spec, fmt, where=where, out_dir=out_dir, said=said)
         return
     model = model or data.get("model") or ""
     cluster = cluster or data.get("cluster") or ""
     if not model or not cluster:
         raise ShardlabError(f"{plan_file}: names no model or cluster; give --model and --cluster")
     problem = Problem.build(model, cluster, engine=engine, max_tokens=max_tokens, **overrides)
+    priced_on = data.get("accelerator")
+    if priced_on and priced_on != problem.cluster.accelerator.key:
+        said.append(
+            f"{plan_file} was priced on {priced_on} GPUs; it launches on "
+            f"{problem.cluster.accelerator.key} (its degrees fit, its numbers may not hold)"
+        )
     path = model_path or hf_id_of(problem.model) or problem.model.name
     if data.get("schema") == DISAGG_SCHEMA:
         dplan = DisaggPlan.from_dict(data, problem.model, where=plan_file, cluster=problem.cluster)
@@ -278,7 +302,7 @@ def launch(
             groups = pods.disagg_groups(
                 problem, dplan, model_path=path, trust_remote_code=trust_remote_code
             )
-            _emit_deployment(target, groups, opts, out_dir, fmt)
+            _emit_deployment(target, groups, opts, out_dir, fmt, said)
             return
         spec = build_disagg_launch(
             problem,
@@ -294,7 +318,7 @@ def launch(
             groups = pods.plan_groups(
                 problem, plan, model_path=path, trust_remote_code=trust_remote_code
             )
-            _emit_deployment(target, groups, opts, out_dir, fmt)
+            _emit_deployment(target, groups, opts, out_dir, fmt, said)
             return
         spec = build_launch(
             problem,
@@ -303,7 +327,38 @@ def launch(
             trust_remote_code=trust_remote_code,
             config_dir=config_dir,
         )
-    _emit_launch(problem, engine, spec, fmt, out_dir=out_dir)
+    _emit_launch(problem, engine, spec, fmt, out_dir=out_dir, said=said)
+
+
+def _engine_of(data: dict, where: str, engine: str | None, *, force: bool) -> tuple[str, list[str]]:
+    """The engine to launch a plan or sized deployment on, and what to say about it:
+    the one it was made for, unless ``--engine`` names another and ``--force-engine``
+    allows it (a file written before files recorded it takes ``--engine``)."""
+    made = data.get("engine")
+    if made is not None and made not in ENGINES:
+        raise ShardlabError(f"{where}: engine {made!r} is not one of {listed(ENGINES)}")
+    if engine is None:
+        if made is None:
+            raise ShardlabError(
+                f"{where} does not record the engine it was made for (written before plan "
+                "files did)",
+                fix=f"give --engine ({listed(ENGINES)})",
+            )
+        return made, []
+    if engine not in ENGINES:
+        raise ShardlabError(f"--engine {engine!r}: not an engine", fix=f"use {listed(ENGINES)}")
+    if made is None:
+        return engine, [f"{where} does not record its engine: check it was solved for {engine}"]
+    if made != engine and not force:
+        raise ShardlabError(
+            f"{where} was made for engine {made}, not {engine}: its degrees, per-rank limits "
+            f"and memory were priced for {made}",
+            fix=f"launch it with --engine {made}, solve again with --engine {engine}, or add "
+            "--force-engine to launch it anyway",
+        )
+    if made != engine:
+        return engine, [f"launched on {engine}, but {where} was made for {made} (--force-engine)"]
+    return engine, []
 
 
 def _k8s_name(source: str) -> str:
@@ -314,28 +369,32 @@ def _k8s_name(source: str) -> str:
 
 
 def _emit_deployment(
-    target: str, groups: list, opts: PodOptions, out_dir: str | None, fmt: Format
+    target: str, groups: list, opts: PodOptions, out_dir: str | None, fmt: Format, said: list[str]
 ) -> None:
     """The target's YAML: to ``out_dir`` (made only once everything is built) or to
     standard output; how to apply it and the servers' notes on standard error."""
+    from shardlab.launch.engines import degree_mapping
+    from shardlab.launch.kube import unpinned_note
     from shardlab.launch.targets import FILES, documents, dump, how_to_apply
 
     docs = documents(target, groups, opts)
     text = dump(docs)
-    path = str(Path(out_dir) / FILES[target]) if out_dir is not None else FILES[target]
+    path = str(Path(out_dir) / FILES[target]) if out_dir is not None else None
     notes = [how_to_apply(target, path, opts, groups)]
-    notes += [n for g in groups for n in g.notes]
-    if out_dir is not None:
-        make_dir(Path(out_dir))
+    notes += [f"{g.name}: {degree_mapping(g.server)}" for g in groups]
+    notes += [n for g in groups for n in g.notes] + unpinned_note(groups) + said
+    if path is not None:
+        make_dir(Path(path).parent)
+        wrote = _wrote(path)
         write_text(path, text)
     if fmt is Format.json:
-        emit_json({"target": target, "file": path if out_dir else None, "documents": docs,
+        emit_json({"target": target, "file": path, "documents": docs,
                    "notes": list(dict.fromkeys(notes))})  # fmt: skip
         return
-    if out_dir is None:
+    if path is None:
         out.print(text, markup=False, highlight=False, end="", soft_wrap=True)
     else:
-        err.print(f"wrote {path}", markup=False, highlight=False)
+        err.print(wrote, markup=False, highlight=False)
     for note in dict.fromkeys(notes):
         err.print(f"note: {note}", markup=False, highlight=False)
 
@@ -348,15 +407,29 @@ def _emit_launch(
     *,
     where: str | None = None,
     out_dir: str | None = None,
+    said: list[str],
 ) -> None:
+    """The commands printed (``said``: notes on the plan file itself); with
+    ``out_dir``, also a script and the config files it reads written there (each
+    named, a file replaced said so). Without it nothing is written: the printed
+    commands write the config files on their nodes."""
+    spec = dataclasses.replace(spec, notes=(*said, *spec.notes))
     if out_dir is not None:  # the commands as a script beside the config files
         make_dir(Path(out_dir))
         script = str(Path(out_dir) / "launch.sh")
-        write_text(script, launch_script(problem, engine, spec, where=where))
-        spec = dataclasses.replace(spec, notes=(*spec.notes, f"wrote {script}"))
-    for name, content in spec.files:
-        write_text(name, content)
+        wrote = []
+        for name, text in ((script, launch_script(problem, engine, spec, where=where)),
+                           *spec.files):  # fmt: skip
+            make_dir(Path(name).parent)
+            wrote.append(_wrote(name))
+            write_text(name, text)
+        spec = dataclasses.replace(spec, notes=(*spec.notes, *wrote))
     if fmt is Format.json:
         emit_json(spec.to_dict())
         return
-    print_launch(problem, engine, spec, where=where)
+    print_launch(problem, engine, spec, where=where, inline=out_dir is None)
+
+
+def _wrote(path: str) -> str:
+    """What writing ``path`` does, said before it is written: a file there is replaced."""
+    return f"{'replaced' if Path(path).exists() else 'wrote'} {path}"

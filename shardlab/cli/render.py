@@ -217,8 +217,14 @@ def problem_line(problem: Problem) -> str:
     return line
 
 
-def plan_json(problem: Problem, plan: Plan) -> dict:
-    return plan.to_dict(problem.model, cluster=problem.cluster.name)
+def plan_json(problem: Problem, plan: Plan | DisaggPlan) -> dict:
+    """A plan as the JSON ``launch`` reads: with the engine and GPU it was priced for."""
+    return plan.to_dict(
+        problem.model,
+        cluster=problem.cluster.name,
+        engine=problem.engine,
+        accelerator=problem.cluster.accelerator.key,
+    )
 
 
 def print_plan(problem: Problem, plan: Plan) -> None:
@@ -261,11 +267,23 @@ def print_metrics(m: Metrics) -> None:
     out.print(
         f"  TTFT {m.ttft_ms:,.1f} ms   TPOT {m.tpot_ms:,.2f} ms   latency {m.latency_ms:,.0f} ms"
     )
-    out.print(
-        f"  memory {m.memory_gb_per_gpu:,.1f} of {m.hbm_gb:g} GB per GPU (weights "
-        f"{m.weights_gb:,.1f}, KV cache {m.kv_cache_gb:,.1f}, activations "
-        f"{m.activations_gb:,.2f})"
+    shares = " + ".join(
+        f"{MEMORY_SHARES.get(s.name, s.name)} {s.gb:,.2f}" + (f" ({s.note})" if s.note else "")
+        for s in m.memory_shares
     )
+    out.print(
+        f"  memory {m.memory_gb_per_gpu:,.2f} of {m.hbm_gb:g} GB per GPU = {shares}",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+MEMORY_SHARES = {
+    "kv_cache": "KV cache",
+    "runtime_reserve": "runtime reserve",
+    "left_free": "left free",
+    "engine_reserve": "engine reserve",
+}
 
 
 def print_disagg(
@@ -438,6 +456,7 @@ def launch_script(problem: Problem, engine: str, spec: Any, *, where: str | None
     lines = [
         "#!/usr/bin/env bash",
         f"# {problem.model.name} on {where or problem.cluster.name} with {engine} {spec.version}",
+        *(f"# {line}" for line in spec.degree_flags),
     ]
     for c in spec.commands:
         lines += [f"# {_runs_on(c)}: run on that node", c.shell()]
@@ -447,22 +466,31 @@ def launch_script(problem: Problem, engine: str, spec: Any, *, where: str | None
     return "\n".join(lines) + "\n"
 
 
-def print_launch(problem: Problem, engine: str, spec: Any, *, where: str | None = None) -> None:
+def print_launch(
+    problem: Problem, engine: str, spec: Any, *, where: str | None = None, inline: bool = True
+) -> None:
     """An engine's launch commands, one per node of each replica or instance, then the
-    router's, the files written and the notes (``where``: what it runs on, if not the
-    problem's cluster)."""
+    router's and the notes (``where``: what it runs on, if not the problem's cluster).
+    The plan's degrees and the engine's flags for them come first; with ``inline``, the
+    config files a command reads are written by the lines before it, once per node."""
     out.print(
         f"{problem.model.name} on {where or problem.cluster.name} with {engine} {spec.version}"
         + (f" ({', '.join(spec.features)})" if spec.features else ""),
         markup=False,
     )
+    for line in spec.degree_flags:
+        out.print(line, markup=False, soft_wrap=True)
+    given: set[int] = set()
     for c in spec.commands:
         out.print(f"# {_runs_on(c)}", markup=False)
+        if inline and c.node not in given and (docs := spec.heredocs(c)):
+            out.print("# the config file it reads, written on this node", markup=False)
+            for doc in docs:
+                out.print(doc, markup=False, highlight=False, soft_wrap=True)
+            given.add(c.node)
         out.print(c.shell(), markup=False, soft_wrap=True)
     if spec.router:
         out.print("# the router", markup=False)
         out.print(spec.router_shell(), markup=False, soft_wrap=True)
-    for name, _ in spec.files:
-        out.print(f"wrote {name}", markup=False)
     for note in spec.notes:
         out.print(f"note: {note}", markup=False, soft_wrap=True)

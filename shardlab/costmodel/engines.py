@@ -49,6 +49,7 @@ from importlib import resources
 
 import yaml
 
+from shardlab.costmodel.metrics import MemoryShare
 from shardlab.problems.problem import Problem
 
 GIB = 1 << 30
@@ -136,6 +137,36 @@ def engine_limits(problem: Problem, tp: int, pp: int, dp_attn: int) -> EngineLim
         reserve_scale=scales[1],
         kv_scale=scales[2],
     )
+
+
+def memory_shares(
+    limits: EngineLimits, *, weights: float, kv: float, act: float, reserve: float, total: float
+) -> tuple[MemoryShare, ...]:
+    """``total`` (one GPU's budget, as :func:`engine_limits` scales it) as shares that
+    add up to it: weights, KV cache, and, where the engine charges them, the activation
+    workspace and the runtime reserve; the rest is what the engine's budget leaves free
+    (vLLM's 1 - ``gpu_memory_utilization``, TensorRT-LLM's 1 - ``free_gpu_memory_fraction``
+    of the memory the rest leaves) or, on SGLang, its own reserve for activations and
+    CUDA graphs (1 - ``mem_fraction_static``), which holds the workspace."""
+    shares = [MemoryShare(name="weights", gb=weights), MemoryShare(name="kv_cache", gb=kv)]
+    if limits.reserve_scale > 0:
+        shares += [
+            MemoryShare(name="activations", gb=act),
+            MemoryShare(
+                name="runtime_reserve", gb=reserve, note="CUDA context, NCCL buffers, allocator"
+            ),
+        ]
+    rest = max(total - sum(s.gb for s in shares), 0.0)
+    if limits.name == "sglang":
+        note = f"1 - mem_fraction_static {1 / limits.weight_scale:.3f}; activations {act:.2f} in it"
+        shares.append(MemoryShare(name="engine_reserve", gb=rest, note=note))
+    elif limits.name == "vllm":
+        note = f"1 - gpu_memory_utilization {1 / limits.weight_scale:.2f}"
+        shares.append(MemoryShare(name="left_free", gb=rest, note=note))
+    else:
+        note = f"1 - free_gpu_memory_fraction {1 / limits.kv_scale:.2f} of what the rest leaves"
+        shares.append(MemoryShare(name="left_free", gb=rest, note=note))
+    return tuple(shares)
 
 
 @dataclass(frozen=True, kw_only=True)

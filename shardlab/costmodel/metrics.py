@@ -33,6 +33,16 @@ class OpBreakdown:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MemoryShare:
+    """One share of a GPU's memory budget: ``name`` (weights, kv_cache, activations,
+    runtime_reserve, left_free, engine_reserve), its GB, and what sets it."""
+
+    name: str
+    gb: float
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Metrics:
     feasible: bool
     violations: tuple[str, ...]
@@ -53,6 +63,9 @@ class Metrics:
     weights_gb: float  # parts of the fullest GPU's memory
     kv_cache_gb: float
     activations_gb: float
+    # the fullest GPU's memory_gb_per_gpu as shares that add up to it (the parts above,
+    # and what the engine's budget reserves or leaves free: costmodel.engines)
+    memory_shares: tuple[MemoryShare, ...] = field(default=(), compare=False)
     breakdown: tuple[OpBreakdown, ...] = field(default=(), compare=False)
 
     def to_dict(self, *, breakdown: bool = False) -> dict:

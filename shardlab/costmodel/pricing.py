@@ -16,6 +16,8 @@ import numpy as np
 from shardlab.costmodel import stage_sums
 from shardlab.costmodel.arithmetic import Assembled, assemble
 from shardlab.costmodel.breakdown import breakdown_of
+from shardlab.costmodel.constants import RUNTIME_RESERVE_GB
+from shardlab.costmodel.engines import engine_limits, memory_shares
 from shardlab.costmodel.metrics import VIOLATIONS, BatchMetrics, ConcurrencyPoints, Metrics
 from shardlab.costmodel.stack import stack_of
 from shardlab.costmodel.tables import degree_tables
@@ -216,5 +218,13 @@ def evaluate(problem: Problem, plan: Plan, *, breakdown: bool = True) -> Metrics
         weights_gb=float(bm.weights_gb[0]),
         kv_cache_gb=float(bm.kv_cache_gb[0]),
         activations_gb=float(bm.activations_gb[0]),
+        memory_shares=memory_shares(
+            engine_limits(problem, plan.degrees.tp, plan.degrees.pp, plan.degrees.dp_attn),
+            weights=float(bm.weights_gb[0]),
+            kv=float(bm.kv_cache_gb[0]),
+            act=float(bm.activations_gb[0]),
+            reserve=RUNTIME_RESERVE_GB,
+            total=float(bm.memory_gb_per_gpu[0]),
+        ),
         breakdown=breakdown_of(problem, plan, units, a) if breakdown else (),
     )

@@ -34,7 +34,7 @@ import yaml
 
 from shardlab.errors import ShardlabError
 from shardlab.launch.engines import TRTLLM_CONFIG
-from shardlab.launch.kube import PodOptions
+from shardlab.launch.kube import PodOptions, node_selector
 from shardlab.launch.pods import POD_CONFIG_DIR, PodGroup
 from shardlab.launch.servers import TRTLLM_DISAGG
 
@@ -160,6 +160,8 @@ def dynamo_objects(groups: list[PodGroup], opts: PodOptions) -> list[dict[str, A
             "sharedMemory": {"size": opts.shm},
             "extraPodSpec": {"mainContainer": container},
         }
+        if selector := node_selector(g):  # each pool on the GPU type it was priced on
+            service["extraPodSpec"]["nodeSelector"] = selector
         if g.role != "serve":
             service["subComponentType"] = g.role
         if g.nodes > 1:

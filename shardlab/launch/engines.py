@@ -57,7 +57,7 @@ class Target(Server):
                     f"plan: {self.problem.engine} names every node of a multi-node server; "
                     "a LeaderWorkerSet gives its pods the leader's address only",
                     field="target",
-                    fix="launch it with target shell, or use degrees of one node per replica",
+                    fix="use target dynamo (its operator starts every node) or shell",
                 )
             return "${LWS_LEADER_ADDRESS}"
         return f"${{NODE{self.first_node + k}_ADDR}}"
@@ -86,15 +86,10 @@ def _vllm(t: Target) -> BuildOut:
     d, w, f = plan.degrees, problem.workload, set(config.features)
     node = problem.cluster.node_size
     notes: list[str] = []
-    argv = ["vllm", "serve", t.model_path, "--tensor-parallel-size", str(d.tp)]
+    argv = ["vllm", "serve", t.model_path, *_vllm_degrees(t)[0]]
     env: list[tuple[str, str]] = []
     if d.pp > 1:
-        argv += ["--pipeline-parallel-size", str(d.pp)]
         env.append(("VLLM_PP_LAYER_PARTITION", _partition(plan)))
-    if d.dp_attn > 1:
-        argv += ["--data-parallel-size", str(d.dp_attn)]
-    if "expert-parallel" in f:
-        argv.append("--enable-expert-parallel")
     if "deepep" in f:
         mode = "low_latency" if w.phase == "decode" else "high_throughput"
         argv += ["--all2all-backend", f"deepep_{mode}"]
@@ -161,15 +156,10 @@ def _sglang(t: Target) -> BuildOut:
             "to give wrong logits (sgl-project/sglang#23729, closed); check the outputs"
         )
     argv = ["python", "-m", "sglang.launch_server", "--model-path", t.model_path]
-    argv += ["--tp-size", str(d.group)]
+    argv += _sglang_degrees(t)[0]
     env: list[tuple[str, str]] = []
     if d.pp > 1:
-        argv += ["--pp-size", str(d.pp)]
         env.append(("SGLANG_PP_LAYER_PARTITION", _partition(plan)))
-    if d.dp_attn > 1:
-        argv += ["--dp-size", str(d.dp_attn), "--enable-dp-attention", "--enable-dp-lm-head"]
-    if d.ep > 1:
-        argv += ["--ep-size", str(d.ep)]
     if "deepep" in f:
         argv += ["--moe-a2a-backend", "deepep"]
     if "dense-tp1" in f:
@@ -199,10 +189,7 @@ def _trtllm(t: Target) -> BuildOut:
         return None  # one MPI job starts every rank from the head node
     d, w, f = plan.degrees, problem.workload, set(config.features)
     node = problem.cluster.node_size
-    options: dict[str, object] = {"enable_attention_dp": d.dp_attn > 1}
-    if problem.model.is_moe:
-        options["moe_expert_parallel_size"] = d.ep
-        options["moe_tensor_parallel_size"] = d.etp
+    degree_flags, options = _trtllm_degrees(t)
     if d.pp > 1:
         options["pp_partition"] = list(plan.stage_layers)
     if problem.kv_dtype == "fp8":
@@ -220,10 +207,7 @@ def _trtllm(t: Target) -> BuildOut:
     elif d.dp_attn > 1 and d.ep > 1:  # the all-gather the plan was priced with
         env.append(("TRTLLM_FORCE_COMM_METHOD", "ALLGATHER"))
     path = str(Path(t.config_dir) / TRTLLM_CONFIG)
-    serve = ["trtllm-serve", t.model_path, "--backend", "pytorch"]
-    serve += ["--tp_size", str(d.group), "--pp_size", str(d.pp)]
-    if problem.model.is_moe:
-        serve += ["--ep_size", str(d.ep)]
+    serve = ["trtllm-serve", t.model_path, "--backend", "pytorch", *degree_flags]
     if plan.requests_per_rank is not None:  # it admits pp x max_batch_size requests
         # (tensorrt_llm/_torch/pyexecutor/model_engine.py:1334-1339)
         serve += ["--max_batch_size", str(-(-plan.requests_per_rank // d.pp))]
@@ -248,6 +232,67 @@ def _trtllm(t: Target) -> BuildOut:
     else:
         argv = serve
     return env, argv, {path: _yaml(options)}, notes
+
+
+# Each engine's flags (and, for TensorRT-LLM, LLM API options) for the plan's degrees:
+# the one place the degrees become the engine's, for its commands and the line that
+# shows the mapping. vLLM's tensor-parallel size is the attention TP (its data-parallel
+# ranks each hold one); SGLang's and TensorRT-LLM's is a stage's whole group, which
+# their attention data parallelism splits.
+EngineDegrees = tuple[list[str], dict[str, object]]
+
+
+def _vllm_degrees(t: Server) -> EngineDegrees:
+    d = t.plan.degrees
+    argv = ["--tensor-parallel-size", str(d.tp)]
+    if d.pp > 1:
+        argv += ["--pipeline-parallel-size", str(d.pp)]
+    if d.dp_attn > 1:
+        argv += ["--data-parallel-size", str(d.dp_attn)]
+    if "expert-parallel" in t.config.features:
+        argv.append("--enable-expert-parallel")
+    return argv, {}
+
+
+def _sglang_degrees(t: Server) -> EngineDegrees:
+    d = t.plan.degrees
+    argv = ["--tp-size", str(d.group)]
+    if d.pp > 1:
+        argv += ["--pp-size", str(d.pp)]
+    if d.dp_attn > 1:
+        argv += ["--dp-size", str(d.dp_attn), "--enable-dp-attention", "--enable-dp-lm-head"]
+    if d.ep > 1:
+        argv += ["--ep-size", str(d.ep)]
+    return argv, {}
+
+
+def _trtllm_degrees(t: Server) -> EngineDegrees:
+    d = t.plan.degrees
+    argv = ["--tp_size", str(d.group), "--pp_size", str(d.pp)]
+    options: dict[str, object] = {"enable_attention_dp": d.dp_attn > 1}
+    if t.problem.model.is_moe:
+        argv += ["--ep_size", str(d.ep)]
+        options["moe_expert_parallel_size"] = d.ep
+        options["moe_tensor_parallel_size"] = d.etp
+    return argv, options
+
+
+DEGREES = {"vllm": _vllm_degrees, "sglang": _sglang_degrees, "trtllm": _trtllm_degrees}
+
+
+def degree_mapping(server: Server) -> str:
+    """The plan's degrees and the engine's flags they become, on one line:
+    ``plan pp=1 tp=1 dp_attn=8 ep=8 etp=1 -> --tp-size 8 --dp-size 8 ...``."""
+    d = server.plan.degrees
+    plan = f"plan pp={d.pp} tp={d.tp} dp_attn={d.dp_attn}"
+    if server.problem.model.is_moe:
+        plan += f" ep={d.ep} etp={d.etp}"
+    argv, options = DEGREES[server.problem.engine](server)
+    line = f"{plan} -> {' '.join(argv)}"
+    if options:
+        line += ", " + ", ".join(f"{k}: {json.dumps(v)}" for k, v in options.items())
+        line += f" ({TRTLLM_CONFIG})"
+    return line
 
 
 def _yaml(options: dict[str, object]) -> str:

@@ -20,6 +20,7 @@ Formats written (pinned; fields as documented there):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ from typing import Any
 from shardlab.errors import ShardlabError
 from shardlab.launch.pods import POD_CONFIG_DIR, PORT, PodGroup
 from shardlab.launch.servers import NodeCommand, shell_quote
+from shardlab.problems.plan import Degrees
+from shardlab.problems.problem import Problem
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 LWS_LEADER_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -39,6 +42,21 @@ IMAGES = {
 }
 DEFAULT_SHM = "16Gi"
 DEFAULT_NAMESPACE = "default"
+
+# The node label NVIDIA's GPU feature discovery sets to the GPU's product, and its value
+# for each built-in accelerator: the NVML device name with its spaces as '-'
+# (NVIDIA/k8s-device-plugin, internal/lm/resource.go, ``productLabel``), the names
+# ``nvidia-smi -L`` reports for the SXM parts the catalog describes ("NVIDIA H100 80GB
+# HBM3", "NVIDIA H200", "NVIDIA B200", "NVIDIA A100-SXM4-80GB"; the H200 and B200 values
+# as ai-dynamo/dynamo's recipes select them). A GPU from a cluster file has no known
+# value: its pods are not pinned, and the output says so.
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_PRODUCTS = {
+    "h100": "NVIDIA-H100-80GB-HBM3",
+    "h200": "NVIDIA-H200",
+    "b200": "NVIDIA-B200",
+    "a100": "NVIDIA-A100-SXM4-80GB",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +88,24 @@ def check_name(name: str, *, field: str = "name") -> str:
             fix="give a name like 'llama-70b'",
         )
     return name
+
+
+def node_selector(group: PodGroup) -> dict[str, str]:
+    """The pods' node selector: the group's GPU type (empty if the type has no known
+    product label)."""
+    product = GPU_PRODUCTS.get(group.gpu)
+    return {GPU_PRODUCT_LABEL: product} if product else {}
+
+
+def unpinned_note(groups: list[PodGroup]) -> list[str]:
+    """What to do about groups whose GPU type the pods do not select."""
+    loose = sorted({g.gpu for g in groups if not node_selector(g)})
+    if not loose:
+        return []
+    return [
+        f"GPU type {', '.join(loose)} has no known {GPU_PRODUCT_LABEL} value: add a "
+        "nodeSelector for its nodes, or its pods may land on another GPU type"
+    ]
 
 
 def labels(opts: PodOptions, group: PodGroup) -> dict[str, str]:
@@ -140,10 +176,13 @@ def pod_spec(group: PodGroup, command: NodeCommand, opts: PodOptions, *, serves:
                 "persistentVolumeClaim": {"claimName": opts.model_volume, "readOnly": True},
             }
         )
-    return {
+    spec: dict[str, Any] = {
         "containers": [container(group, command, opts, serves=serves)],
         "volumes": volumes,
     }
+    if selector := node_selector(group):  # the GPU type the plan was priced on
+        spec["nodeSelector"] = selector
+    return spec
 
 
 def _meta(opts: PodOptions, name: str, group: PodGroup) -> dict[str, Any]:
@@ -232,4 +271,53 @@ def k8s_objects(groups: list[PodGroup], opts: PodOptions) -> list[dict[str, Any]
             field="target",
             fix="use target llm-d (vLLM) or dynamo",
         )
+    for g in groups:
+        if g.refusal is not None and g.engine == "trtllm":
+            raise _mpi_refusal(g)
     return [obj for g in groups for obj in group_objects(g, opts)]
+
+
+def _mpi_refusal(group: PodGroup) -> ShardlabError:
+    """TensorRT-LLM over several nodes in plain pods: what works instead. The fix ends
+    on the target, the input the CLI names after it."""
+    problem = group.server.problem
+    node = problem.cluster.node_size
+    fits = one_node_degrees(problem)
+    instead = (
+        f"solve for replicas of at most {node} GPUs ({_short(fits)} holds the weights "
+        "and a request's KV cache), or "
+        if fits is not None
+        else ""
+    )
+    return ShardlabError(
+        f"plan: TensorRT-LLM runs a server of {group.nodes} nodes as one MPI job that names "
+        "every node, and a LeaderWorkerSet gives its pods only the leader's address",
+        field="target",
+        fix=f"{instead}use target dynamo (its operator starts the MPI job) or shell",
+    )
+
+
+def _short(d: Degrees) -> str:
+    text = f"pp={d.pp} tp={d.tp} dp_attn={d.dp_attn}"
+    return text + (f" ep={d.ep}" if d.ep > 1 else "")
+
+
+def one_node_degrees(problem: Problem) -> Degrees | None:
+    """The smallest replica of at most one node that the engine runs with the weights
+    and one request's KV cache in memory, if any: what a refusal may suggest."""
+    from shardlab.costmodel import evaluate
+
+    node = problem.cluster.node_size
+    try:  # a node too small for the weights is refused here
+        one = dataclasses.replace(
+            problem, cluster=dataclasses.replace(problem.cluster, num_gpus=node)
+        ).with_space("engine")
+        space = one.space
+    except ShardlabError:
+        return None
+    # memory per GPU does not depend on the replicas filling the node
+    for d in sorted(set(space.degree_tuples), key=lambda d: (d.pp * d.group, d.pp, d.tp)):
+        plan = dataclasses.replace(space.megatron_plan(d), requests_per_rank=1)
+        if "memory" not in evaluate(one, plan, breakdown=False).violations:
+            return dataclasses.replace(d, replicas=1)
+    return None

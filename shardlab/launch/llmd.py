@@ -8,9 +8,11 @@ llm-d-modelservice/llm-d-modelservice -f values.yaml``. llm-d serves vLLM only.
 - ``decode`` (and, disaggregated, ``prefill``) run the shell target's vLLM command as
   ``modelCommand: custom``: the plan's degrees, partition and per-rank limits exactly;
   ``parallelism`` states the same degrees (the chart derives ``DP_SIZE``/``TP_SIZE``
-  from them, and an LWS group's size from ``workers``), and the GPUs per pod are
-  requested explicitly (the chart's own count, ``tensor x dataLocal``, has no
-  pipeline stages).
+  from them, and an LWS group's size from ``workers``). The chart has no pipeline
+  degree and gives a pod ``tensor x dataLocal`` GPUs: plans with pipeline stages, or
+  with a tensor-parallel group over several pods, are refused.
+- Each role's ``nodeSelector`` pins the GPU type the plan was priced on
+  (:data:`~shardlab.launch.kube.GPU_PRODUCTS`).
 - A server over several nodes is a LeaderWorkerSet group (``multinode: true``, for
   both roles: the chart's switch is global); every pod of a group runs one command,
   so the leader's and the workers' are chosen on ``LWS_WORKER_INDEX``.
@@ -27,7 +29,7 @@ import json
 from typing import Any
 
 from shardlab.errors import ShardlabError
-from shardlab.launch.kube import PodOptions
+from shardlab.launch.kube import PodOptions, node_selector
 from shardlab.launch.pods import PORT, PodGroup
 from shardlab.launch.servers import shell_quote
 
@@ -63,8 +65,27 @@ def _command(group: PodGroup, disagg: bool) -> list[str]:
 
 
 def _parallelism(group: PodGroup) -> dict[str, int]:
+    """The chart's ``parallelism``: it has no pipeline degree and counts ``tensor x
+    dataLocal`` GPUs per pod (``DP_SIZE``/``TP_SIZE`` in the pods' environment), so a
+    server with pipeline stages, or a tensor-parallel group over several pods, is
+    refused rather than written with degrees that do not add up to its GPUs."""
     d = group.server.plan.degrees
+    if d.pp > 1:
+        raise ShardlabError(
+            f"plan: llm-d's model service has no pipeline degree (its parallelism is "
+            f"tensor, data, dataLocal and workers), and this plan has pp={d.pp}",
+            field="target",
+            fix="solve with pp = 1 for llm-d, or use target k8s or dynamo",
+        )
     ranks_per_pod = max(d.dp_attn // group.nodes, 1)
+    if d.tp * ranks_per_pod != group.gpus_per_pod:
+        raise ShardlabError(
+            f"plan: llm-d's model service gives a pod tensor x dataLocal GPUs, and this "
+            f"server's tensor-parallel group of {d.tp} spans {group.nodes} pods of "
+            f"{group.gpus_per_pod} GPUs",
+            field="target",
+            fix="use degrees whose tensor-parallel group fits one node, or target k8s or dynamo",
+        )
     return {"tensor": d.tp, "data": d.dp_attn, "dataLocal": ranks_per_pod, "workers": group.nodes}
 
 
@@ -86,7 +107,8 @@ def _role(group: PodGroup, opts: PodOptions, disagg: bool) -> dict[str, Any]:
         ]
         ports.append({"containerPort": int(NIXL_SIDE_PORT)})
     gpus = {"nvidia.com/gpu": str(group.gpus_per_pod)}
-    return {
+    role: dict[str, Any] = {"nodeSelector": selector} if (selector := node_selector(group)) else {}
+    return role | {
         "create": True,
         "replicas": group.instances,
         "parallelism": _parallelism(group),

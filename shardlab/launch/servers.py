@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from shardlab.errors import ShardlabError
-from shardlab.launch.engines import BUILDERS, Server, Target
+from shardlab.launch.engines import BUILDERS, Server, Target, degree_mapping
 from shardlab.problems.disagg import POOLS, DisaggPlan
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
@@ -75,9 +75,21 @@ class Launch:
     files: tuple[tuple[str, str], ...] = ()  # (file name, content)
     notes: tuple[str, ...] = field(default=())
     router: tuple[str, ...] = ()  # disaggregated serving: what sends requests to the pools
+    # per group of identical servers: the plan's degrees and the engine's flags for them
+    degree_flags: tuple[str, ...] = ()
 
     def router_shell(self) -> str:
         return " ".join(shell_quote(a) for a in self.router)
+
+    def heredocs(self, command: NodeCommand) -> list[str]:
+        """Shell lines that write the config files ``command`` reads, on its node (a
+        here-document each): printed commands then need no file written where shardlab
+        ran, and each node gets the file it reads."""
+        return [
+            f"cat > {shell_quote(name)} <<'EOF'\n{content}EOF"
+            for name, content in self.files
+            if name in command.argv
+        ]
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -87,6 +99,7 @@ class Launch:
             "commands": [c.to_dict() for c in self.commands],
             "files": [{"name": n, "content": c} for n, c in self.files],
             "notes": list(self.notes),
+            "degree_flags": list(self.degree_flags),
             **({"router": list(self.router)} if self.router else {}),
         }
 
@@ -138,6 +151,7 @@ def build_launch(
         commands=tuple(commands),
         files=tuple(sorted(files.items())),
         notes=tuple(notes),
+        degree_flags=(degree_mapping(server),),
     )
 
 
@@ -394,6 +408,9 @@ def _serve(
         files=tuple(sorted(files.items())),
         notes=tuple(notes),
         router=tuple(router),
+        degree_flags=tuple(
+            dict.fromkeys(f"{role}: {degree_mapping(server)}" for server, *_, role in placed)
+        ),
     )
 
 

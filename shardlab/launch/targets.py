@@ -38,11 +38,15 @@ def documents(target: str, groups: list[PodGroup], opts: PodOptions) -> list[Any
     raise ValueError(target)
 
 
-def how_to_apply(target: str, path: str, opts: PodOptions, groups: list[PodGroup]) -> str:
+def how_to_apply(target: str, path: str | None, opts: PodOptions, groups: list[PodGroup]) -> str:
+    """The command that applies the target's file at ``path`` (None: the YAML went to
+    standard output, and the command reads it from a pipe)."""
+    source = path or "-"
+    piped = "" if path else "pipe this output to: "
     if target == "llm-d":
         return (
-            f"helm install {opts.name} llm-d-modelservice/{CHART} -n {opts.namespace} -f {path} "
-            "(helm repo add llm-d-modelservice "
+            f"{piped}helm install {opts.name} llm-d-modelservice/{CHART} -n {opts.namespace} "
+            f"-f {source} (helm repo add llm-d-modelservice "
             "https://llm-d-incubation.github.io/llm-d-modelservice/)"
         )
     needs = ""
@@ -50,4 +54,4 @@ def how_to_apply(target: str, path: str, opts: PodOptions, groups: list[PodGroup
         needs = " (needs the Dynamo operator and its CRDs)"
     elif any(g.nodes > 1 for g in groups):
         needs = " (needs the LeaderWorkerSet controller: its multi-node servers are LWS groups)"
-    return f"kubectl apply -n {opts.namespace} -f {path}{needs}"
+    return f"{piped}kubectl apply -n {opts.namespace} -f {source}{needs}"

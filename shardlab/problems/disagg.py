@@ -34,7 +34,7 @@ from shardlab.errors import ShardlabError
 from shardlab.problems.cluster import Accelerator, Cluster
 from shardlab.problems.handoff import Handoff
 from shardlab.problems.model import Model
-from shardlab.problems.plan import PLAN_SCHEMA, Plan
+from shardlab.problems.plan import PLAN_SCHEMA, Plan, made_for
 from shardlab.problems.problem import Problem
 
 Serving = Literal["agg", "disagg", "best"]
@@ -242,11 +242,14 @@ class DisaggPlan:
             f"{self.decode_instances}D({self.gpus('decode')})"
         )
 
-    def to_dict(self, model: Model, *, cluster: str = "") -> dict[str, Any]:
+    def to_dict(
+        self, model: Model, *, cluster: str = "", engine: str = "", accelerator: str = ""
+    ) -> dict[str, Any]:
         data: dict[str, Any] = {
             "schema": DISAGG_SCHEMA,
             "model": model.name,
             "cluster": cluster,
+            **made_for(engine=engine, accelerator=accelerator),
             "serving": "disagg",
         }
         for name in POOLS:

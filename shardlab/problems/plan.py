@@ -3,6 +3,7 @@
 A plan is serialized as JSON with a versioned schema (``PLAN_SCHEMA``)::
 
     {"schema": "shardlab.plan/1", "model": "...", "cluster": "...",
+     "engine": "vllm", "accelerator": "h100",
      "degrees": {"replicas": 1, "pp": 1, "tp": 8, "dp_attn": 1, "ep": 8, "etp": 1},
      "stage_layers": [61],
      "options": {"head": {"embedding": "vocab_sharded", ...},
@@ -10,11 +11,13 @@ A plan is serialized as JSON with a versioned schema (``PLAN_SCHEMA``)::
      "layers": [{"qkv_proj": "column", ...}, ...],
      "requests_per_rank": 96}
 
-``options`` holds one entry per layer kind when every layer of a kind has the same
-options; otherwise ``layers`` lists every layer's options and ``options`` holds only
-``head``. ``requests_per_rank`` (in-flight schedule; optional; ``concurrency`` in older
-files) is the requests each
-attention-DP rank runs at once, the engine's max batch size; a plan without it is
+``engine`` and ``accelerator`` (optional; files written before they were recorded lack
+them) name the serving engine and the GPU the plan was priced for: ``launch`` refuses
+to start it on another engine unless told to. ``options`` holds one entry per layer
+kind when every layer of a kind has the same options; otherwise ``layers`` lists every
+layer's options and ``options`` holds only ``head``. ``requests_per_rank`` (in-flight
+schedule; optional; ``concurrency`` in older files) is the requests each attention-DP
+rank runs at once, the engine's max batch size; a plan without it is
 evaluated at the concurrency it does best with.
 """
 
@@ -132,12 +135,17 @@ class Plan:
 
     # -- JSON --------------------------------------------------------------------
 
-    def to_dict(self, model: Model, *, cluster: str = "") -> dict[str, Any]:
+    def to_dict(
+        self, model: Model, *, cluster: str = "", engine: str = "", accelerator: str = ""
+    ) -> dict[str, Any]:
+        """The plan JSON (``engine``, ``accelerator``: what it was priced for, recorded
+        when given)."""
         head = dict(zip((o.name for o in HEAD_OPS), self.head_options, strict=True))
         data: dict[str, Any] = {
             "schema": PLAN_SCHEMA,
             "model": model.name,
             "cluster": cluster,
+            **made_for(engine=engine, accelerator=accelerator),
             "degrees": asdict(self.degrees),
             "stage_layers": list(self.stage_layers),
             "options": {"head": head},
@@ -188,6 +196,11 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path, model: Model, *, cluster: str | None = None) -> Plan:
         return cls.from_dict(read_plan_file(path), model, where=str(path), cluster=cluster)
+
+
+def made_for(*, engine: str = "", accelerator: str = "") -> dict[str, str]:
+    """The keys a plan file records of what it was priced for (those given)."""
+    return {k: v for k, v in (("engine", engine), ("accelerator", accelerator)) if v}
 
 
 def _parse(text: str, where: str) -> Any:

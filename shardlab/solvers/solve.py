@@ -139,7 +139,13 @@ class Solution:
         plan = self.rate.plan if self.rate is not None else self.plan
         if plan is None:
             raise ShardlabError(f"{self.method} found no plan to write", field="out")
-        data = plan.to_dict(self.problem.model, cluster=self.problem.cluster.name)
+        problem = self.problem
+        data = plan.to_dict(
+            problem.model,
+            cluster=problem.cluster.name,
+            engine=problem.engine,  # what launch checks it is started on
+            accelerator=problem.cluster.accelerator.key,
+        )
         if self.rate is not None:
             data["rate"] = self.rate.to_dict()
         return json.dumps(data, indent=2)

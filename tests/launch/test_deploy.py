@@ -18,6 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from shardlab.cli.app import flag_advice
 from shardlab.errors import ShardlabError
 from shardlab.launch.dynamo import dynamo_objects
 from shardlab.launch.kube import LWS_LEADER_LABEL, PodOptions, k8s_objects
@@ -258,21 +259,53 @@ def test_disaggregated_plans_on_dynamo(engine: str) -> None:
             assert values(args, "--disaggregation-transfer-backend") == "nixl"
 
 
+def _llmd_disagg() -> tuple[Problem, DisaggPlan]:
+    """What llm-d can express: prefill on one node, decode's data-parallel ranks over
+    two nodes (a LeaderWorkerSet), no pipeline stages."""
+    model = "qwen3-235b-a22b"
+    pre = runnable_plan("vllm", model, "h200x8", Degrees(replicas=1, tp=8, ep=8, etp=1), ())
+    dec = runnable_plan(
+        "vllm", model, "h200x16", Degrees(replicas=1, tp=1, dp_attn=16, ep=16, etp=1), ("deepep",)
+    )
+    assert pre is not None and dec is not None
+    problem = Problem.build(model, "h200x24", "chat", engine="vllm")
+    return problem, DisaggPlan(
+        prefill=pre[1], prefill_instances=1, decode=dec[1], decode_instances=1
+    )
+
+
 def test_disaggregated_plan_on_llmd_is_valid_helm_values() -> None:
-    problem, plan = _disagg("vllm")
+    problem, plan = _llmd_disagg()
     doc = llmd_values(disagg_groups(problem, plan, model_path=MODEL), OPTS)
     check_llmd(doc)
     assert doc["multinode"] is True and doc["routing"]["proxy"]["enabled"] is True
-    for role, n in (("prefill", 2), ("decode", 1)):
+    for role in ("prefill", "decode"):
         r = doc[role]
         d = getattr(plan, role).degrees
-        assert r["replicas"] == n and r["parallelism"]["tensor"] == d.tp
+        p = r["parallelism"]
+        assert r["replicas"] == 1 and p["tensor"] == d.tp and p["data"] == d.dp_attn
         (c,) = r["containers"]
-        assert c["resources"]["limits"]["nvidia.com/gpu"] == str(min(d.num_gpus, 8))
+        gpus = c["resources"]["limits"]["nvidia.com/gpu"]
+        # the chart's own count of a pod's GPUs is the one requested
+        assert gpus == str(min(d.num_gpus, 8)) == str(p["tensor"] * p["dataLocal"])
+        assert r["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
         script = c["command"][2]
         assert f"--tensor-parallel-size {d.tp}" in script and "--max-num-seqs 16" in script
         if role == "decode":  # behind the routing sidecar; leader and workers by index
             assert "--port 8200" in script and "LWS_WORKER_INDEX" in script
+
+
+def test_llmd_refuses_what_its_parallelism_cannot_state() -> None:
+    """The chart has no pipeline degree and gives a pod tensor x dataLocal GPUs: a plan
+    with pipeline stages (tensor 8, dataLocal 1 for a pod of 16 GPUs' worth) or with a
+    tensor group over two pods is refused in one line, naming the target."""
+    problem, plan = _disagg("vllm")  # decode: pp=2 tp=8 over two nodes
+    with pytest.raises(ShardlabError, match="no pipeline degree") as caught:
+        llmd_values(disagg_groups(problem, plan, model_path=MODEL), OPTS)
+    assert "\n" not in str(caught.value) and caught.value.field == "target"
+    problem, plan = _runnable("vllm", CASES[5])  # qwen3 tp=16 over two nodes
+    with pytest.raises(ShardlabError, match="tensor-parallel group of 16 spans 2 pods"):
+        llmd_values(plan_groups(problem, plan, model_path=MODEL), OPTS)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2].short()}")
@@ -294,10 +327,28 @@ def test_what_a_target_cannot_express_is_refused_in_one_line() -> None:
     dp, dplan = _disagg("sglang")
     with pytest.raises(ShardlabError, match="router"):
         k8s_objects(disagg_groups(dp, dplan, model_path=MODEL), OPTS)
-    # TensorRT-LLM starts a multi-node server by naming every node (MPI)
-    problem, plan = _runnable("trtllm", CASES[1])
-    with pytest.raises(ShardlabError, match="leader's address only"):
+
+
+def test_trtllm_over_nodes_on_k8s_is_refused_with_what_works() -> None:
+    """TensorRT-LLM starts a multi-node server by naming every node (MPI): the refusal
+    names target dynamo (which runs it) and shell, the CLI's "(set by --target)" lands
+    on the target, and one-node degrees are suggested only where the weights and a
+    request's KV cache fit one node."""
+    problem, plan = _runnable("trtllm", CASES[1])  # llama-3.1-70b pp=2 tp=8 on h100x16
+    with pytest.raises(ShardlabError) as caught:
         k8s_objects(plan_groups(problem, plan, model_path=MODEL), OPTS)
+    line = flag_advice(caught.value, ["launch", "--target", "k8s"])
+    assert "\n" not in line and "target dynamo" in line
+    assert line.endswith("or shell (set by --target)")
+    assert "pp=1 tp=2 dp_attn=1 holds the weights" in line  # 141 GB of bf16 on 2 x 80 GB
+    assert dynamo_objects(plan_groups(problem, plan, model_path=MODEL), OPTS)  # it works
+    problem, plan = _runnable("trtllm", CASES[4])  # deepseek-v3 on h100: 8 x 80 GB < 671 GB
+    with pytest.raises(ShardlabError) as caught:
+        k8s_objects(plan_groups(problem, plan, model_path=MODEL), OPTS)
+    assert "GPUs (" not in str(caught.value) and "solve for" not in str(caught.value)
+    assert str(caught.value).endswith(
+        "use target dynamo (its operator starts the MPI job) or shell"
+    )
 
 
 def test_cli_writes_the_manifests_and_a_refusal_leaves_nothing(
@@ -326,8 +377,8 @@ def test_cli_writes_the_manifests_and_a_refusal_leaves_nothing(
         o["metadata"]["name"] for o in yaml.safe_load_all((out / "manifests.yaml").read_text())
     } == {"llama-3-1-8b-serve"}
     code, stdout, err = run_cli(
-        ["launch", "--plan", str(plan_file), "--engine", "trtllm", "--out", str(tmp_path / "sh")],
-        capsys, monkeypatch,
+        ["launch", "--plan", str(plan_file), "--engine", "trtllm", "--force-engine",
+         "--out", str(tmp_path / "sh")], capsys, monkeypatch,
     )  # fmt: skip
     assert code == 0, err
     script = (tmp_path / "sh" / "launch.sh").read_text()
@@ -337,8 +388,8 @@ def test_cli_writes_the_manifests_and_a_refusal_leaves_nothing(
     assert f"--config {config}" in script
     refused = tmp_path / "refused"
     code, stdout, err = run_cli(
-        ["launch", "--plan", str(plan_file), "--engine", "sglang", "--target", "llm-d",
-         "--out", str(refused)], capsys, monkeypatch,
+        ["launch", "--plan", str(plan_file), "--engine", "sglang", "--force-engine",
+         "--target", "llm-d", "--out", str(refused)], capsys, monkeypatch,
     )  # fmt: skip
     assert code == 2 and len(err.strip().splitlines()) == 1 and "runs vLLM" in err
     assert not refused.exists()
@@ -377,3 +428,81 @@ def test_the_schema_checks_refuse_what_the_api_server_would() -> None:
     dgd["spec"]["services"]["worker"]["resources"]["limits"]["gpu"] = 8  # a string in the CRD
     with pytest.raises(AssertionError, match="gpu"):
         check_k8s(dgd)
+
+
+def test_k8s_without_out_prints_what_it_says_to_apply(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Without --out the manifests go to standard output and the advice pipes them
+    (``kubectl apply -f -``, ``helm install ... -f -``): no file is named that was not
+    written, and nothing is written in the current folder."""
+    plan_file = tmp_path / "plan.json"
+    code, _, err = run_cli(
+        ["solve", "--model", "llama-3.1-8b", "--cluster", "h100x8", "--engine", "vllm",
+         "--space", "engine", "--out", str(plan_file)], capsys, monkeypatch,
+    )  # fmt: skip
+    assert code == 0, err
+    monkeypatch.chdir(tmp_path)
+    for target, apply in (("k8s", "kubectl apply -n default -f -"),
+                          ("dynamo", "kubectl apply -n default -f -"),
+                          ("llm-d", "-f - (helm repo add")):  # fmt: skip
+        code, stdout, err = run_cli(
+            ["launch", "--plan", str(plan_file), "--target", target], capsys, monkeypatch
+        )
+        assert code == 0, err
+        assert list(yaml.safe_load_all(stdout)) and apply in err and "pipe this output" in err
+        assert ".yaml" not in err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+    code, _, err = run_cli(
+        ["launch", "--plan", str(plan_file), "--target", "k8s", "--out", "d"], capsys, monkeypatch
+    )
+    assert (
+        code == 0
+        and "wrote d/manifests.yaml" in err
+        and "kubectl apply -n default -f d/manifests.yaml" in err
+    )
+
+
+def _gpus_selected(spec: dict) -> str:
+    return spec["nodeSelector"]["nvidia.com/gpu.product"]
+
+
+def test_every_pod_pins_its_gpu_type(tmp_path: Path) -> None:
+    """k8s, Dynamo and llm-d pods select the GPU product their plan was priced on; in a
+    deployment sized over two GPU types each pool selects its own, and the objects stay
+    valid against their schemas."""
+    from shardlab.launch.pods import sized_groups
+    from shardlab.launch.servers import PoolLaunch
+
+    pools = []
+    for gpu, d in (("h100", Degrees(tp=2, etp=2)), ("h200", Degrees(tp=1, etp=1))):
+        problem = Problem.build("llama-3.1-8b", f"{gpu}x{d.num_gpus}", engine="vllm")
+        plan = problem.with_space("engine").space.megatron_plan(d)
+        pools.append(PoolLaunch(role="agg", problem=problem, plan=plan, instances=2))
+    groups = sized_groups(pools, model_path=MODEL)
+    objects = k8s_objects(groups, OPTS)
+    for obj in objects:
+        check_k8s(obj)
+    picked = {
+        o["metadata"]["name"]: _gpus_selected(o["spec"]["template"]["spec"])
+        for o in objects
+        if o["kind"] == "Deployment"
+    }
+    assert picked == {
+        "shard-serve-h100-x2": "NVIDIA-H100-80GB-HBM3",
+        "shard-serve-h200-x1": "NVIDIA-H200",
+    }
+    # multi-node servers: the leader's and the workers' pods alike; Dynamo and llm-d too
+    problem, plan = _runnable("sglang", CASES[1])
+    (lws,) = [o for o in k8s_objects(plan_groups(problem, plan, model_path=MODEL), OPTS)
+              if o["kind"] == "LeaderWorkerSet"]  # fmt: skip
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+    for t in (lwt["leaderTemplate"], lwt["workerTemplate"]):
+        assert _gpus_selected(t["spec"]) == "NVIDIA-H100-80GB-HBM3"
+    dgd = dynamo_objects(plan_groups(problem, plan, model_path=MODEL), OPTS)[-1]
+    check_k8s(dgd)
+    assert _gpus_selected(dgd["spec"]["services"]["worker"]["extraPodSpec"]) == (
+        "NVIDIA-H100-80GB-HBM3"
+    )
+    problem, plan = _runnable("vllm", CASES[0])
+    doc = llmd_values(plan_groups(problem, plan, model_path=MODEL), OPTS)
+    check_llmd(doc)
+    assert _gpus_selected(doc["decode"]) == "NVIDIA-H100-80GB-HBM3"

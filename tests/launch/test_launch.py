@@ -175,18 +175,43 @@ def test_workload_flags_follow_the_problem() -> None:
         assert "fp8" in text
 
 
-def test_cli_solve_then_launch_writes_the_config(tmp_path: Path, capsys, monkeypatch) -> None:
+def test_cli_launch_writes_nothing_unasked_and_names_what_it_replaces(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """TensorRT-LLM's options file: without --out nothing is written where shardlab runs
+    (the printed commands write it on the node, with a here-document that makes the
+    same file); with --out it is written beside launch.sh, and a second launch into the
+    folder says which files it replaced."""
     plan = tmp_path / "plan.json"
     args = ["solve", "--model", "mixtral-8x7b", "--cluster", "h100x8", "--engine", "trtllm"]
     code, _, _ = run_cli([*args, "--space", "engine", "--out", str(plan)], capsys, monkeypatch)
     assert code == 0
-    args = ["launch", "--plan", str(plan), "--engine", "trtllm", "--config-dir", str(tmp_path)]
-    code, out, _ = run_cli([*args, "--format", "json"], capsys, monkeypatch)
-    assert code == 0
-    data = json.loads(out)
-    (f,) = data["files"]
-    assert Path(f["name"]).read_text() == f["content"]
-    assert data["commands"][0]["argv"][:2] == ["trtllm-serve", "mistralai/Mixtral-8x7B-v0.1"]
+    here = tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    node = tmp_path / "node"
+    args = ["launch", "--plan", str(plan), "--config-dir", str(node)]
+    code, out, err = run_cli(args, capsys, monkeypatch)
+    assert code == 0, err
+    assert list(here.iterdir()) == [] and not node.exists()
+    code, text, _ = run_cli([*args, "--format", "json"], capsys, monkeypatch)
+    (f,) = json.loads(text)["files"]
+    lines = out.splitlines()
+    start = lines.index(f"cat > {node}/extra-llm-api-config.yaml <<'EOF'")
+    heredoc = "\n".join(lines[start : lines.index("EOF", start) + 1])
+    node.mkdir()
+    subprocess.run(["bash", "-c", heredoc], check=True)
+    assert (node / "extra-llm-api-config.yaml").read_text() == f["content"]
+    assert out.index(heredoc) < out.index("trtllm-serve")  # written before it is read
+    for said in ("wrote", "replaced"):
+        code, out, err = run_cli(
+            ["launch", "--plan", str(plan), "--out", "deploy"], capsys, monkeypatch
+        )
+        assert code == 0, err
+        assert f"note: {said} deploy/launch.sh" in out
+        assert f"note: {said} deploy/extra-llm-api-config.yaml" in out
+        assert "cat >" not in out  # the script reads the file written beside it
+    assert sorted(p.name for p in here.iterdir()) == ["deploy"]
 
 
 def test_cli_refuses_a_plan_the_engine_cannot_run(tmp_path: Path, capsys, monkeypatch) -> None:

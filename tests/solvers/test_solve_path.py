@@ -66,4 +66,7 @@ def test_an_option_the_method_does_not_take_is_refused_before_a_search() -> None
 
 def test_the_written_plan_is_the_chosen_one() -> None:
     s = solve(PROBLEM, "random", budget=FEW, baseline=False)
-    assert json.loads(s.plan_json()) == s.plan.to_dict(PROBLEM.model, cluster="h100x2")
+    # with the engine and GPU it was priced for, which launch holds it to
+    assert json.loads(s.plan_json()) == s.plan.to_dict(
+        PROBLEM.model, cluster="h100x2", engine=PROBLEM.engine, accelerator="h100"
+    )
