@@ -28,10 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shardlab.costmodel import Metrics
 from shardlab.errors import ShardlabError
+from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Budget, SolveResult, Status
-from shardlab.solvers.evaluator import Progress
+from shardlab.solvers.evaluator import HistoryPoint, Progress
 from shardlab.solvers.front import FrontPoint, merge
 from shardlab.solvers.megatron import megatron_baseline
 from shardlab.solvers.registry import get_solver
@@ -76,6 +78,30 @@ class FrontResult:
         """The point with the highest throughput per GPU."""
         return max(self.front, key=lambda p: p.metrics.throughput_tok_s_per_gpu, default=None)
 
+    # -- as a Result (shardlab.solvers.solution): the front's best point ------------
+
+    @property
+    def plan(self) -> Plan | None:
+        best = self.best
+        return best.plan if best is not None else None
+
+    @property
+    def metrics(self) -> Metrics | None:
+        best = self.best
+        return best.metrics if best is not None else None
+
+    @property
+    def objective(self) -> float:
+        return self.metrics.objective if self.metrics is not None else float("-inf")
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        return {}  # each level's facts are in its run
+
+    @property
+    def history(self) -> tuple[HistoryPoint, ...]:
+        return ()  # one per level, in its run
+
     def to_dict(self, problem: Problem) -> dict[str, Any]:
         best = self.best
         return {
@@ -111,8 +137,10 @@ def solve_front(
     options: dict[str, object] | None = None,
     callback: Callable[[Progress], None] | None = None,
     levels: tuple[int, ...] | None = None,
+    baseline: bool = True,
 ) -> FrontResult:
-    """The front of ``method`` over the concurrency levels of ``problem``'s batch."""
+    """The front of ``method`` over the concurrency levels of ``problem``'s batch;
+    ``baseline``: with the Megatron rule's plan priced at each level."""
     levels = levels or levels_of(problem)
     if any(b < 1 for b in levels):
         raise ShardlabError(f"concurrency levels must be positive, got {levels}")
@@ -138,7 +166,7 @@ def solve_front(
         runs.append((batch, r))
         spent += r.n_evals
         points += r.front
-        base = megatron_baseline(sub)
+        base = megatron_baseline(sub) if baseline else None
         if base is not None and base[1].feasible:
             megatron.append(FrontPoint(plan=base[0], metrics=base[1], batch=batch))
         if r.status == "interrupted":
