@@ -158,5 +158,5 @@ class SolveRequest:
                     f"serving {self.serving} proves pools with CP-SAT, whose work is not "
                     f"counted in plans: max_evals {self.budget.max_evals} cannot bound it",
                     field="max_evals",
-                    fix="bound it by time (seconds), or serve aggregated",
+                    fix="bound it by a time limit instead, or serve aggregated",
                 )
