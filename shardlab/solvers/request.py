@@ -29,6 +29,13 @@ def default_budget(method: str) -> Budget:
     return Budget.exact() if solver_class(method).exact else Budget()
 
 
+def _clocked(budget: Budget) -> Budget:
+    """``budget`` with its clock started now, when it has seconds and no start yet."""
+    if budget.seconds is None or budget.started is not None:
+        return budget
+    return dataclasses.replace(budget, started=time.perf_counter())
+
+
 @dataclass(frozen=True, kw_only=True)
 class SolveRequest:
     """One solve's arguments (see :func:`shardlab.solve`), refused at construction when
@@ -61,7 +68,9 @@ class SolveRequest:
         vs_free: bool = False,
     ) -> SolveRequest:
         """The request of :func:`shardlab.solve`'s arguments: ``objective`` replaces the
-        workload's, a missing budget is the method's default."""
+        workload's, a missing budget is the method's default, and a time budget's clock
+        starts now unless ``budget.started`` says when it did."""
+        budget = _clocked(budget or default_budget(method))
         if objective is not None:
             workload = dataclasses.replace(problem.workload, objective=objective)
             problem = dataclasses.replace(problem, workload=workload)
@@ -69,7 +78,7 @@ class SolveRequest:
             problem=problem,
             method=method,
             serving=check_serving(serving),
-            budget=budget or default_budget(method),
+            budget=budget,
             seed=seed,
             options=tuple((options or {}).items()),
             baseline=baseline,
@@ -99,12 +108,9 @@ class SolveRequest:
         return Budget(max_evals=None, seconds=self.budget.seconds, started=self.budget.started)
 
     def clocked(self) -> SolveRequest:
-        """The request with its time budget's clock started, if nothing started it yet
-        (the CLI starts it with the command)."""
-        if self.budget.seconds is None or self.budget.started is not None:
-            return self
-        budget = dataclasses.replace(self.budget, started=time.perf_counter())
-        return dataclasses.replace(self, budget=budget)
+        """The request with its time budget's clock started, if nothing started it yet."""
+        budget = _clocked(self.budget)
+        return self if budget is self.budget else dataclasses.replace(self, budget=budget)
 
     def _check_options(self) -> None:
         taken = accepted_options(self.method)

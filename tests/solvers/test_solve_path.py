@@ -176,3 +176,15 @@ def test_a_result_of_each_mode_answers_the_result_protocol() -> None:
                 value = getattr(r, name)
                 assert value is not None or name in ("plan", "metrics"), (type(r), name)
         assert s.n_evals == s.result.n_evals >= 1 and s.plan is not None
+
+
+def test_a_request_is_checked_when_built_and_run_as_solve_runs_it() -> None:
+    from shardlab.solvers import SolveRequest, run
+
+    with pytest.raises(ShardlabError) as e:
+        SolveRequest(problem=PROBLEM, serving="disagg", budget=Budget(max_evals=50))
+    assert e.value.field == "max_evals"
+    request = SolveRequest.of(PROBLEM, "anneal", budget=FEW, seed=3, baseline=False)
+    assert request.mode == "agg" and request.solver_options == {}
+    a, b = run(request), solve(PROBLEM, "anneal", budget=FEW, seed=3, baseline=False)
+    assert a.plan == b.plan and a.objective == b.objective
