@@ -27,7 +27,8 @@ from shardlab.problems.problem import Problem
 from shardlab.solvers.registry import available_solvers
 
 if TYPE_CHECKING:
-    from shardlab.solvers import Budget, Solution
+    from shardlab.solvers import Budget, Result, Solution, SolveResult
+    from shardlab.solvers.pareto import FrontResult
 
 METHODS = ", ".join(available_solvers())
 
@@ -83,7 +84,7 @@ def solve(
     up to ``--batch``; static, powers of two up to it), as a table, in JSON a
     ``pareto`` list, and with ``--plot`` a PNG.
     """
-    from shardlab.solvers import solve as solve_problem
+    from shardlab.solvers import SolveRequest, run
 
     if out_file is not None:
         check_output_file(out_file, flag="--out")
@@ -92,23 +93,19 @@ def solve(
             raise ShardlabError("--plot draws the pareto front: add --objective pareto")
         check_output_file(plot, flag="--plot")
     budget = _budget(method, max_evals, time_limit)
+    request = SolveRequest.of(
+        problem,
+        method,
+        serving=serving,
+        budget=budget,
+        seed=seed,
+        options=options,
+        vs_free=vs_free,
+    )
     with solve_progress(method, budget.max_evals, budget.seconds, budget.started) as callback:
-        solution = solve_problem(
-            problem,
-            method,
-            serving=serving,  # type: ignore[arg-type]
-            budget=budget,
-            seed=seed,
-            options=options,
-            callback=callback,
-            vs_free=vs_free,
-        )
-    if (why := solution.unmet()) is not None:
-        if solution.serving == "agg":
-            # out of time before any plan: the time limit is the input to change
-            unknown = solution.status == "unknown"
-            raise ShardlabError(f"{method}: {why}", field="time_limit" if unknown else None)
-        raise ShardlabError(f"serving {serving}: no plan in either mode; {why}", field="serving")
+        solution = run(request, callback)
+    if (error := solution.unmet_error()) is not None:
+        raise error
     if out_file is not None and solution.plan is not None:
         write_text(out_file, solution.plan_json())
     if plot is not None and solution.front:
@@ -147,13 +144,14 @@ def _plot(solution: Solution, path: str) -> None:
     from shardlab.plots import plot_front
     from shardlab.solvers.pareto import levels_of
 
-    problem = solution.problem
+    problem, front = solution.problem, solution.pareto
+    assert front is not None, "--plot is refused without the objective pareto"
     levels = ", ".join(map(str, levels_of(problem)))
     plot_front(
         path,
         problem,
-        solution.pareto.front,
-        solution.pareto.megatron,
+        front.front,
+        front.megatron,
         title=f"{problem.name}: {solution.method}, batch {levels}",
     )
 
@@ -162,25 +160,24 @@ def _print(solution: Solution) -> None:
     """The solution as tables, for people."""
     out.print(problem_line(solution.problem))
     if solution.pareto is not None:
-        _print_front(solution)
-    elif solution.serving == "agg":
-        _print_agg(solution)
+        _print_front(solution, solution.pareto)
+        return
+    if solution.agg is not None and solution.disagg is None:
+        _print_agg(solution, solution.agg)
     else:
         _print_served(solution)
+        _print_megatron(solution)
+    _print_free(solution)
 
 
-def _status_line(label: str, r: object, done: str) -> str:
-    message = getattr(r, "message", "")
+def _status_line(label: str, r: Result, done: str) -> str:
     done = f" {done}" if done else ""
-    return (
-        f"{label}: [bold]{getattr(r, 'status', '')}[/]{done} in {getattr(r, 'wall_s', 0.0):.1f} s"
-        + (f" ({message})" if message else "")
+    return f"{label}: [bold]{r.status}[/]{done} in {r.wall_s:.1f} s" + (
+        f" ({r.message})" if r.message else ""
     )
 
 
-def _print_agg(solution: Solution) -> None:
-    r = solution.agg
-    assert r is not None
+def _print_agg(solution: Solution, r: SolveResult) -> None:
     problem = solution.problem
     out.print(
         _status_line(
@@ -191,8 +188,7 @@ def _print_agg(solution: Solution) -> None:
     if r.plan is not None and r.metrics is not None:
         print_plan(problem, r.plan)
         print_metrics(r.metrics)
-        if solution.megatron is not None and solution.megatron.ratio is not None:
-            out.print(f"  ratio to the megatron plan: [bold]{solution.megatron.ratio:.3f}[/]")
+        _print_megatron(solution)
     if solution.rate is not None:
         fit, m = solution.rate, solution.rate.metrics
         out.print(
@@ -201,29 +197,47 @@ def _print_agg(solution: Solution) -> None:
             f"rank ({m.requests_in_flight} in flight): TTFT {m.ttft_ms:,.0f} ms, TPOT "
             f"{m.tpot_ms:.1f} ms, {fit.served:.3f} requests/s"
         )
+
+
+def _print_megatron(solution: Solution) -> None:
+    megatron = solution.megatron
+    if megatron is None or megatron.ratio is None:
+        return
+    which = "" if solution.serving == "agg" else f" of the {solution.chosen} plan"
+    out.print(f"  ratio{which} to the megatron plan: [bold]{megatron.ratio:.3f}[/]")
+
+
+def _print_free(solution: Solution) -> None:
+    from shardlab.solvers.solution import plan_label
+
     free = solution.free
-    if free is not None:
-        tok_s = free.metrics.throughput_tok_s if free.metrics else 0
-        degrees = free.plan.degrees.short() if free.plan else None
+    if free is None:
+        return
+    tok_s = free.metrics.throughput_tok_s if free.metrics else 0
+    label = plan_label(free.plan) if free.plan else None
+    mode = "" if solution.serving == "agg" else f", {solution.chosen} serving"
+    partial = f" [bold]partial[/] ({free.message})" if free.partial else ""
+    out.print(
+        f"free space (every per-operator sharding{mode}): cpsat {free.status}, "
+        f"{tok_s:,.0f} tok/s, plan {label}{partial}"
+    )
+    if free.ratio is not None:
+        best = "best so far" if free.partial else "optimum"
         out.print(
-            f"free space (every per-operator sharding): cpsat {free.status}, "
-            f"{tok_s:,.0f} tok/s, plan {degrees}"
+            f"  free {best} over the {solution.problem.engine} plan: [bold]{free.ratio:.3f}"
+            "[/] (what per-operator sharding would add if the engine ran it)"
         )
-        if free.ratio is not None:
-            out.print(
-                f"  free optimum over the {problem.engine} plan: [bold]{free.ratio:.3f}"
-                "[/] (what per-operator sharding would add if the engine ran it)"
-            )
 
 
 def _print_served(solution: Solution) -> None:
     problem, agg, disagg = solution.problem, solution.agg, solution.disagg
+    assert disagg is not None, "a served solution holds the disaggregated result"
     if agg is not None:
         out.print(_status_line("[bold]aggregated[/] cpsat", agg, ""))
         if agg.plan is not None and agg.metrics is not None:
             print_plan(problem, agg.plan)
             print_metrics(agg.metrics)
-    pools = f"after {disagg.facts.get('pool_solves', 0)} pool solves"
+    pools = f"after {disagg.n_evals} pool solves"
     out.print(_status_line("[bold]disaggregated[/] cpsat", disagg, pools))
     print_facts(disagg.facts)
     if disagg.plan is not None and disagg.metrics is not None:
@@ -238,10 +252,9 @@ def _print_served(solution: Solution) -> None:
         )
 
 
-def _print_front(solution: Solution) -> None:
+def _print_front(solution: Solution, r: FrontResult) -> None:
     from shardlab.solvers.pareto import levels_of
 
-    r = solution.pareto
     levels = ", ".join(map(str, levels_of(solution.problem)))
     out.print(
         f"method {solution.method}, seed {solution.seed}: [bold]{r.status}[/] front of "

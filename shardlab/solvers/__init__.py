@@ -6,20 +6,25 @@ from __future__ import annotations
 from shardlab.solvers.base import Budget, Outcome, SearchContext, Solver, SolveResult
 from shardlab.solvers.evaluator import Progress
 from shardlab.solvers.registry import available_solvers, get_solver, register
-from shardlab.solvers.solve import Baseline, Solution, default_budget, solve
+from shardlab.solvers.request import SolveRequest, default_budget
+from shardlab.solvers.solution import Baseline, Result, Solution
+from shardlab.solvers.solve import run, solve
 
 __all__ = [
     "Baseline",
     "Budget",
     "Outcome",
     "Progress",
+    "Result",
     "SearchContext",
     "Solution",
+    "SolveRequest",
     "SolveResult",
     "Solver",
     "available_solvers",
     "default_budget",
     "get_solver",
     "register",
+    "run",
     "solve",
 ]

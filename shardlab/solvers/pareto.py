@@ -28,13 +28,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shardlab.costmodel import Metrics
 from shardlab.errors import ShardlabError
+from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Budget, SolveResult, Status
-from shardlab.solvers.evaluator import Progress
+from shardlab.solvers.evaluator import HistoryPoint, Progress
 from shardlab.solvers.front import FrontPoint, merge
 from shardlab.solvers.megatron import megatron_baseline
-from shardlab.solvers.registry import get_solver
+from shardlab.solvers.options import SolverOptions
+from shardlab.solvers.registry import method_options, solver_class
 
 
 def levels_of(problem: Problem) -> tuple[int, ...]:
@@ -76,6 +79,30 @@ class FrontResult:
         """The point with the highest throughput per GPU."""
         return max(self.front, key=lambda p: p.metrics.throughput_tok_s_per_gpu, default=None)
 
+    # -- as a Result (shardlab.solvers.solution): the front's best point ------------
+
+    @property
+    def plan(self) -> Plan | None:
+        best = self.best
+        return best.plan if best is not None else None
+
+    @property
+    def metrics(self) -> Metrics | None:
+        best = self.best
+        return best.metrics if best is not None else None
+
+    @property
+    def objective(self) -> float:
+        return self.metrics.objective if self.metrics is not None else float("-inf")
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        return {}  # each level's facts are in its run
+
+    @property
+    def history(self) -> tuple[HistoryPoint, ...]:
+        return ()  # one per level, in its run
+
     def to_dict(self, problem: Problem) -> dict[str, Any]:
         best = self.best
         return {
@@ -108,11 +135,15 @@ def solve_front(
     *,
     budget: Budget,
     seed: int = 0,
-    options: dict[str, object] | None = None,
+    options: SolverOptions | None = None,
     callback: Callable[[Progress], None] | None = None,
     levels: tuple[int, ...] | None = None,
+    baseline: bool = True,
 ) -> FrontResult:
-    """The front of ``method`` over the concurrency levels of ``problem``'s batch."""
+    """The front of ``method`` over the concurrency levels of ``problem``'s batch;
+    ``options``: the method's (default: its defaults); ``baseline``: with the Megatron
+    rule's plan priced at each level."""
+    options = options if options is not None else method_options(method)
     levels = levels or levels_of(problem)
     if any(b < 1 for b in levels):
         raise ShardlabError(f"concurrency levels must be positive, got {levels}")
@@ -132,13 +163,13 @@ def solve_front(
                 status = "feasible"
                 break
         sub = at_batch(problem, batch)
-        r = get_solver(method, **(options or {})).solve(
+        r = solver_class(method)(options).solve(
             sub, budget=Budget(max_evals=evals, seconds=seconds), seed=seed, callback=callback
         )
         runs.append((batch, r))
         spent += r.n_evals
         points += r.front
-        base = megatron_baseline(sub)
+        base = megatron_baseline(sub) if baseline else None
         if base is not None and base[1].feasible:
             megatron.append(FrontPoint(plan=base[0], metrics=base[1], batch=batch))
         if r.status == "interrupted":

@@ -62,7 +62,8 @@ from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Budget, Status
 from shardlab.solvers.cpsat.bounds import subproblems
-from shardlab.solvers.evaluator import Progress
+from shardlab.solvers.evaluator import HistoryPoint, Progress
+from shardlab.solvers.front import FrontPoint
 from shardlab.solvers.registry import get_solver
 
 # Values this close (relative) are a tie: a pair no better than this is pruned.
@@ -122,6 +123,21 @@ class DisaggResult:
     @property
     def objective(self) -> float:
         return self.metrics.objective if self.metrics is not None else -math.inf
+
+    # -- as a Result (shardlab.solvers.solution) -------------------------------------
+
+    @property
+    def n_evals(self) -> int:
+        """Its evaluations: the pools' CP-SAT solves."""
+        return int(self.facts.get("pool_solves", 0))
+
+    @property
+    def history(self) -> tuple[HistoryPoint, ...]:
+        return ()  # the pools' solves keep none
+
+    @property
+    def front(self) -> tuple[FrontPoint, ...]:
+        return ()  # throughput only: no front
 
     def to_dict(self, problem: Problem) -> dict[str, Any]:
         return {
