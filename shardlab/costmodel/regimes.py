@@ -107,15 +107,18 @@ class Form(Generic[Number]):
     prompt: Number
     const: Number
 
-    @classmethod
-    def rounds(cls, zero: Number) -> Form[Number]:
-        """One round: TPOT, and the time in which rounds serve their tokens."""
-        return cls(round=zero + 1, prompt=zero, const=zero)
+    # The constructors take 0 and 1 in the mode's numbers and shape (arrays of plans:
+    # made once per regime, not once per form).
 
     @classmethod
-    def prompt_time(cls, zero: Number, const: Number) -> Form[Number]:
+    def rounds(cls, zero: Number, one: Number) -> Form[Number]:
+        """One round: TPOT, and the time in which rounds serve their tokens."""
+        return cls(round=one, prompt=zero, const=zero)
+
+    @classmethod
+    def prompt_time(cls, zero: Number, one: Number, const: Number) -> Form[Number]:
         """One prompt and ``const``: a static batch's prefill."""
-        return cls(round=zero, prompt=zero + 1, const=const)
+        return cls(round=zero, prompt=one, const=const)
 
     def at(self, round_: T, prompt: T) -> T:
         """The form's value at round ``R + i`` = ``round_`` and prompt ``S``."""
@@ -211,37 +214,51 @@ def forms(
     request = costs.request_ns * arith.per_ns
     iteration = costs.iteration_ns * arith.per_ns
     zero = arith.zeros(running)
+    one = zero + 1
     o = w.output_len
     # forms are evaluated at the round with its iteration cost, R + i (basic_times)
     if kinds == ["prefill"] and w.schedule == "static":
-        ttft = Form.prompt_time(zero, iteration + handoff)
+        ttft = Form.prompt_time(zero, one, iteration + handoff)
         return Forms.static_batch(
             ttft=ttft,
             tpot=None,
             latency=ttft,
-            rate=Form.prompt_time(zero, iteration),
+            rate=Form.prompt_time(zero, one, iteration),
             iteration=iteration,
         )
     if kinds == ["prefill", "decode"]:
-        latency = Form(round=(zero + 1) * (o - 1), prompt=zero + 1, const=iteration)
+        latency = Form(round=one * (o - 1), prompt=one, const=iteration)
         return Forms.static_batch(
-            ttft=Form.prompt_time(zero, iteration),
-            tpot=Form.rounds(zero),
+            ttft=Form.prompt_time(zero, one, iteration),
+            tpot=Form.rounds(zero, one),
             latency=latency,
             rate=latency,
             iteration=iteration,
         )
     if kinds == ["decode"]:
-        tpot = Form.rounds(zero)
+        tpot = Form.rounds(zero, one)
         return Forms.in_rounds(ttft=None, tpot=tpot, latency=tpot, rate=tpot, iteration=iteration)
     return _closed_loop(
-        problem, kinds, running, clients, budget, handoff, costs, request, iteration, arith
+        problem,
+        kinds,
+        zero,
+        one,
+        running,
+        clients,
+        budget,
+        handoff,
+        costs,
+        request,
+        iteration,
+        arith,
     )
 
 
 def _closed_loop(
     problem: Problem,
     kinds: list[str],
+    zero: Number,
+    one: Number,
     running: Number,
     clients: Number,
     budget: Number,
@@ -253,7 +270,6 @@ def _closed_loop(
 ) -> Forms[Number]:
     """The in-flight regimes with prompts: the closed loop (see the module docstring)."""
     w = problem.workload
-    zero = arith.zeros(running)
     o = w.output_len
     p = w.prompts_per_client
     alone = costs.prefill_first
@@ -273,7 +289,7 @@ def _closed_loop(
         a_round = arith.ratio(waves + 1, 2 * p) + later * arith.number(Fraction(3, 2))
         ttft = Form(round=a_round, prompt=zero, const=request + handoff)
         return Forms.in_rounds(
-            ttft=ttft, tpot=None, latency=ttft, rate=Form.rounds(zero), iteration=iteration
+            ttft=ttft, tpot=None, latency=ttft, rate=Form.rounds(zero, one), iteration=iteration
         )
     # mixed rounds and a prompt alone
     cohort = arith.clip(budget // w.input_len, 1, run)
@@ -281,7 +297,7 @@ def _closed_loop(
     first = arith.ratio(waves + 1, 2 * p)  # the mean of cohorts 1..waves, one in p requests
     a_prompt = first * cohort + later + queue
     a_round = first * wave_round + later * steady_round + queue * (steady_round + o - 1)
-    tpot = Form.rounds(zero)
+    tpot = Form.rounds(zero, one)
     return Forms.in_rounds(
         ttft=Form(round=a_round, prompt=a_prompt, const=request),
         tpot=tpot,
