@@ -41,6 +41,7 @@ from shardlab.costmodel.metrics import (
     Metrics,
     OpBreakdown,
 )
+from shardlab.costmodel.modes import ARRAYS, ARRAYS_NS, EXACT, Arith, Exact, Number, Vector
 from shardlab.costmodel.pricing import (
     assemble_plan,
     at_capacity,
@@ -74,20 +75,27 @@ from shardlab.costmodel.units import units_of_codes
 
 __all__ = [
     "ACT_BYTES",
+    "ARRAYS",
+    "ARRAYS_NS",
     "COUNT_BYTES",
+    "EXACT",
     "VIOLATIONS",
+    "Arith",
     "BatchMetrics",
     "ConcurrencyPoints",
     "CostContext",
     "DisaggMetrics",
+    "Exact",
     "Form",
     "Forms",
     "IntegerTables",
     "Metrics",
+    "Number",
     "OpBreakdown",
     "RateFit",
     "ServingCosts",
     "Span",
+    "Vector",
     "assemble",
     "assemble_plan",
     "at_capacity",

@@ -41,7 +41,7 @@ from shardlab.costmodel.metrics import BatchMetrics
 from shardlab.costmodel.regimes import DegreeArrays, Judgement, Latencies, judge, latencies
 from shardlab.costmodel.stage_sums import Stages, fixed_entries, stage_times, stages
 from shardlab.costmodel.units import Terms, Units, terms_of
-from shardlab.problems.operators import HEAD_OPS
+from shardlab.problems.operators import HEAD_OPS, Head
 from shardlab.problems.problem import Problem
 
 # Objectives this close (relative) are a tie between concurrencies: the fewest wins.
@@ -274,8 +274,8 @@ def _memory(
     kv = np.take(stack.kv.data, at_op)
     head_w = np.take(stack.weight.data, at_head)
     w_stage = stage_sum(np.take(stack.weight.data, at_op))
-    w_stage[rows, 0] += head_w[:, 0]
-    w_stage[rows, pp - 1] += head_w[:, 1:].sum(axis=1)
+    w_stage[rows, 0] += head_w[:, Head.EMBEDDING]
+    w_stage[rows, pp - 1] += head_w[:, Head.FINAL_NORM :].sum(axis=1)  # the ends after the layers
     kvf_stage = stage_sum(np.where(split, 0.0, kv))
     kvs_stage = stage_sum(np.where(split, kv, 0.0))
     act = np.maximum(

@@ -12,7 +12,7 @@ from shardlab.costmodel.metrics import OpBreakdown
 from shardlab.costmodel.opcosts import kernel_class
 from shardlab.costmodel.tables import DegreeTables, degree_tables, layer_classes_of
 from shardlab.costmodel.units import Terms, Units, terms_of
-from shardlab.problems.operators import HEAD_OPS, layer_edges, layer_ops
+from shardlab.problems.operators import HEAD_OPS, Head, layer_edges, layer_ops
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 
@@ -187,15 +187,16 @@ def _head_rows(p: _Plan, acc: _Rows, si: int, bi: int) -> None:
     """The model's ends (embedding, final norm, LM head, sampler) of step ``si``."""
     t, terms, res = p.t, p.terms, p.res
     h = p.u.head[0]
+    emb, fnorm, lm, sampler = (h[k] for k in Head)
     head_comm = {
-        "embedding": t.emb_first[si, h[0], res[terms.first_unit], bi],
-        "final_norm": t.last_fnorm[si, res[terms.last_unit], h[1], bi],
-        "lm_head": t.fnorm_lm[si, h[1], h[2], bi],
-        "sampler": t.lm_sampler[si, h[2], h[3], bi],
+        "embedding": t.emb_first[si, emb, res[terms.first_unit], bi],
+        "final_norm": t.last_fnorm[si, res[terms.last_unit], fnorm, bi],
+        "lm_head": t.fnorm_lm[si, fnorm, lm, bi],
+        "sampler": t.lm_sampler[si, lm, sampler, bi],
     }
     for ki, op in enumerate(HEAD_OPS):
         c = t.head_costs[si][ki][int(h[ki])]
-        stage = 0 if ki == 0 else t.degrees.pp - 1
+        stage = 0 if ki == Head.EMBEDDING else t.degrees.pp - 1
         comm = float(head_comm[op.name])
         draft = float(np.broadcast_to(c.draft_s, c.compute_s.shape)[bi])
         acc.add(

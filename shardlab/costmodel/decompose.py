@@ -32,7 +32,7 @@ from shardlab.costmodel.constants import RUNTIME_RESERVE_GB
 from shardlab.costmodel.pricing import assemble_plan
 from shardlab.costmodel.regimes import Latencies, latencies
 from shardlab.costmodel.tables import degree_tables
-from shardlab.problems.operators import HEAD_OPS, layer_ops
+from shardlab.problems.operators import HEAD_OPS, LAST_STAGE_HEADS, Head, layer_ops
 from shardlab.problems.plan import Degrees, Plan
 from shardlab.problems.problem import Problem
 
@@ -64,7 +64,7 @@ class IntegerTables:
     op_ns: np.ndarray  # (step, cls, op, opt)
     edge_ns: np.ndarray  # (step, class, edge, opt, opt)
     inter_ns: np.ndarray  # (step, residual opt of layer l-1, residual opt of layer l)
-    head_ns: np.ndarray  # (step, head op, opt)
+    head_ns: np.ndarray  # (step, head op (a Head), opt)
     emb_first_ns: np.ndarray  # (step, embedding opt, residual opt of layer 0)
     last_fnorm_ns: np.ndarray  # (step, residual opt of the last layer, final_norm opt)
     fnorm_lm_ns: np.ndarray  # (step, final_norm opt, lm_head opt)
@@ -73,8 +73,8 @@ class IntegerTables:
     weight_bytes: np.ndarray  # (cls, op, opt) per GPU
     kv_bytes: np.ndarray  # (cls, op, opt) per GPU for the requests it holds
     act_bytes: np.ndarray  # (cls, op, opt) workspace
-    head_weight_bytes: np.ndarray  # (head op, opt)
-    head_act_bytes: np.ndarray  # (head op, opt)
+    head_weight_bytes: np.ndarray  # (head op (a Head), opt)
+    head_act_bytes: np.ndarray  # (head op (a Head), opt)
     reserve_bytes: int
     hbm_bytes: int
 
@@ -212,21 +212,24 @@ def price(problem: Problem, tables: IntegerTables, plan: Plan) -> TableCost:
         if layer > 0:
             stage_ns[:, s] += tables.inter_ns[:, opts[layer - 1][0], o[0]]
     first_res, last_res = opts[0][0], opts[-1][0]
-    stage_ns[:, 0] += tables.head_ns[:, 0, head[0]] + tables.emb_first_ns[:, head[0], first_res]
+    emb, fnorm, lm, sampler = (head[h] for h in Head)
+    stage_ns[:, 0] += (
+        tables.head_ns[:, Head.EMBEDDING, emb] + tables.emb_first_ns[:, emb, first_res]
+    )
     stage_ns[:, -1] += (
-        tables.head_ns[:, 1, head[1]]
-        + tables.head_ns[:, 2, head[2]]
-        + tables.head_ns[:, 3, head[3]]
-        + tables.last_fnorm_ns[:, last_res, head[1]]
-        + tables.fnorm_lm_ns[:, head[1], head[2]]
-        + tables.lm_sampler_ns[:, head[2], head[3]]
+        tables.head_ns[:, Head.FINAL_NORM, fnorm]
+        + tables.head_ns[:, Head.LM_HEAD, lm]
+        + tables.head_ns[:, Head.SAMPLER, sampler]
+        + tables.last_fnorm_ns[:, last_res, fnorm]
+        + tables.fnorm_lm_ns[:, fnorm, lm]
+        + tables.lm_sampler_ns[:, lm, sampler]
     )
     ends = np.cumsum(plan.stage_layers)
     for s in range(d.pp - 1):
         stage_ns[:, s] += tables.p2p_ns[:, s, opts[ends[s] - 1][0]]
-    weight[0] += tables.head_weight_bytes[0, head[0]]
-    weight[-1] += sum(int(tables.head_weight_bytes[i, head[i]]) for i in (1, 2, 3))
-    workspace = max(workspace, *(int(tables.head_act_bytes[i, head[i]]) for i in range(4)))
+    weight[0] += tables.head_weight_bytes[Head.EMBEDDING, emb]
+    weight[-1] += sum(int(tables.head_weight_bytes[h, head[h]]) for h in LAST_STAGE_HEADS)
+    workspace = max(workspace, *(int(tables.head_act_bytes[h, head[h]]) for h in Head))
     stage_bytes = weight + kv + workspace + tables.reserve_bytes
     seconds = stage_ns.astype(float) / 1e9
     per_replica = -(-problem.workload.batch // d.replicas)

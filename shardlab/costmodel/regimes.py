@@ -2,7 +2,8 @@
 
 This module is the one definition the scalar and batched evaluators, calibration and
 the CP-SAT objective all use (:func:`forms`; :func:`latencies` evaluates it in numpy,
-:mod:`shardlab.solvers.cpsat` builds it from the model's variables).
+:mod:`shardlab.solvers.cpsat` builds it from the model's variables). It is written once
+for exact fractions and for arrays of plans (:mod:`shardlab.costmodel.modes`).
 
 Two times of a plan come from its per-step stage times ``t_s`` (``m`` micro-batches
 per attention-DP rank):
@@ -63,18 +64,25 @@ each prompt's cache to the decode pool to its TTFT (:mod:`shardlab.costmodel.han
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 import numpy as np
 
 from shardlab.costmodel.engines import ServingCosts, serving_costs
 from shardlab.costmodel.handoff import handoff_seconds
+from shardlab.costmodel.modes import ARRAYS, Arith, Number
 from shardlab.costmodel.steps import Step
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
+
+Count = TypeVar("Count", int, np.ndarray)
+"""Requests or clients per rank: one subproblem's, or an array of plans'."""
+
+T = TypeVar("T")
+"""A time: an array of plans, or a CP-SAT expression."""
 
 
 class DegreeArrays(NamedTuple):
@@ -88,206 +96,231 @@ class DegreeArrays(NamedTuple):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Form:
+class Form(Generic[Number]):
     """``round * (R + i) + prompt * S + const``: a latency as the regime defines it.
 
     Coefficients are numpy arrays (one per plan) in the evaluators and exact fractions
-    in CP-SAT's subproblems; ``const`` is in the unit of the times (seconds or ns)."""
+    in CP-SAT's subproblems (:mod:`shardlab.costmodel.modes`); ``const`` is in the unit
+    of the times (seconds or ns)."""
 
-    round: Any
-    prompt: Any
-    const: Any
+    round: Number
+    prompt: Number
+    const: Number
 
-    def at(self, round_: Any, prompt: Any) -> Any:
+    # The constructors take 0 and 1 in the mode's numbers and shape (arrays of plans:
+    # made once per regime, not once per form).
+
+    @classmethod
+    def rounds(cls, zero: Number, one: Number) -> Form[Number]:
+        """One round: TPOT, and the time in which rounds serve their tokens."""
+        return cls(round=one, prompt=zero, const=zero)
+
+    @classmethod
+    def prompt_time(cls, zero: Number, one: Number, const: Number) -> Form[Number]:
+        """One prompt and ``const``: a static batch's prefill."""
+        return cls(round=zero, prompt=one, const=const)
+
+    def at(self, round_: T, prompt: T) -> T:
         """The form's value at round ``R + i`` = ``round_`` and prompt ``S``."""
         return self.round * round_ + self.prompt * prompt + self.const
 
 
 @dataclass(frozen=True, kw_only=True)
-class Forms:
+class Forms(Generic[Number]):
     """A regime: which steps give the round and the prompt, and its latencies."""
 
     round_step: int | None  # the step timed as a round (None: none)
     prompt_step: int | None  # the step timed as a prompt
     prompt_batches: bool  # the prompt runs the rank's micro-batches (a static batch)
-    ttft: Form | None  # None: not a latency of the phase
-    tpot: Form | None
-    latency: Form
-    rate: Form  # the time in which the regime serves its tokens (throughput's divisor)
-    iteration: Any  # the engine's cost per iteration, in the unit of the times
+    ttft: Form[Number] | None  # None: not a latency of the phase
+    tpot: Form[Number] | None
+    latency: Form[Number]
+    rate: Form[Number]  # the time in which the regime serves its tokens (throughput's divisor)
+    iteration: Number  # the engine's cost per iteration, in the unit of the times
 
-    def time(self, objective: str) -> Form:
-        """What exact search minimizes: the rate, or the latency (also for the most
-        requests per second: ``N / latency`` with ``N`` fixed in a subproblem)."""
-        return self.latency if objective in ("latency", "request_rate") else self.rate
-
-
-def _zero(like: Any) -> Any:
-    return 0 * like
-
-
-def forms(
-    problem: Problem,
-    kinds: list[str],
-    running: Any,
-    clients: Any,
-    budget: Any,
-    handoff: Any,
-    *,
-    exact: bool,
-    ns: bool = False,
-    costs: ServingCosts | None = None,
-) -> Forms:
-    """The regime of ``problem`` whose steps are of ``kinds`` (see the module
-    docstring). ``running``: requests per attention-DP rank the plan runs; ``clients``:
-    the closed loop's clients per rank; ``budget``: the engine's tokens per iteration
-    per rank; ``handoff``: a prefill pool's handoff time. ``exact``: every argument is
-    a Python integer (times in ns) and coefficients are fractions (CP-SAT); else
-    numpy arrays of plans, times in seconds (``ns``: in ns, for exact search's
-    bounds). ``costs``: the engine's fixed costs (default: the problem's)."""
-    w = problem.workload
-    costs = serving_costs(problem) if costs is None else costs
-    unit = 1 if exact or ns else 1e-9
-    request, iteration = costs.request_ns * unit, costs.iteration_ns * unit
-    zero = _zero(running)
-    one = zero + 1
-    o = w.output_len
-    # forms are evaluated at the round with its iteration cost, R + i (basic_times)
-    if kinds == ["prefill"] and w.schedule == "static":
-        rate = Form(round=zero, prompt=one, const=iteration)
-        ttft = Form(round=zero, prompt=one, const=iteration + handoff)
-        return Forms(
-            round_step=None,
-            prompt_step=0,
-            prompt_batches=True,
-            ttft=ttft,
-            tpot=None,
-            latency=ttft,
-            rate=rate,
-            iteration=iteration,
-        )
-    if kinds == ["prefill", "decode"]:
-        ttft = Form(round=zero, prompt=one, const=iteration)
-        tpot = Form(round=one, prompt=zero, const=zero)
-        latency = Form(round=one * (o - 1), prompt=one, const=iteration)
-        return Forms(
-            round_step=1,
+    @classmethod
+    def static_batch(
+        cls,
+        *,
+        ttft: Form[Number],
+        tpot: Form[Number] | None,
+        latency: Form[Number],
+        rate: Form[Number],
+        iteration: Number,
+    ) -> Forms[Number]:
+        """A static batch: step 0 its prompt through the rank's micro-batches, then
+        (with a TPOT) step 1 its rounds."""
+        return cls(
+            round_step=None if tpot is None else 1,
             prompt_step=0,
             prompt_batches=True,
             ttft=ttft,
             tpot=tpot,
             latency=latency,
+            rate=rate,
+            iteration=iteration,
+        )
+
+    @classmethod
+    def in_rounds(
+        cls,
+        *,
+        ttft: Form[Number] | None,
+        tpot: Form[Number] | None,
+        latency: Form[Number],
+        rate: Form[Number],
+        iteration: Number,
+        prompt_alone: bool = False,
+    ) -> Forms[Number]:
+        """Rounds of step 0 (decoding, or a prefill pool's prompts in flight) and, when
+        ``prompt_alone``, step 1 a prompt alone."""
+        return cls(
+            round_step=0,
+            prompt_step=1 if prompt_alone else None,
+            prompt_batches=False,
+            ttft=ttft,
+            tpot=tpot,
+            latency=latency,
+            rate=rate,
+            iteration=iteration,
+        )
+
+    def time(self, objective: str) -> Form[Number]:
+        """What exact search minimizes: the rate, or the latency (also for the most
+        requests per second: ``N / latency`` with ``N`` fixed in a subproblem)."""
+        return self.latency if objective in ("latency", "request_rate") else self.rate
+
+
+def forms(
+    problem: Problem,
+    kinds: list[str],
+    running: Number,
+    clients: Number,
+    budget: Number,
+    handoff: Number,
+    *,
+    arith: Arith[Number],
+    costs: ServingCosts | None = None,
+) -> Forms[Number]:
+    """The regime of ``problem`` whose steps are of ``kinds`` (see the module
+    docstring). ``running``: requests per attention-DP rank the plan runs; ``clients``:
+    the closed loop's clients per rank; ``budget``: the engine's tokens per iteration
+    per rank; ``handoff``: a prefill pool's handoff time. ``arith``: the numbers of all
+    of them and of the coefficients, and the unit of the times
+    (:mod:`shardlab.costmodel.modes`: fractions in ns for CP-SAT, arrays of plans in
+    seconds for the evaluators). ``costs``: the engine's fixed costs (default: the problem's)."""
+    w = problem.workload
+    costs = serving_costs(problem) if costs is None else costs
+    request = costs.request_ns * arith.per_ns
+    iteration = costs.iteration_ns * arith.per_ns
+    zero = arith.zeros(running)
+    one = zero + 1
+    o = w.output_len
+    # forms are evaluated at the round with its iteration cost, R + i (basic_times)
+    if kinds == ["prefill"] and w.schedule == "static":
+        ttft = Form.prompt_time(zero, one, iteration + handoff)
+        return Forms.static_batch(
+            ttft=ttft,
+            tpot=None,
+            latency=ttft,
+            rate=Form.prompt_time(zero, one, iteration),
+            iteration=iteration,
+        )
+    if kinds == ["prefill", "decode"]:
+        latency = Form(round=one * (o - 1), prompt=one, const=iteration)
+        return Forms.static_batch(
+            ttft=Form.prompt_time(zero, one, iteration),
+            tpot=Form.rounds(zero, one),
+            latency=latency,
             rate=latency,
             iteration=iteration,
         )
     if kinds == ["decode"]:
-        tpot = Form(round=one, prompt=zero, const=zero)
-        return Forms(
-            round_step=0,
-            prompt_step=None,
-            prompt_batches=False,
-            ttft=None,
-            tpot=tpot,
-            latency=tpot,
-            rate=tpot,
-            iteration=iteration,
-        )
+        tpot = Form.rounds(zero, one)
+        return Forms.in_rounds(ttft=None, tpot=tpot, latency=tpot, rate=tpot, iteration=iteration)
     return _closed_loop(
-        problem, kinds, running, clients, budget, handoff, costs, request, iteration, exact
+        problem,
+        kinds,
+        zero,
+        one,
+        running,
+        clients,
+        budget,
+        handoff,
+        costs,
+        request,
+        iteration,
+        arith,
     )
 
 
 def _closed_loop(
     problem: Problem,
     kinds: list[str],
-    running: Any,
-    clients: Any,
-    budget: Any,
-    handoff: Any,
+    zero: Number,
+    one: Number,
+    running: Number,
+    clients: Number,
+    budget: Number,
+    handoff: Number,
     costs: ServingCosts,
-    request: Any,
-    iteration: Any,
-    exact: bool,
-) -> Forms:
+    request: Number,
+    iteration: Number,
+    arith: Arith[Number],
+) -> Forms[Number]:
     """The in-flight regimes with prompts: the closed loop (see the module docstring)."""
     w = problem.workload
-
-    def ratio(a: Any, b: Any) -> Any:
-        return Fraction(a, b) if exact else np.asarray(a, dtype=float) / b
-
-    def number(x: Fraction) -> Any:
-        return x if exact else float(x)
-
-    zero = _zero(running)
-    one = zero + 1
     o = w.output_len
     p = w.prompts_per_client
     alone = costs.prefill_first
     # a new prompt's wait in rounds: half the round under way, and the round that
     # decodes beside its prefill unless prefill runs alone
-    steady_round = number(Fraction(1, 2) if alone else Fraction(3, 2))
-    wave_round = number(Fraction(0) if alone else Fraction(1, 2))
-    if exact:
-        run = min(running, clients)
-        waiting = max(clients - run, 0)
-    else:
-        run = np.minimum(running, clients)
-        waiting = np.maximum(clients - run, 0)
-    queue = ratio(waiting, run)  # cycles a request waits for a slot
-    later = ratio(p - 1, p)
+    steady_round = arith.number(Fraction(1, 2) if alone else Fraction(3, 2))
+    wave_round = arith.number(Fraction(0) if alone else Fraction(1, 2))
+    run = arith.minimum(running, clients)
+    waiting = arith.maximum(clients - run, 0)
+    queue = arith.ratio(waiting, run)  # cycles a request waits for a slot
+    later = arith.ratio(p - 1, p)
     if kinds == ["prefill"]:
         # a prefill pool: each round prefills the prompts it runs, the first wave's in
         # rounds one after the other; a later prompt waits for the round under way,
         # then its own (a prompt holds no slot once prefilled: no wait for one)
         waves = -(-clients // run)
-        a_round = ratio(waves + 1, 2 * p) + later * number(Fraction(3, 2))
+        a_round = arith.ratio(waves + 1, 2 * p) + later * arith.number(Fraction(3, 2))
         ttft = Form(round=a_round, prompt=zero, const=request + handoff)
-        rate = Form(round=one, prompt=zero, const=zero)
-        return Forms(
-            round_step=0,
-            prompt_step=None,
-            prompt_batches=False,
-            ttft=ttft,
-            tpot=None,
-            latency=ttft,
-            rate=rate,
-            iteration=iteration,
+        return Forms.in_rounds(
+            ttft=ttft, tpot=None, latency=ttft, rate=Form.rounds(zero, one), iteration=iteration
         )
     # mixed rounds and a prompt alone
-    if exact:
-        cohort = max(1, min(budget // w.input_len, run))
-    else:
-        cohort = np.clip(budget // w.input_len, 1, run)
+    cohort = arith.clip(budget // w.input_len, 1, run)
     waves = -(-run // cohort)
-    first = ratio(waves + 1, 2 * p)  # the mean of cohorts 1..waves, one in p requests
+    first = arith.ratio(waves + 1, 2 * p)  # the mean of cohorts 1..waves, one in p requests
     a_prompt = first * cohort + later + queue
     a_round = first * wave_round + later * steady_round + queue * (steady_round + o - 1)
-    tpot = Form(round=one, prompt=zero, const=zero)
-    return Forms(
-        round_step=0,
-        prompt_step=1,
-        prompt_batches=False,
+    tpot = Form.rounds(zero, one)
+    return Forms.in_rounds(
         ttft=Form(round=a_round, prompt=a_prompt, const=request),
         tpot=tpot,
         latency=Form(round=a_round + (o - 1), prompt=a_prompt, const=request),
         rate=tpot,
         iteration=iteration,
+        prompt_alone=True,
     )
 
 
 def basic_times(
-    f: Forms,
-    m: Any,
-    sums: list[Any],
-    maxes: list[Any],
-    maximum: Callable[[Any, Any], Any],
-) -> tuple[Any, Any]:
+    f: Forms[Number],
+    m: int | np.ndarray,
+    sums: Sequence[T],
+    maxes: Sequence[T],
+    maximum: Callable[[T, T], T],
+) -> tuple[T | int, T | int]:
     """(round with its iteration's cost ``R + i``, prompt ``S``): what the forms are
     evaluated at, from per-step stage sums and maxima; ``maximum`` is ``np.maximum``
     for arrays and a fresh bounded variable for CP-SAT expressions (0 where the regime
     has no such step)."""
-    rnd: Any = 0
-    prompt: Any = 0
+    rnd: T | int = 0
+    prompt: T | int = 0
     if f.round_step is not None:
         rnd = maximum(sums[f.round_step], m * maxes[f.round_step]) + f.iteration
     if f.prompt_step is not None:
@@ -328,7 +361,9 @@ def in_flight_requests(
     return np.minimum(problem.workload.batch, held).astype(float)
 
 
-def clients_per_rank(problem: Problem, degrees: Degrees | DegreeArrays, running: Any) -> Any:
+def clients_per_rank(
+    problem: Problem, degrees: Degrees | DegreeArrays, running: Count
+) -> Count | int:
     """The closed loop's clients on one attention-DP rank: the workload's clients
     spread over the replicas and ranks, or the requests the plan runs."""
     clients = problem.workload.clients
@@ -338,8 +373,11 @@ def clients_per_rank(problem: Problem, degrees: Degrees | DegreeArrays, running:
 
 
 def tokens(
-    problem: Problem, degrees: Degrees | DegreeArrays, per_replica: Any, requests_per_rank: Any
-) -> Any:
+    problem: Problem,
+    degrees: Degrees | DegreeArrays,
+    per_replica: int | np.ndarray,
+    requests_per_rank: int | np.ndarray,
+) -> np.ndarray:
     """The tokens a regime serves in its rate's time (throughput = tokens / rate)."""
     w = problem.workload
     inflight = w.schedule == "inflight"
@@ -378,7 +416,7 @@ def latencies(
         clients_per_rank(problem, d, requests_per_rank),
         np.asarray(budget),
         handoff,
-        exact=False,
+        arith=ARRAYS,
     )
     rnd, prompt = basic_times(f, m, sums, maxes, np.maximum)
     latency = f.latency.at(rnd, prompt)

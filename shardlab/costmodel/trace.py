@@ -19,7 +19,7 @@ from shardlab.costmodel.pricing import assemble_plan
 from shardlab.costmodel.steps import Step
 from shardlab.costmodel.tables import degree_tables
 from shardlab.costmodel.widths import output_width
-from shardlab.problems.operators import HEAD_OPS, OptionSpec, layer_edges, layer_ops
+from shardlab.problems.operators import HEAD_OPS, Head, OptionSpec, layer_edges, layer_ops
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 
@@ -138,5 +138,5 @@ class _Tracer:
         last = self.residual(self.problem.model.num_layers - 1)
         self.edge("layers.last -> final_norm", last.out, fnorm.inp, logits, h)
         self.edge("final_norm -> lm_head", fnorm.out, lm.inp, logits, h)
-        width = output_width(HEAD_OPS[2], self.problem)
+        width = output_width(HEAD_OPS[Head.LM_HEAD], self.problem)
         self.edge("lm_head -> sampler", lm.out, sampler.inp, logits, width)

@@ -19,6 +19,7 @@ to it before the add, and the next layer's operators read from it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import IntEnum
 from functools import cache
 
 from shardlab.problems.model import LayerKind, Model
@@ -271,6 +272,19 @@ HEAD_OPS: tuple[OpSpec, ...] = (
     ),
     OpSpec(name="sampler", family="sampler", options=SAMPLER_OPTIONS),
 )
+
+
+class Head(IntEnum):
+    """Each of :data:`HEAD_OPS` by name: its index there and in every table's head rows."""
+
+    EMBEDDING = 0
+    FINAL_NORM = 1
+    LM_HEAD = 2
+    SAMPLER = 3
+
+
+# The ends on the last pipeline stage (the embedding runs on the first), in model order.
+LAST_STAGE_HEADS = (Head.FINAL_NORM, Head.LM_HEAD, Head.SAMPLER)
 
 
 # Edges of the model's ends. "layers.first"/"layers.last" stand for the residual

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from shardlab.costmodel import (
+    ARRAYS,
     Forms,
     Metrics,
     ServingCosts,
@@ -161,7 +162,7 @@ def _linearized(m: Measurement, problem: Problem, plan: Plan, metrics: Metrics) 
         clients = clients_per_rank(problem, d, requests_per_rank)
         budget = np.array([t.engine.max_tokens])
         return forms(
-            problem, kinds, requests_per_rank, clients, budget, handoff, exact=False, costs=costs
+            problem, kinds, requests_per_rank, clients, budget, handoff, arith=ARRAYS, costs=costs
         )
 
     # the fixed costs' coefficients: the forms are affine in them (1 s of each apart)

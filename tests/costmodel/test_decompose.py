@@ -15,11 +15,19 @@ from shardlab.costmodel.decompose import (
 )
 from shardlab.costmodel.pricing import evaluate
 from shardlab.costmodel.tables import degree_tables
+from shardlab.problems.operators import HEAD_OPS, LAST_STAGE_HEADS, Head
 
 PROBLEM = Problem.build(
     "llama-3.1-8b", "h100x8", "chat", timing="roofline", input_len=1000, output_len=200
 )
 D = Degrees(replicas=2, pp=2, tp=2, etp=2)
+
+
+def test_head_names_each_head_row_in_order() -> None:
+    # every table's head rows, and a plan's head options, follow HEAD_OPS
+    assert [h.name.lower() for h in Head] == [op.name for op in HEAD_OPS]
+    assert [int(h) for h in Head] == list(range(len(HEAD_OPS)))
+    assert (Head.EMBEDDING, *LAST_STAGE_HEADS) == tuple(Head)
 
 
 def test_entries_are_the_tables_in_whole_nanoseconds() -> None:

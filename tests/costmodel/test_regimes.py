@@ -12,6 +12,7 @@ import pytest
 from shardlab import Degrees, Problem
 from shardlab.costmodel.decompose import integer_tables, price, requests_per_rank
 from shardlab.costmodel.engines import ServingCosts, engine_limits, serving_costs
+from shardlab.costmodel.modes import ARRAYS, ARRAYS_NS, EXACT, Arith
 from shardlab.costmodel.pricing import evaluate
 from shardlab.costmodel.regimes import (
     DegreeArrays,
@@ -65,16 +66,14 @@ def test_static_prefill_and_decode_phases() -> None:
 
 def closed_loop(problem: Problem, running: int, clients: int, costs: ServingCosts | None = None):
     kinds = [s.kind for s in steps_of(problem.workload)]
-    return forms(problem, kinds, running, clients, 8192, 0, exact=True, costs=costs)
+    return forms(problem, kinds, running, clients, 8192, 0, arith=EXACT, costs=costs)
 
 
 def test_exact_and_array_forms_are_the_same_regime() -> None:
     problem = build(input_len=1000, output_len=200, prompts_per_client=10)
     kinds = [s.kind for s in steps_of(problem.workload)]
     running, clients = np.array([1, 7, 32, 32]), np.array([1, 7, 32, 64])
-    arrays = forms(
-        problem, kinds, running, clients, np.array([8192] * 4), 0.0, exact=False, ns=True
-    )
+    arrays = forms(problem, kinds, running, clients, np.array([8192] * 4), 0.0, arith=ARRAYS_NS)
     for k in range(4):
         exact = closed_loop(problem, int(running[k]), int(clients[k]))
         for name in ("ttft", "tpot", "latency", "rate"):
@@ -84,6 +83,31 @@ def test_exact_and_array_forms_are_the_same_regime() -> None:
                     float(np.broadcast_to(getattr(fa, part), (4,))[k]), rel=1e-12
                 ), (name, part, k)
         assert isinstance(exact.ttft.round, Fraction)
+
+
+@pytest.mark.parametrize("mode", [ARRAYS, ARRAYS_NS])
+def test_the_array_modes_compute_what_the_exact_mode_does(mode: Arith) -> None:
+    # each operation of the strategy, element by element, against its exact counterpart
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.integers(1, 40, size=200) for _ in range(3))
+    lo, hi = np.minimum(b, c), np.maximum(b, c)
+    exact = {
+        "ratio": [EXACT.ratio(int(x), int(y)) for x, y in zip(a, b, strict=True)],
+        "minimum": [EXACT.minimum(int(x), int(y)) for x, y in zip(a, b, strict=True)],
+        "maximum": [EXACT.maximum(int(x), int(y)) for x, y in zip(a, b, strict=True)],
+        "clip": [EXACT.clip(int(x), int(p), int(q)) for x, p, q in zip(a, lo, hi, strict=True)],
+    }
+    arrays = {
+        "ratio": mode.ratio(a, b),
+        "minimum": mode.minimum(a, b),
+        "maximum": mode.maximum(a, b),
+        "clip": mode.clip(a, lo, hi),
+    }
+    for name, want in exact.items():
+        np.testing.assert_allclose(arrays[name], [float(x) for x in want], rtol=1e-15, err_msg=name)
+    assert isinstance(exact["ratio"][0], Fraction)
+    assert mode.number(Fraction(3, 2)) == 1.5 and EXACT.number(Fraction(3, 2)) == Fraction(3, 2)
+    assert np.array_equal(mode.zeros(a), np.zeros(200)) and EXACT.zeros(7) == 0
 
 
 def test_ttft_grows_with_clients_waiting_for_a_slot() -> None:
@@ -150,7 +174,7 @@ def test_the_forms_give_the_scalar_evaluators_metrics(seed: int) -> None:
     kinds = [s.kind for s in steps_of(problem.workload)]
     budget = engine_limits(problem, d.tp, d.pp, d.dp_attn).max_tokens
     f = forms(problem, kinds, np.array([c]), clients_per_rank(problem, d, np.array([c])),
-              np.array([budget]), np.zeros(1), exact=False)  # fmt: skip
+              np.array([budget]), np.zeros(1), arith=ARRAYS)  # fmt: skip
     rnd, prompt = basic_times(
         f, np.minimum(d.pp, c), list(seconds.sum(axis=1)), list(seconds.max(axis=1)), np.maximum
     )

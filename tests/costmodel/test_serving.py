@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from shardlab import ShardlabError
 from shardlab.costmodel import evaluate
 from shardlab.costmodel.engines import ServingCosts, serving_constants, serving_costs
+from shardlab.costmodel.modes import ARRAYS, ARRAYS_NS, EXACT
 from shardlab.costmodel.regimes import forms
 from shardlab.problems.calibration import Calibration
 from shardlab.problems.plan import Degrees
@@ -34,7 +35,7 @@ def _problem(engine: str = "trtllm", **workload: object) -> Problem:
 
 def _ttft(p: Problem, running: int, clients: int, budget: int, r: float, s: float) -> float:
     f = forms(p, MIXED, np.array([running]), np.array([clients]), np.array([budget]), 0.0,
-              exact=False)  # fmt: skip
+              arith=ARRAYS)  # fmt: skip
     assert f.ttft is not None
     rnd = r + f.iteration
     return float(f.ttft.at(rnd, s)[0])
@@ -96,10 +97,10 @@ def test_exact_and_array_forms_are_one_definition(
         phase="prefill" if kinds == ["prefill"] else "request",
     )  # fmt: skip
     clients = c + more
-    exact = forms(problem, kinds, c, clients, budget, 7, exact=True)
+    exact = forms(problem, kinds, c, clients, budget, 7, arith=EXACT)
     array = forms(
         problem, kinds, np.array([c]), np.array([clients]), np.array([budget]), 7.0,
-        exact=False, ns=True,
+        arith=ARRAYS_NS,
     )  # fmt: skip
     for name in ("ttft", "latency", "rate"):
         e, a = getattr(exact, name), getattr(array, name)
@@ -109,8 +110,8 @@ def test_exact_and_array_forms_are_one_definition(
             want = float(np.asarray(getattr(a, part)).reshape(-1)[0])
             assert float(x) == pytest.approx(want, rel=1e-12)
             assert x >= 0
-    more_running = forms(problem, kinds, c + 1, c + 1, budget, 7, exact=True)
-    alone = forms(problem, kinds, c, c, budget, 7, exact=True)
+    more_running = forms(problem, kinds, c + 1, c + 1, budget, 7, arith=EXACT)
+    alone = forms(problem, kinds, c, c, budget, 7, arith=EXACT)
     assert alone.ttft is not None and more_running.ttft is not None
     assert more_running.ttft.round >= alone.ttft.round
     assert more_running.ttft.prompt >= alone.ttft.prompt

@@ -282,3 +282,19 @@ def test_memory_bound_is_below_the_fastest_plan_that_fits() -> None:
     exact = SubproblemModel(p, di, 26).solve(120, 2, 0, lambda _: None)
     assert exact.status == "optimal" and exact.time_ns is not None
     assert fastest[1] + const < low + const <= exact.time_ns
+
+
+def test_a_cut_at_the_optimum_admits_it_and_a_nanosecond_less_none() -> None:
+    """The objective the model builds (its scaled expression) is what ``cut_at``
+    bounds: the optimum's own time admits it, a nanosecond less leaves no plan. (The
+    latency's coefficients are fractions: the expression is the time scaled.)"""
+    p = Problem.build(
+        "llama-3.1-8b", "h100x4", "chat", batch=32, objective="latency", output_len=64
+    )
+    di = next(i for i, d in enumerate(p.space.degree_tuples) if d.pp == 2)
+    best = SubproblemModel(p, di, 8).solve(60, 1, 0, lambda _: None)
+    assert best.status == "optimal" and best.time_ns is not None
+    for cut, status in ((best.time_ns, "optimal"), (best.time_ns - 1, "infeasible")):
+        model = SubproblemModel(p, di, 8)
+        model.cut_at(cut)
+        assert model.solve(60, 1, 0, lambda _: None).status == status

@@ -22,7 +22,7 @@ from shardlab.costmodel import (
     time_ns,
 )
 from shardlab.problems.model import Model
-from shardlab.problems.operators import HEAD_OPS
+from shardlab.problems.operators import HEAD_OPS, LAST_STAGE_HEADS, Head
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
 from shardlab.problems.space import SearchSpace, balanced_boundaries, max_shift
@@ -180,13 +180,14 @@ def _head_times(
     """The model's ends at every joint choice ``heads`` of the head operators' options,
     each (step, choice, requests_per_rank): in all, and the parts the first stage (the
     embedding) and the last stage (the final norm, the LM head, the sampler) run."""
-    first = ns["head_ns"][:, 0][:, heads[:, 0]] + ns["emb_first_ns"][:, heads[:, 0]].min(axis=2)
+    emb, fnorm, lm, sampler = (heads[:, h] for h in Head)
+    first = ns["head_ns"][:, Head.EMBEDDING][:, emb] + ns["emb_first_ns"][:, emb].min(axis=2)
     last = np.zeros((n_steps, len(heads), n_c))
-    for ki in range(1, len(HEAD_OPS)):
-        last += ns["head_ns"][:, ki][:, heads[:, ki]]
-    last += ns["last_fnorm_ns"][:, :, heads[:, 1]].min(axis=1)
-    last += ns["fnorm_lm_ns"][:, heads[:, 1], heads[:, 2]]
-    last += ns["lm_sampler_ns"][:, heads[:, 2], heads[:, 3]]
+    for h in LAST_STAGE_HEADS:
+        last += ns["head_ns"][:, h][:, heads[:, h]]
+    last += ns["last_fnorm_ns"][:, :, fnorm].min(axis=1)
+    last += ns["fnorm_lm_ns"][:, fnorm, lm]
+    last += ns["lm_sampler_ns"][:, lm, sampler]
     return first + last, first, last
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardlab.costmodel import IntegerTables
-from shardlab.problems.operators import HEAD_OPS, layer_ops
+from shardlab.problems.operators import HEAD_OPS, LAST_STAGE_HEADS, Head, layer_ops
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.problems.space import balanced_boundaries, max_shift
@@ -92,15 +92,17 @@ def _layers(
     # the output end for each residual option of the last layer: its best head options
     tail_cost = np.full(len(res), np.iinfo(np.int64).max, dtype=np.int64)
     tail_pick: list[tuple[int, int, int]] = [(0, 0, 0)] * len(res)
-    for h1, h2, h3 in itertools.product(*heads[1:]):
+    for fnorm, lm, sampler in itertools.product(*(heads[h] for h in LAST_STAGE_HEADS)):
         fixed = (
-            w["head"][1, h1] + w["head"][2, h2] + w["head"][3, h3]
-            + w["fnorm_lm"][h1, h2] + w["lm_sampler"][h2, h3]
+            w["head"][Head.FINAL_NORM, fnorm] + w["head"][Head.LM_HEAD, lm]
+            + w["head"][Head.SAMPLER, sampler]
+            + w["fnorm_lm"][fnorm, lm] + w["lm_sampler"][lm, sampler]
         )  # fmt: skip
-        cost = fixed + w["last_fnorm"][res, h1]
+        cost = fixed + w["last_fnorm"][res, fnorm]
         better = cost < tail_cost
         tail_cost = np.where(better, cost, tail_cost)
-        tail_pick = [p if not b else (h1, h2, h3) for p, b in zip(tail_pick, better, strict=True)]
+        pick = (fnorm, lm, sampler)
+        tail_pick = [p if not b else pick for p, b in zip(tail_pick, better, strict=True)]
     return _Layers(
         res=res,
         layer_class=layer_class,
@@ -190,8 +192,9 @@ def _one_stage(
 def _input_end(w: dict[str, np.ndarray], ly: _Layers) -> tuple[np.ndarray, list[int]]:
     """For each residual option of layer 0: the input end's least cost (embedding and
     its hop into the layer), and the embedding option reaching it."""
-    costs = np.stack([w["head"][0, h0] + w["emb_first"][h0, ly.res] for h0 in ly.heads[0]])
-    return costs.min(axis=0), [ly.heads[0][i] for i in costs.argmin(axis=0)]
+    embeddings = ly.heads[Head.EMBEDDING]
+    costs = np.stack([w["head"][Head.EMBEDDING, e] + w["emb_first"][e, ly.res] for e in embeddings])
+    return costs.min(axis=0), [embeddings[i] for i in costs.argmin(axis=0)]
 
 
 def _stage_paths(

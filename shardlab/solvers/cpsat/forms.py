@@ -6,13 +6,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
+from ortools.sat.python.cp_model import LinearExprT
 
 from shardlab.costmodel import (
+    ARRAYS_NS,
+    EXACT,
+    Exact,
     Form,
     Forms,
+    Number,
+    Vector,
     basic_times,
     clients_per_rank,
     degree_tables,
@@ -27,7 +32,7 @@ from shardlab.problems.problem import Problem
 
 def subproblem_forms(
     problem: Problem, d: Degrees, requests_per_rank: int, *, floor: bool = False
-) -> Forms:
+) -> Forms[Exact]:
     """The regime of subproblem ``(d, requests_per_rank)`` with exact coefficients, times in ns
     (:func:`shardlab.costmodel.regimes.forms`). ``floor``: the least coefficients of
     every subproblem with ``requests_per_rank`` requests or more (the wait for a slot, which
@@ -42,11 +47,11 @@ def subproblem_forms(
         clients,
         t.engine.max_tokens,
         handoff_ns(problem, d.pp, d.tp),
-        exact=True,
+        arith=EXACT,
     )
 
 
-def bound_forms(problem: Problem, d: Degrees, requests_per_rank: np.ndarray) -> Forms:
+def bound_forms(problem: Problem, d: Degrees, requests_per_rank: np.ndarray) -> Forms[Vector]:
     """The regime's forms for several requests per rank at once (float coefficients,
     times in ns): for bounds."""
     t = degree_tables(problem, d)
@@ -58,12 +63,11 @@ def bound_forms(problem: Problem, d: Degrees, requests_per_rank: np.ndarray) -> 
         clients_per_rank(problem, d, requests_per_rank),
         np.full(len(requests_per_rank), t.engine.max_tokens),
         float(handoff_ns(problem, d.pp, d.tp)),
-        exact=False,
-        ns=True,
+        arith=ARRAYS_NS,
     )
 
 
-def scaled(form: Form, rnd: Any, prompt: Any) -> tuple[Any, int]:
+def scaled(form: Form[Exact], rnd: LinearExprT, prompt: LinearExprT) -> tuple[LinearExprT, int]:
     """``form`` at CP-SAT expressions as an integer expression, and the factor it is
     scaled by (the least common denominator of its coefficients)."""
     coefficients = [Fraction(form.round), Fraction(form.prompt), Fraction(form.const)]
@@ -72,7 +76,7 @@ def scaled(form: Form, rnd: Any, prompt: Any) -> tuple[Any, int]:
     return a * rnd + b * prompt + c, scale
 
 
-def integer_weight(form: Form) -> int:
+def integer_weight(form: Form[Exact]) -> int:
     """The sum of ``form``'s coefficients once scaled to integers as :func:`scaled`
     scales them: what a unit of time weighs in CP-SAT's expression of the form."""
     coefficients = [Fraction(form.round), Fraction(form.prompt), Fraction(form.const)]
@@ -80,10 +84,12 @@ def integer_weight(form: Form) -> int:
     return sum(abs(int(c * scale)) for c in coefficients)
 
 
-def step_weights(f: Forms, form: Form, n_steps: int) -> tuple[list[Any], Any]:
+def step_weights(
+    f: Forms[Number], form: Form[Number], n_steps: int
+) -> tuple[list[Number | float], Number]:
     """``form`` as a weighted sum of step times plus a constant (exact with one stage,
     where the round and the prompt are their steps' times)."""
-    weights: list[Any] = [0.0] * n_steps
+    weights: list[Number | float] = [0.0] * n_steps
     const = form.const
     if f.round_step is not None:
         weights[f.round_step] = weights[f.round_step] + form.round

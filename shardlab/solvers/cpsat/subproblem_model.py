@@ -1,17 +1,20 @@
 """The CP-SAT model of one (degrees, requests) subproblem, and solving it interruptibly.
 
-One method per family of constraints:
+One method per family of constraints, built in this order by ``__init__``, each
+returning what the later ones read:
 
 - ``_options``: one Boolean per (operator group, operator, valid option), exactly one
   per operator; groups are the layer kinds (options tied) or the layers;
-- ``_pairs``: one Boolean per pair of options on each edge between operators and on
-  the residual stream between consecutive layers of different groups, linked to the
-  option Booleans by the product linearization (row and column sums);
 - ``_partition``: boundary ``j`` is the balanced one moved by at most the space's
-  shift; layer ``l`` belongs to exactly one stage ``s``, with ``B_s <= l < B_{s+1}``;
+  shift; layer ``l`` belongs to exactly one stage ``s``, with ``B_s <= l < B_{s+1}``
+  (a :class:`Partition`);
 - ``_stage_times``: per step and stage, its layers' times (half-reified on
   membership), the model's ends on the first and last stage, the send of the
-  residual stream after the stage's last layer;
+  residual stream after the stage's last layer; the Booleans of pairs they need
+  (``_pairs``: one per pair of options on each edge between operators and on the
+  residual stream between consecutive layers of different groups, linked to the
+  option Booleans by the product linearization, row and column sums) are made once,
+  when first needed;
 - ``_memory``: per stage, weights + KV cache of its layers for ``C`` requests + the
   workspace (at least every chosen option's) + reserve <= HBM;
 - (a solution callback hands every improving solution to the evaluator as found);
@@ -19,7 +22,7 @@ One method per family of constraints:
   affine in the round and the prompt with coefficients fixed by ``C``; fractions
   scaled to integers by their least common denominator) with ``MX >= T_s`` for the
   bottleneck stage and ``R >= SUM, R >= m * MX`` for rounds; TTFT and TPOT SLOs bound
-  it; minimized (throughput = tokens / time).
+  it; minimized (throughput = tokens / time); an :class:`Objective`.
 
 Integers are nanoseconds and bytes from the decomposition tables, rounded per entry;
 an optimum is exact within that rounding (relative 1e-5 on the suite). Symmetry:
@@ -32,13 +35,12 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from ortools.sat.python import cp_model
 
 from shardlab.costmodel import basic_times, integer_tables
-from shardlab.problems.operators import HEAD_OPS
+from shardlab.problems.operators import LAST_STAGE_HEADS, Head
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.problems.space import MAX_SHIFT, balanced_boundaries, max_shift
@@ -63,6 +65,40 @@ class SubSolution:
     row: np.ndarray | None  # the plan's encoding in the space
     time_ns: float | None  # the objective's time expression at the plan
     bound_ns: float  # lower bound on the time (CP-SAT's best bound)
+
+
+OptionVars = dict[int, cp_model.IntVar]
+"""An operator's Booleans, one per valid option (by its index in the operator's list)."""
+
+PairVars = dict[tuple[int, int], cp_model.IntVar]
+"""Booleans of pairs: of two operators' options, or of (last layer, its residual option)."""
+
+PairKey = tuple[int, int]
+"""The two :data:`OptionVars` a :data:`PairVars` links, by identity."""
+
+Expr = cp_model.LinearExprT
+"""An integer expression over the model's variables (or a plain integer)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Partition:
+    """The pipeline's partition: boundary ``j`` is ``bounds[j]``, between ``lo[j]`` and
+    ``hi[j]``; ``member[layer][stage]`` is the Boolean of ``layer`` on ``stage`` (1 when
+    no other stage can hold it)."""
+
+    shift_vars: list[cp_model.IntVar]  # each inner boundary's shift from the balanced one
+    bounds: list[Expr]  # 0, the inner boundaries (expressions), the layer count
+    lo: list[int]
+    hi: list[int]
+    member: dict[int, dict[int, cp_model.IntVar | int]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Objective:
+    """The minimized time as an integer expression, ``scale`` times the time in ns."""
+
+    expr: Expr
+    scale: float
 
 
 class SubproblemModel:
@@ -93,23 +129,29 @@ class SubproblemModel:
         self.forms = subproblem_forms(problem, self.d, requests_per_rank, floor=floor)
         self.cp = cp_model.CpModel()
         self.steps = len(self.t.steps)
-        self._pair_cache: dict[tuple[int, int], dict[tuple[int, int], cp_model.IntVar]] = {}
-        for family in (
-            self._options,
-            self._partition,
-            self._stage_times,
-            self._memory,
-            self._objective,
-        ):
-            check()
-            family()
+        self.group_of_layer = {layer: g for g in self.space.groups for layer in g.layers}
+        self.classes = {c: i for i, c in enumerate(self.t.classes)}
+        self._pair_cache: dict[PairKey, PairVars] = {}
+        self._last_cache: dict[int, PairVars] = {}  # by stage: see _send
+        # the families in the order they are built, the clock checked before each
+        check()
+        self.x = self._options()
+        check()
+        self.partition = self._partition()
+        check()
+        stage_time = self._stage_times()
+        check()
+        self._memory()
+        check()
+        self.objective = self._objective(stage_time)
 
     # options ----------------------------------------------------------------------------
 
-    def _options(self) -> None:
-        """One Boolean per valid option of each operator of each group; exactly one."""
+    def _options(self) -> dict[tuple[str, int], OptionVars]:
+        """One Boolean per valid option of each operator of each group; exactly one. By
+        (group key, the operator's index in the group)."""
         mask = self.space.mask(self.degree_index)
-        self.x: dict[tuple[str, int], dict[int, cp_model.IntVar]] = {}
+        x: dict[tuple[str, int], OptionVars] = {}
         for v, g, op in self.space.option_slots():
             k = [o.name for o in g.ops].index(op.name)
             choices = {
@@ -117,16 +159,13 @@ class SubproblemModel:
                 for o in np.flatnonzero(mask[v]).tolist()
             }
             self.cp.AddExactlyOne(choices.values())
-            self.x[(g.key, k)] = choices
-        self.group_of_layer = {}
-        for g in self.space.groups:
-            for layer in g.layers:
-                self.group_of_layer[layer] = g
-        self.classes = {c: i for i, c in enumerate(self.t.classes)}
+            x[(g.key, k)] = choices
+        return x
 
-    def _pairs(
-        self, a: dict[int, cp_model.IntVar], b: dict[int, cp_model.IntVar]
-    ) -> dict[tuple[int, int], cp_model.IntVar]:
+    def _head(self, h: Head) -> OptionVars:
+        return self.x[("head", int(h))]
+
+    def _pairs(self, a: OptionVars, b: OptionVars) -> PairVars:
         """Booleans for the pairs of two operators' options, linked by row/column sums."""
         key = (id(a), id(b))
         if key in self._pair_cache:
@@ -139,29 +178,28 @@ class SubproblemModel:
         self._pair_cache[key] = z
         return z
 
-    def _cost(self, x: dict[int, cp_model.IntVar], table: np.ndarray) -> Any:
+    def _cost(self, x: OptionVars, table: np.ndarray) -> Expr:
         return sum(int(table[o]) * var for o, var in x.items())
 
-    def _pair_cost(self, z: dict[tuple[int, int], cp_model.IntVar], table: np.ndarray) -> Any:
+    def _pair_cost(self, z: PairVars, table: np.ndarray) -> Expr:
         return sum(int(table[i, j]) * var for (i, j), var in z.items() if table[i, j])
 
     # partition ----------------------------------------------------------------------------
 
-    def _partition(self) -> None:
+    def _partition(self) -> Partition:
         """Boundaries within the space's shift; each layer in exactly one stage."""
         pp, n_layers = self.d.pp, self.transformer.num_layers
         base = balanced_boundaries(n_layers, pp)
         shift = max_shift(n_layers, pp)
-        self.shift_vars = [self.cp.NewIntVar(-shift, shift, f"shift{j + 1}") for j in base]
-        bounds = [0, *[b + s for b, s in zip(base, self.shift_vars, strict=True)], n_layers]
+        shift_vars = [self.cp.NewIntVar(-shift, shift, f"shift{j + 1}") for j in base]
+        bounds = [0, *[b + s for b, s in zip(base, shift_vars, strict=True)], n_layers]
         lo = [0, *[b - shift for b in base], n_layers]
         hi = [0, *[b + shift for b in base], n_layers]
-        self.bounds = bounds
-        self.member: dict[int, dict[int, Any]] = {}
+        member: dict[int, dict[int, cp_model.IntVar | int]] = {}
         for layer in range(n_layers):
             stages = [s for s in range(pp) if lo[s] <= layer < hi[s + 1]]
             if len(stages) == 1:
-                self.member[layer] = {stages[0]: 1}
+                member[layer] = {stages[0]: 1}
                 continue
             ys = {s: self.cp.NewBoolVar(f"y[{layer},{s}]") for s in stages}
             self.cp.AddExactlyOne(ys.values())
@@ -170,12 +208,12 @@ class SubproblemModel:
                     self.cp.Add(bounds[s] <= layer).OnlyEnforceIf(y)
                 if s < pp - 1:
                     self.cp.Add(bounds[s + 1] >= layer + 1).OnlyEnforceIf(y)
-            self.member[layer] = ys
-        self.lo, self.hi = lo, hi
+            member[layer] = dict(ys)
+        return Partition(shift_vars=shift_vars, bounds=bounds, lo=lo, hi=hi, member=member)
 
-    def _on_stage(self, layer: int, stage: int, expr: Any, high: int, name: str) -> Any:
+    def _on_stage(self, layer: int, stage: int, expr: Expr, high: int, name: str) -> Expr:
         """``expr`` if ``layer`` is on ``stage`` else 0 (half-reified when undecided)."""
-        y = self.member[layer].get(stage)
+        y = self.partition.member[layer].get(stage)
         if y is None:
             return 0
         if isinstance(y, int):
@@ -187,15 +225,15 @@ class SubproblemModel:
 
     # times ----------------------------------------------------------------------------------
 
-    def _residual(self, layer: int) -> dict[int, cp_model.IntVar]:
+    def _residual(self, layer: int) -> OptionVars:
         return self.x[(self.group_of_layer[layer].key, 0)]
 
-    def _layer_time(self, layer: int, step: int) -> tuple[Any, int]:
+    def _layer_time(self, layer: int, step: int) -> tuple[Expr, int]:
         """(time expression, an upper bound) of one layer in one step."""
         g = self.group_of_layer[layer]
         kind = self.transformer.layer_kinds[layer]
         c = self.classes[(kind, self.transformer.attention_layers[layer])]
-        expr: Any = 0
+        expr: Expr = 0
         high = 0
         for ki in range(len(g.ops)):
             x = self.x[(g.key, ki)]
@@ -219,68 +257,70 @@ class SubproblemModel:
                 high += int(max(table[i, j] for i, j in z))
         return expr, high
 
-    def _stage_times(self) -> None:
+    def _stage_times(self) -> list[list[Expr]]:
+        """Per step, each stage's time: its layers, the model's ends, the send on."""
         pp, t = self.d.pp, self.t
-        head = [self.x[("head", ki)] for ki in range(len(HEAD_OPS))]
+        emb, fnorm, lm, sampler = (self._head(h) for h in Head)
         first_res, last_res = self._residual(0), self._residual(self.transformer.num_layers - 1)
-        self.stage_time: list[list[Any]] = []
+        stage_time: list[list[Expr]] = []
         for step in range(self.steps):
-            per_stage: list[Any] = [0] * pp
+            per_stage: list[Expr] = [0] * pp
             for layer in range(self.transformer.num_layers):
                 expr, high = self._layer_time(layer, step)
-                for s in self.member[layer]:
+                for s in self.partition.member[layer]:
                     per_stage[s] += self._on_stage(layer, s, expr, high, f"t[{step},{layer},{s}]")
-            per_stage[0] += self._cost(head[0], t.head_ns[step, 0])
-            per_stage[0] += self._pair_cost(self._pairs(head[0], first_res), t.emb_first_ns[step])
-            for ki in (1, 2, 3):
-                per_stage[-1] += self._cost(head[ki], t.head_ns[step, ki])
-            per_stage[-1] += self._pair_cost(self._pairs(last_res, head[1]), t.last_fnorm_ns[step])
-            per_stage[-1] += self._pair_cost(self._pairs(head[1], head[2]), t.fnorm_lm_ns[step])
-            per_stage[-1] += self._pair_cost(self._pairs(head[2], head[3]), t.lm_sampler_ns[step])
+            per_stage[0] += self._cost(emb, t.head_ns[step, Head.EMBEDDING])
+            per_stage[0] += self._pair_cost(self._pairs(emb, first_res), t.emb_first_ns[step])
+            for h in LAST_STAGE_HEADS:
+                per_stage[-1] += self._cost(self._head(h), t.head_ns[step, h])
+            per_stage[-1] += self._pair_cost(self._pairs(last_res, fnorm), t.last_fnorm_ns[step])
+            per_stage[-1] += self._pair_cost(self._pairs(fnorm, lm), t.fnorm_lm_ns[step])
+            per_stage[-1] += self._pair_cost(self._pairs(lm, sampler), t.lm_sampler_ns[step])
             for s in range(pp - 1):
                 per_stage[s] += self._send(s, step)
-            self.stage_time.append(per_stage)
+            stage_time.append(per_stage)
+        return stage_time
 
-    def _send(self, stage: int, step: int) -> Any:
+    def _send(self, stage: int, step: int) -> Expr:
         """The p2p send after the stage's last layer, by that layer's residual option."""
         table = self.t.p2p_ns[step, stage]
-        boundary = self.bounds[stage + 1]
-        candidates = range(self.lo[stage + 1] - 1, self.hi[stage + 1])
+        part = self.partition
+        candidates = range(part.lo[stage + 1] - 1, part.hi[stage + 1])
         if len(candidates) == 1:
             return self._cost(self._residual(candidates[0]), table)
-        key = ("last", stage)
-        if key not in self._pair_cache:  # the same last-layer Booleans serve every step
+        if stage not in self._last_cache:  # the same last-layer Booleans serve every step
             lasts = {}
             for layer in candidates:
                 last = self.cp.NewBoolVar(f"last[{layer},{stage}]")
-                self.cp.Add(boundary == layer + 1).OnlyEnforceIf(last)
+                self.cp.Add(part.bounds[stage + 1] == layer + 1).OnlyEnforceIf(last)
                 lasts[layer] = last
             self.cp.AddExactlyOne(lasts.values())
-            both = {}
+            both: PairVars = {}
             for layer, last in lasts.items():
                 for o, x in self._residual(layer).items():
                     q = self.cp.NewBoolVar("")
                     self.cp.AddBoolAnd([last, x]).OnlyEnforceIf(q)
                     self.cp.AddBoolOr([last.Not(), x.Not()]).OnlyEnforceIf(q.Not())
                     both[(layer, o)] = q
-            self._pair_cache[key] = both  # type: ignore[assignment]
-        both = self._pair_cache[key]  # type: ignore[index]
+            self._last_cache[stage] = both
+        both = self._last_cache[stage]
         return sum(int(table[o]) * q for (_, o), q in both.items() if table[o])
 
     # memory ------------------------------------------------------------------------------
 
     def _memory(self) -> None:
+        """Per stage: weights and KV cache of its layers, the workspace and the reserve
+        within HBM."""
         t, pp = self.t, self.d.pp
-        head = [self.x[("head", ki)] for ki in range(len(HEAD_OPS))]
         top_act = int(max(t.act_bytes.max(), t.head_act_bytes.max()))
         workspace = self.cp.NewIntVar(0, top_act, "workspace")
-        stage_mem: list[Any] = [0] * pp
+        stage_mem: list[Expr] = [0] * pp
         seen: set[tuple[str, int]] = set()
         for layer in range(self.transformer.num_layers):
             g = self.group_of_layer[layer]
             kind = self.transformer.layer_kinds[layer]
             c = self.classes[(kind, self.transformer.attention_layers[layer])]
-            mem: Any = 0
+            mem: Expr = 0
             high = 0
             for ki in range(len(g.ops)):
                 x = self.x[(g.key, ki)]
@@ -290,20 +330,22 @@ class SubproblemModel:
                 if (g.key, c) not in seen:
                     self.cp.Add(workspace >= self._cost(x, t.act_bytes[c, ki]))
             seen.add((g.key, c))
-            for s in self.member[layer]:
+            for s in self.partition.member[layer]:
                 stage_mem[s] += self._on_stage(layer, s, mem, high, f"m[{layer},{s}]")
-        for ki, x in enumerate(head):
-            self.cp.Add(workspace >= self._cost(x, t.head_act_bytes[ki]))
-        stage_mem[0] += self._cost(head[0], t.head_weight_bytes[0])
-        for ki in (1, 2, 3):
-            stage_mem[-1] += self._cost(head[ki], t.head_weight_bytes[ki])
+        for h in Head:
+            self.cp.Add(workspace >= self._cost(self._head(h), t.head_act_bytes[h]))
+        stage_mem[0] += self._cost(self._head(Head.EMBEDDING), t.head_weight_bytes[Head.EMBEDDING])
+        for h in LAST_STAGE_HEADS:
+            stage_mem[-1] += self._cost(self._head(h), t.head_weight_bytes[h])
         limit = t.hbm_bytes - t.reserve_bytes
         for s in range(pp):
             self.cp.Add(stage_mem[s] + workspace <= limit)
 
     # objective ---------------------------------------------------------------------------
 
-    def _objective(self) -> None:
+    def _objective(self, stage_time: list[list[Expr]]) -> Objective:
+        """The regime's time over ``stage_time`` (per step, each stage's), bounded by the
+        SLOs and minimized."""
         f = self.forms
         w = self.problem.workload
         # CP-SAT refuses a model whose objective could overflow 64 bits. The minimized
@@ -316,7 +358,7 @@ class SubproblemModel:
         weight = integer_weight(time_form)
         horizon = 10**15 if weight * 10**15 <= OBJECTIVE_LIMIT else 10**12
 
-        def maximum(a: Any, b: Any) -> Any:
+        def maximum(a: Expr, b: Expr) -> Expr:
             r = self.cp.NewIntVar(0, horizon, "")
             self.cp.Add(r >= a)
             self.cp.Add(r >= b)
@@ -325,9 +367,9 @@ class SubproblemModel:
         sums, maxes = [], []
         for step in range(self.steps):
             mx = self.cp.NewIntVar(0, horizon, f"max_stage[{step}]")
-            for expr in self.stage_time[step]:
+            for expr in stage_time[step]:
                 self.cp.Add(mx >= expr)
-            sums.append(sum(self.stage_time[step]))
+            sums.append(sum(stage_time[step]))
             maxes.append(mx)
         m = min(self.d.pp, self.requests_per_rank)
         rnd, prompt = basic_times(f, m, sums, maxes, maximum)
@@ -340,22 +382,22 @@ class SubproblemModel:
                 # scale * latency <= scale * bound, in whole ns (the latency's own are)
                 self.cp.Add(expr <= math.floor(min(given) * 1e6 * scale))
         if weight * horizon <= OBJECTIVE_LIMIT:
-            time_expr, scale = scaled(time_form, rnd, prompt)
-            self.time_scale: float = scale
+            time_expr, int_scale = scaled(time_form, rnd, prompt)
+            objective = Objective(expr=time_expr, scale=int_scale)
         else:
             coefficients = [float(time_form.round), float(time_form.prompt)]
             k = OBJECTIVE_LIMIT / (horizon * sum(abs(c) for c in coefficients))
             a, b = (round(c * k) for c in coefficients)
             time_expr = a * rnd + b * prompt + round(float(time_form.const) * k)
-            self.time_scale = k
-        self.time_expr = time_expr
-        self.cp.Minimize(time_expr)
+            objective = Objective(expr=time_expr, scale=k)
+        self.cp.Minimize(objective.expr)
+        return objective
 
     def cut_at(self, time_ns: float) -> None:
         """Admit only plans whose time is at most ``time_ns`` (those that beat the
         incumbent): CP-SAT then proves "none better" instead of the subproblem's own
         optimum, which its bound rarely closes quickly."""
-        self.cp.Add(self.time_expr <= math.floor(time_ns * self.time_scale))
+        self.cp.Add(self.objective.expr <= math.floor(time_ns * self.objective.scale))
 
     # hints and solutions -------------------------------------------------------------
 
@@ -366,10 +408,10 @@ class SubproblemModel:
             k = [o.name for o in g.ops].index(op.name)
             for o, var in self.x[(g.key, k)].items():
                 self.cp.AddHint(var, int(o == row[v]))
-        for j, var in enumerate(self.shift_vars):
+        for j, var in enumerate(self.partition.shift_vars):
             self.cp.AddHint(var, int(row[self.space.first_cut + j]) - MAX_SHIFT)
 
-    def row(self, value: Callable[[Any], int]) -> np.ndarray:
+    def row(self, value: Callable[[cp_model.IntVar], int]) -> np.ndarray:
         """The encoding of the solution whose variable values ``value`` reads."""
         row = np.zeros(self.space.n_vars, dtype=np.int64)
         row[0] = self.degree_index
@@ -377,7 +419,7 @@ class SubproblemModel:
             k = [o.name for o in g.ops].index(op.name)
             row[v] = next(o for o, var in self.x[(g.key, k)].items() if value(var))
         row[self.space.first_cut :] = MAX_SHIFT
-        for j, var in enumerate(self.shift_vars):
+        for j, var in enumerate(self.partition.shift_vars):
             row[self.space.first_cut + j] = value(var) + MAX_SHIFT
         return row
 
@@ -422,8 +464,8 @@ class SubproblemModel:
             status=status,
             plan=self.space.decode(row),
             row=row,
-            time_ns=solver.ObjectiveValue() / self.time_scale,
-            bound_ns=solver.BestObjectiveBound() / self.time_scale,
+            time_ns=solver.ObjectiveValue() / self.objective.scale,
+            bound_ns=solver.BestObjectiveBound() / self.objective.scale,
         )
 
 
