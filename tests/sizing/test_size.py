@@ -10,27 +10,16 @@ import pytest
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.cluster import builtin_accelerators
-from shardlab.problems.problem import Problem
 from shardlab.sizing.capacity import Capacities
 from shardlab.sizing.cover import Kind, brute_force
 from shardlab.sizing.size import Sizer
+from tests.sizing.conftest import small_problem
 
 ACC = builtin_accelerators()
 
 
 def _sizer(serving: str, prices: dict[str, float] | None, max_gpus: int = 4) -> Sizer:
-    problem = Problem.build(
-        "llama-3.1-8b",
-        "h100x4",
-        "chat",
-        engine="vllm",
-        space_kind="engine",
-        input_len=2048,
-        output_len=128,
-        ttft_ms=600,
-        tpot_ms=20,
-        rate=1.0,
-    )
+    problem = small_problem()
     sizer = Sizer(
         problem,
         {g: ACC[g] for g in ("h100", "h200")},

@@ -17,22 +17,6 @@ from shardlab.sizing.size import Sizer, SizingProgress
 ACC = builtin_accelerators()
 
 
-@pytest.fixture(scope="module")
-def problem() -> Problem:
-    return Problem.build(
-        "llama-3.1-8b",
-        "h100x4",
-        "chat",
-        engine="vllm",
-        space_kind="engine",
-        input_len=2048,
-        output_len=128,
-        ttft_ms=600,
-        tpot_ms=20,
-        rate=1.0,
-    )
-
-
 def _sizer(problem: Problem, **given: object) -> Sizer:
     return Sizer(problem, {g: ACC[g] for g in ("h100", "h200")}, max_gpus=4, **given)  # type: ignore[arg-type]
 
