@@ -172,17 +172,24 @@ def encodings(draw: st.DrawFn, problem: Problem) -> np.ndarray:
 
 
 HYP_PROBLEMS = {
-    "ds-layer": Problem.build("deepseek-v3", "h100x64", tie="layer"),
-    "llama-kind": Problem.build("llama-3.1-405b", "h100x32"),
-    "oss-kind": Problem.build("gpt-oss-120b", "b200x16"),
+    "ds-layer": ("deepseek-v3", "h100x64", "layer"),
+    "llama-kind": ("llama-3.1-405b", "h100x32", "kind"),
+    "oss-kind": ("gpt-oss-120b", "b200x16", "kind"),
 }
 
 
-@pytest.mark.parametrize("key", HYP_PROBLEMS)
+@pytest.fixture(scope="module", params=list(HYP_PROBLEMS))
+def hyp_problem(request: pytest.FixtureRequest) -> Problem:
+    model, cluster, tie = HYP_PROBLEMS[request.param]
+    return Problem.build(model, cluster, tie=tie)
+
+
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_random_valid_encodings_decode_to_valid_plans(key: str, data: st.DataObject) -> None:
-    problem = HYP_PROBLEMS[key]
+def test_random_valid_encodings_decode_to_valid_plans(
+    hyp_problem: Problem, data: st.DataObject
+) -> None:
+    problem = hyp_problem
     s, m = problem.space, problem.model
     row = data.draw(encodings(problem))
     plan = s.decode(row)
