@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from shardlab.costmodel import assemble, evaluate, evaluate_batch, forget_tables, units_of_codes
+from shardlab.files import markdown_table
 from shardlab.problems.problem import Problem
 from shardlab.problems.suite import get_instance
 
@@ -117,17 +118,28 @@ def evaluator_markdown(command: str, rows: list[EvaluatorSpeed], repeats: int) -
         "*metrics*: `evaluate(breakdown=False)`, one plan's metrics; *evaluate()*: one "
         "plan with its per-operator breakdown.",
         "",
-        "| instance | degree tuples | warm plans/s | points per plan | warm points/s "
-        "| first plans/s | batch 64 plans/s | one plan ms | metrics ms | evaluate() ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r.instance} | {r.degree_tuples} | {r.warm_plans_s:,.0f} | "
-            f"{r.points_per_plan:,.1f} | {r.warm_points_s:,.0f} | {r.first_plans_s:,.0f} | "
-            f"{r.batch64_plans_s:,.0f} | {r.single_ms:.2f} | "
-            f"{r.metrics_ms:.2f} | {r.scalar_ms:.2f} |"
-        )
+    head = ["instance", "degree tuples", "warm plans/s", "points per plan", "warm points/s"]
+    head += ["first plans/s", "batch 64 plans/s", "one plan ms", "metrics ms", "evaluate() ms"]
+    lines += markdown_table(
+        head,
+        "l" + "r" * 9,
+        (
+            [
+                r.instance,
+                r.degree_tuples,
+                f"{r.warm_plans_s:,.0f}",
+                f"{r.points_per_plan:,.1f}",
+                f"{r.warm_points_s:,.0f}",
+                f"{r.first_plans_s:,.0f}",
+                f"{r.batch64_plans_s:,.0f}",
+                f"{r.single_ms:.2f}",
+                f"{r.metrics_ms:.2f}",
+                f"{r.scalar_ms:.2f}",
+            ]
+            for r in rows
+        ),
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -202,19 +214,33 @@ def exact_markdown(command: str, rows: list[ExactSpeed], seconds: float) -> str:
         "per layer whose fastest plan does not fit, pruned by the bound on the plans "
         "that do.",
         "",
-        "| model | cluster | offered | tie | layers | degree tuples | subproblems | status "
-        "| seconds | tok/s | degrees | CP-SAT solves | shortest path | memory bound |",
-        "|---|---|---:|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|",
     ]
-    for r in rows:
-        thr = f"{r.throughput_tok_s:,.0f}" if r.throughput_tok_s is not None else "-"
-        lines.append(
-            f"| {r.model} | {r.cluster} | {r.batch:,} | {r.tie} | {r.layers} | "
-            f"{r.degree_tuples} | "
-            f"{r.subproblems if r.subproblems is not None else '-'} | {r.status} | "
-            f"{r.seconds:.1f} | {thr} | {r.degrees or '-'} | {r.cpsat_solves} | "
-            f"{r.by_shortest_path} | {r.by_memory_bound} |"
-        )
+    head = ["model", "cluster", "offered", "tie", "layers", "degree tuples", "subproblems"]
+    head += ["status", "seconds", "tok/s", "degrees", "CP-SAT solves", "shortest path"]
+    head.append("memory bound")
+    lines += markdown_table(
+        head,
+        "llrlrrrlrrlrrr",
+        (
+            [
+                r.model,
+                r.cluster,
+                f"{r.batch:,}",
+                r.tie,
+                r.layers,
+                r.degree_tuples,
+                r.subproblems if r.subproblems is not None else "-",
+                r.status,
+                f"{r.seconds:.1f}",
+                f"{r.throughput_tok_s:,.0f}" if r.throughput_tok_s is not None else "-",
+                r.degrees or "-",
+                r.cpsat_solves,
+                r.by_shortest_path,
+                r.by_memory_bound,
+            ]
+            for r in rows
+        ),
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -277,14 +303,23 @@ def sizing_markdown(command: str, rows: list[SizingSpeed]) -> str:
         "GPUs; from nothing solved to the proven answer (every instance capacity a CP-SAT "
         "solve, the rest pruned by bounds).",
         "",
-        "| model | requests/s | GPU types | seconds | CP-SAT solves | answer | GPUs |",
-        "|---|---:|---|---:|---:|---|---:|",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r.model} | {r.rate:g} | {r.gpus} | {r.seconds:.1f} | {r.solves} | "
-            f"{r.answer} | {r.answer_gpus if r.answer_gpus is not None else '-'} |"
-        )
+    lines += markdown_table(
+        ["model", "requests/s", "GPU types", "seconds", "CP-SAT solves", "answer", "GPUs"],
+        "lrlrrlr",
+        (
+            [
+                r.model,
+                f"{r.rate:g}",
+                r.gpus,
+                f"{r.seconds:.1f}",
+                r.solves,
+                r.answer,
+                r.answer_gpus if r.answer_gpus is not None else "-",
+            ]
+            for r in rows
+        ),
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -382,20 +417,27 @@ def solves_markdown(command: str, rows: list[SolveSpeed], baseline: str | None) 
             else ""
         ),
         "",
-        "| problem | arguments | seconds | status | objective | CP-SAT solves |"
-        + (" before s | before status | before objective | speed-up |" if side else ""),
-        "|---|---|---:|---|---:|---:|" + ("---:|---|---:|---:|" if side else ""),
     ]
+    head = ["problem", "arguments", "seconds", "status", "objective", "CP-SAT solves"]
+    align = "llrlrr"
+    if side:
+        head += ["before s", "before status", "before objective", "speed-up"]
+        align += "rlrr"
+    body: list[list[object]] = []
     for r in rows:
-        obj = f"{r.objective:,.2f}" if r.objective is not None else "-"
-        line = (
-            f"| {r.label} | `{' '.join(r.args) or '(none)'}` | {r.seconds:.1f} | {r.status} "
-            f"| {obj} | {r.solves if r.solves is not None else '-'} |"
-        )
+        line: list[object] = [
+            r.label,
+            f"`{' '.join(r.args) or '(none)'}`",
+            f"{r.seconds:.1f}",
+            r.status,
+        ]
+        line.append(f"{r.objective:,.2f}" if r.objective is not None else "-")
+        line.append(r.solves if r.solves is not None else "-")
         if side:
-            before = f"{r.base_seconds:.1f}" if r.base_seconds is not None else "-"
-            ratio = f"{r.base_seconds / r.seconds:.1f}x" if r.base_seconds else "-"
-            was = f"{r.base_objective:,.2f}" if r.base_objective is not None else "-"
-            line += f" {before} | {r.base_status or '-'} | {was} | {ratio} |"
-        lines.append(line)
+            line.append(f"{r.base_seconds:.1f}" if r.base_seconds is not None else "-")
+            line.append(r.base_status or "-")
+            line.append(f"{r.base_objective:,.2f}" if r.base_objective is not None else "-")
+            line.append(f"{r.base_seconds / r.seconds:.1f}x" if r.base_seconds else "-")
+        body.append(line)
+    lines += markdown_table(head, align, body)
     return "\n".join(lines) + "\n"

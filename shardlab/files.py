@@ -1,11 +1,12 @@
-"""Files written whole or not at all: plans, results, plots and policy checkpoints."""
+"""Files written whole or not at all: plans, results, plots and policy checkpoints; and
+the markdown table, the one way every report of shardlab writes one (results/, docs)."""
 
 from __future__ import annotations
 
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -142,3 +143,25 @@ def folder_name(name: str) -> str:
             fix="e.g. my-comparison",
         )
     return name
+
+
+_RULES = {"l": "---", "r": "---:"}
+
+
+def markdown_table(head: Sequence[str], align: str, rows: Iterable[Sequence[object]]) -> list[str]:
+    """A GitHub-flavoured markdown table as lines: the header, the rule, one line per row.
+
+    ``align`` has one letter per column, ``l`` (left) or ``r`` (right: numbers). Cells
+    are written as ``str`` gives them, unescaped: a ``|`` inside one must come as ``\\|``.
+    """
+    if len(align) != len(head) or set(align) - set(_RULES):
+        raise ValueError(f"align {align!r}: one of 'l' or 'r' per column of {list(head)}")
+    lines = [_line(head, len(head)), "|" + "".join(_RULES[a] + "|" for a in align)]
+    lines += [_line([str(c) for c in row], len(head)) for row in rows]
+    return lines
+
+
+def _line(cells: Sequence[str], width: int) -> str:
+    if len(cells) != width:
+        raise ValueError(f"a row of {len(cells)} cells in a table of {width} columns: {cells}")
+    return "| " + " | ".join(cells) + " |"

@@ -1,5 +1,6 @@
 """What several test modules share: data paths, the problems the budget tests and
-benchmarks time, and running the CLI in-process."""
+benchmarks time (fixtures: built when a test asks, not on every worker's collection),
+and running the CLI in-process."""
 
 from __future__ import annotations
 
@@ -21,13 +22,6 @@ from shardlab import Problem
 MODEL_DIR = Path(str(resources.files("shardlab.problems") / "data" / "models"))
 DATA_DIR = Path(__file__).parent / "data"
 
-# No method finishes this in seconds: options per layer over 126 layers, scheduled
-# statically (tests/solvers/test_budgets.py and the overrun benchmarks).
-HARD = Problem.build(
-    model="llama-3.1-405b", cluster="h100x32", workload="chat", tie="layer", schedule="static"
-)
-# Under exhaustive's size cap (0.9 M plans), still far more than seconds of pricing.
-ENUMERABLE = Problem.build(model="llama-3.1-8b", cluster="h100x4", workload="chat")
 MARGIN = 6.0  # seconds, for slow machines; the benchmark reports the real figure
 
 
@@ -57,6 +51,21 @@ def cli_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "shardlab.cli", *args], capture_output=True, text=True, cwd=cwd
     )
+
+
+@pytest.fixture(scope="session")
+def hard() -> Problem:
+    """No method finishes this in seconds: options per layer over 126 layers, scheduled
+    statically (tests/solvers/test_budgets.py and the overrun benchmarks)."""
+    return Problem.build(
+        model="llama-3.1-405b", cluster="h100x32", workload="chat", tie="layer", schedule="static"
+    )
+
+
+@pytest.fixture(scope="session")
+def enumerable() -> Problem:
+    """Under exhaustive's size cap (0.9 M plans), still far more than seconds of pricing."""
+    return Problem.build(model="llama-3.1-8b", cluster="h100x4", workload="chat")
 
 
 @pytest.fixture

@@ -125,7 +125,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "envs": ("errors", "problems", "solvers"),
         "dtensor_check": ("errors", "problems", "costmodel"),
         "plots": ("errors", "files", "problems", "solvers"),
-        "bench": ("errors", "problems", "costmodel", "solvers", "sizing"),
+        "bench": ("errors", "files", "problems", "costmodel", "solvers", "sizing"),
         "cli": (
             "__init__",
             "errors",

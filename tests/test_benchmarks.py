@@ -13,7 +13,6 @@ from shardlab.costmodel import evaluate, evaluate_batch
 from shardlab.problems.suite import get_instance, get_suite
 from shardlab.solvers import Budget, available_solvers, solve
 from shardlab.solvers.base import quality
-from tests.conftest import ENUMERABLE, HARD
 
 BENCH_INSTANCES = ["llama70b-h100x4-chat", "deepseek-v3-h100x64-chat"]
 
@@ -59,6 +58,7 @@ def test_bench_evaluate_one_plan(benchmark) -> None:
     assert metrics.breakdown
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gpus", [256, 512, 1024, 2048])
 def test_bench_cpsat_at_scale(benchmark, gpus: int) -> None:
     """moe-1.6t, options tied, to the proven optimum (minutes: benchmarks only)."""
@@ -120,7 +120,7 @@ def test_bench_cpsat_time_to_optimum(benchmark, name: str) -> None:
 
 
 # Exhaustive prices its largest space (0.9 M plans) in about 5 s: shorter limits.
-# Untimed (CI) only the shortest limit runs: 2 s of HARD is as unfinishable as 30 s.
+# Untimed (CI) only the shortest limit runs: 2 s of ``hard`` is as unfinishable as 30 s.
 OVERRUN_CASES = [
     (m, limit) for m in available_solvers() if m != "exhaustive" for limit in (2.0, 5.0, 30.0)
 ] + [("exhaustive", 1.0), ("exhaustive", 2.0)]
@@ -128,14 +128,16 @@ OVERRUN_CASES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("method", "limit"), OVERRUN_CASES)
-def test_bench_time_limit_overrun(benchmark, method: str, limit: float) -> None:
+def test_bench_time_limit_overrun(
+    benchmark, method: str, limit: float, hard: Problem, enumerable: Problem
+) -> None:
     """Seconds past the time limit, from the call of ``solve`` (loading the method
     included), on a search no method finishes in time; the budget contract is at most
     max(1 s, 2%). Exhaustive runs on the largest space it accepts."""
     if benchmark.disabled and limit > min(m_limit for m, m_limit in OVERRUN_CASES if m == method):
         # untimed, a longer limit checks nothing the shortest does not
         pytest.skip("the longer limits are timed with --benchmark-enable")
-    problem = ENUMERABLE if method == "exhaustive" else HARD
+    problem = enumerable if method == "exhaustive" else hard
     budget = Budget(max_evals=None, seconds=limit)
     result = benchmark.pedantic(
         solve, args=(problem, method), kwargs={"budget": budget, "seed": 0}, rounds=1

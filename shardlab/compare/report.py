@@ -13,7 +13,7 @@ from typing import Any
 from shardlab.compare.journal import is_whole_run
 from shardlab.compare.runs import DISAGG_OPTIMUM, FREE_OPTIMUM
 from shardlab.errors import ShardlabError
-from shardlab.files import make_dir, replacing
+from shardlab.files import make_dir, markdown_table, replacing
 from shardlab.solvers.base import quality
 
 
@@ -150,25 +150,29 @@ def summary_markdown(
         "optimum where proven, marked *), mean over seeds. Evals to 99%: median number of",
         "distinct plans evaluated before reaching 99% of the best known.",
         "",
-        "| instance | method | throughput tok/s | ratio to best | worst seed | ratio to megatron "
-        "| evals to 99% | wall s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     budgets = sorted({r["budget"] for r in rows if r.get("budget") is not None})
-    if budgets:
-        lines[-2] = lines[-2].replace("| method |", "| method | budget |")
-        lines[-1] = lines[-1].replace("|---|---|", "|---|---|---:|", 1)
-    for r in rows:
-        star = "*" if r["best_is_proven"] else ""
-        method = r["method"]
-        if budgets:
-            method += f" | {_fmt(r.get('budget'), ',')}"
-        lines.append(
-            f"| {r['instance']}{star} | {method} | {_fmt(r['throughput_tok_s'], ',.0f')} | "
-            f"{_fmt(r['ratio_to_best'], '.3f')} | {_fmt(r['min_ratio_to_best'], '.3f')} | "
-            f"{_fmt(r['ratio_to_megatron'], '.3f')} | {_fmt(r['evals_to_99pct'], ',')} | "
-            f"{_fmt(r['wall_s'], '.1f')} |"
-        )
+    budget = ["budget"] if budgets else []
+    head = ["instance", "method", *budget, "throughput tok/s", "ratio to best", "worst seed"]
+    head += ["ratio to megatron", "evals to 99%", "wall s"]
+    lines += markdown_table(
+        head,
+        "ll" + "r" * (len(head) - 2),
+        (
+            [
+                r["instance"] + ("*" if r["best_is_proven"] else ""),
+                r["method"],
+                *([_fmt(r.get("budget"), ",")] if budgets else []),
+                _fmt(r["throughput_tok_s"], ",.0f"),
+                _fmt(r["ratio_to_best"], ".3f"),
+                _fmt(r["min_ratio_to_best"], ".3f"),
+                _fmt(r["ratio_to_megatron"], ".3f"),
+                _fmt(r["evals_to_99pct"], ","),
+                _fmt(r["wall_s"], ".1f"),
+            ]
+            for r in rows
+        ),
+    )
     if budgets:
         lines += ["", *budget_table(rows, budgets)]
     if any(r["method"] == FREE_OPTIMUM for r in rows):
@@ -205,12 +209,13 @@ def serving_table(
         "priced." + (" AIConfigurator: its `cli default` on the same problem." if aic else ""),
         "",
     ]
-    head = "| instance | agg tok/s/GPU | agg plan | disagg tok/s/GPU | disagg plan | disagg / agg |"
-    rule = "|---|---:|---|---:|---|---:|"
+    head = ["instance", "agg tok/s/GPU", "agg plan", "disagg tok/s/GPU", "disagg plan"]
+    head.append("disagg / agg")
+    align = "lrlrlr"
     if aic:
-        head += " AIConfigurator agg | disagg | its xPyD | it chose |"
-        rule += "---:|---:|---|---|"
-    lines += [head, rule]
+        head += ["AIConfigurator agg", "disagg", "its xPyD", "it chose"]
+        align += "rrll"
+    cells: list[list[str]] = []
     for inst in dict.fromkeys(r["instance"] for r in results):
         agg, dis = by.get((inst, "cpsat")), by.get((inst, DISAGG_OPTIMUM))
         if agg is None or dis is None:
@@ -221,23 +226,22 @@ def serving_table(
         plan = agg.get("plan") or {}
         degrees = plan.get("degrees") or {}
         agg_plan = " ".join(f"{k} {v}" for k, v in degrees.items() if v != 1) or "-"
-        line = (
-            f"| {inst} | {_fmt(a, ',.1f')} | {agg_plan} | {_fmt(d, ',.1f')} | "
-            f"{(dis.get('facts') or {}).get('label') or '-'} | "
-            f"{_fmt(d / a if a and d else None, '.3f')} |"
-        )
+        line = [inst, _fmt(a, ",.1f"), agg_plan, _fmt(d, ",.1f")]
+        line.append((dis.get("facts") or {}).get("label") or "-")
+        line.append(_fmt(d / a if a and d else None, ".3f"))
         row = aic.get(inst)
         if aic:
             if row is None:
-                line += " - | - | - | - |"
+                line += ["-"] * 4
             else:
-                line += (
-                    f" {_fmt(_float(row['agg_tok_s_gpu']), ',.1f')} | "
-                    f"{_fmt(_float(row['disagg_tok_s_gpu']), ',.1f')} | "
-                    f"{row['disagg_config'] or '-'} | {row['chosen']} |"
-                )
-        lines.append(line)
-    return lines
+                line += [
+                    _fmt(_float(row["agg_tok_s_gpu"]), ",.1f"),
+                    _fmt(_float(row["disagg_tok_s_gpu"]), ",.1f"),
+                    row["disagg_config"] or "-",
+                    row["chosen"],
+                ]
+        cells.append(line)
+    return lines + markdown_table(head, align, cells)
 
 
 def _float(text: str) -> float | None:
@@ -257,7 +261,7 @@ def engine_table(rows: list[dict[str, Any]]) -> list[str]:
     head = ["instance", "engine", "free optimum tok/s"] + [
         "engine optimum" if m == "cpsat" else m for m in methods
     ]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    body: list[list[str]] = []
     gains = []
     for inst in insts:
         free = by.get((inst, FREE_OPTIMUM))
@@ -268,10 +272,11 @@ def engine_table(rows: list[dict[str, Any]]) -> list[str]:
         cells += [
             _fmt(by[(inst, m)]["ratio_to_best"], ".3f") if (inst, m) in by else "-" for m in methods
         ]
-        lines.append("| " + " | ".join(cells) + " |")
+        body.append(cells)
         eng = by.get((inst, "cpsat"))
         if eng and eng["ratio_to_best"] > 0 and free["best_is_proven"]:
             gains.append(1 / eng["ratio_to_best"])
+    lines = markdown_table(head, "ll" + "r" * (len(head) - 2), body)
     if gains:
         geo = math.exp(sum(math.log(g) for g in gains) / len(gains))
         lines += [
@@ -289,15 +294,10 @@ def budget_table(rows: list[dict[str, Any]], budgets: list[int]) -> list[str]:
     fixed = list(dict.fromkeys(r["method"] for r in rows if r.get("budget") is None))
     cols = [(m, b) for m in methods for b in budgets]
     head = ["instance", *fixed, *(f"{m} @{b:,}" for m, b in cols)]
-    lines = [
-        "Ratio to best by budget: mean over seeds (worst seed).",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|---|" + "---:|" * (len(head) - 1),
-    ]
     by = {(r["instance"], r["method"], r.get("budget")): r for r in rows}
+    body: list[list[str]] = []
     for inst in dict.fromkeys(r["instance"] for r in rows):
-        cells = []
+        cells = [inst]
         for key in [(inst, m, None) for m in fixed] + [(inst, m, b) for m, b in cols]:
             r = by.get(key)
             cells.append(
@@ -305,8 +305,9 @@ def budget_table(rows: list[dict[str, Any]], budgets: list[int]) -> list[str]:
                 if r is None
                 else f"{_fmt(r['ratio_to_best'], '.3f')} ({_fmt(r['min_ratio_to_best'], '.3f')})"
             )
-        lines.append(f"| {inst} | " + " | ".join(cells) + " |")
-    return lines
+        body.append(cells)
+    lines = ["Ratio to best by budget: mean over seeds (worst seed).", ""]
+    return lines + markdown_table(head, "l" + "r" * (len(head) - 1), body)
 
 
 def plot_convergence(path: Path, results: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from shardlab.errors import ShardlabError
-from shardlab.files import make_dir, write_text
+from shardlab.files import make_dir, markdown_table, write_text
 from shardlab.problems.cluster import builtin_accelerators
 from shardlab.problems.problem import Problem
 from shardlab.sizing.size import Deployment, Sizer, sizing_cluster
@@ -190,18 +190,26 @@ def summary_markdown(
         "agg or disagg (the cheaper chosen); every answer proven optimal under the cost "
         "model (`shardlab.sizing.size`). 'none': no deployment up to the limit.",
         "",
-        "| case | TTFT/TPOT ms | requests/s | cheapest | GPUs | "
-        + " | ".join(f"{g} only" for g in suite.gpus)
-        + " | curve solves | curve s |",
-        "|---|---|---:|---|---:|" + "---:|" * len(suite.gpus) + "---:|---:|",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['case']} | {r['ttft_ms']:g}/{r['tpot_ms']:g} | {r['rate_rps']:g} | "
-            f"{r['best'] or 'none'} | {_cell(r['best_gpus'])} | "
-            + " | ".join(_cell(r[f"{g}_gpus"], r[f"{g}_mode"]) for g in suite.gpus)
-            + f" | {r['curve_solves']} | {r['curve_seconds']} |"
-        )
+    head = ["case", "TTFT/TPOT ms", "requests/s", "cheapest", "GPUs"]
+    head += [*(f"{g} only" for g in suite.gpus), "curve solves", "curve s"]
+    lines += markdown_table(
+        head,
+        "llrlr" + "r" * len(suite.gpus) + "rr",
+        (
+            [
+                r["case"],
+                f"{r['ttft_ms']:g}/{r['tpot_ms']:g}",
+                f"{r['rate_rps']:g}",
+                r["best"] or "none",
+                _cell(r["best_gpus"]),
+                *(_cell(r[f"{g}_gpus"], r[f"{g}_mode"]) for g in suite.gpus),
+                r["curve_solves"],
+                r["curve_seconds"],
+            ]
+            for r in rows
+        ),
+    )
     if aic:
         lines += [
             "",
@@ -214,11 +222,9 @@ def summary_markdown(
             "its closed-loop concurrency / latency; shardlab: a proven optimum over "
             "instance mixes and plans, same model of the load).",
             "",
-            "| model | rate | GPU | mode | AIConfigurator GPUs | its replica | shardlab GPUs | "
-            "shardlab deployment |",
-            "|---|---:|---|---|---:|---|---:|---|",
         ]
         cases = {c.name: c for c in suite.cases}
+        body: list[list[object]] = []
         for r in rows:
             case = cases[r["case"]]
             for g in suite.gpus:
@@ -231,11 +237,21 @@ def summary_markdown(
                         continue
                     theirs = a["gpus_needed"] or "none"
                     replica = _replica(a) if a["gpus_needed"] else a["error"]
-                    lines.append(
-                        f"| {case.model} | {r['rate_rps']:g} | {g} | {mode} | {theirs} | "
-                        f"{replica} | {_cell(r.get(f'{g}_{mode}_gpus'))} | "
-                        f"{r.get(f'{g}_{mode}') or 'none'} |"
+                    body.append(
+                        [
+                            case.model,
+                            f"{r['rate_rps']:g}",
+                            g,
+                            mode,
+                            theirs,
+                            replica,
+                            _cell(r.get(f"{g}_{mode}_gpus")),
+                            r.get(f"{g}_{mode}") or "none",
+                        ]
                     )
+        head = ["model", "rate", "GPU", "mode", "AIConfigurator GPUs", "its replica"]
+        head += ["shardlab GPUs", "shardlab deployment"]
+        lines += markdown_table(head, "lrllrlrl", body)
     return "\n".join(lines) + "\n"
 
 

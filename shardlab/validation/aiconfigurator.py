@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from shardlab.costmodel import degree_tables, evaluate, silicon
+from shardlab.files import markdown_table
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
 from shardlab.problems.workload import Workload
@@ -121,18 +122,17 @@ def write_agreement(
         "that made it are in `tests/data/`. Each row: the same model, GPUs, degrees, "
         "per-rank batch and lengths, in flight. Median |shardlab / AIConfigurator - 1|:",
         "",
-        "| timing | engine | points | TPOT | TTFT | throughput |",
-        "|---|---|---:|---:|---:|---:|",
     ]
+    body: list[list[object]] = []
     for timing, rows in by_timing.items():
         engines = sorted({a.engine for a in rows})
         for engine in ["all", *engines]:
             sub = rows if engine == "all" else [a for a in rows if a.engine == engine]
             s = agreement_summary(sub)
-            lines.append(
-                f"| {timing} | {engine} | {len(sub)} | {s['tpot_ms']:.1%} | {s['ttft_ms']:.1%} "
-                f"| {s['tokens_s']:.1%} |"
-            )
+            shares = (f"{s[k]:.1%}" for k in ("tpot_ms", "ttft_ms", "tokens_s"))
+            body.append([timing, engine, len(sub), *shares])
+    head = ["timing", "engine", "points", "TPOT", "TTFT", "throughput"]
+    lines += markdown_table(head, "llrrrr", body)
     lines += [
         "",
         "TTFT is defined differently: AIConfigurator multiplies the prefill iterations by a "
@@ -223,20 +223,29 @@ def write_side_by_side(
         "1,024 in / 256 out, TTFT <= 2 s, TPOT <= 50 ms, TensorRT-LLM; tokens/s are output "
         "tokens per GPU; TTFT / TPOT in ms.",
         "",
-        "| problem | shardlab's pick | its tok/s/GPU by shardlab | by AIConfigurator | "
-        "AIConfigurator's TTFT / TPOT of it | AIConfigurator's pick | its tok/s/GPU by "
-        "AIConfigurator | by shardlab | shardlab's TTFT / TPOT of it | AIConfigurator's score "
-        "of shardlab's pick / its own | shardlab's score of its pick / shardlab's |",
-        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
+    head = ["problem", "shardlab's pick", "its tok/s/GPU by shardlab", "by AIConfigurator"]
+    head += ["AIConfigurator's TTFT / TPOT of it", "AIConfigurator's pick"]
+    head += ["its tok/s/GPU by AIConfigurator", "by shardlab", "shardlab's TTFT / TPOT of it"]
+    head += ["AIConfigurator's score of shardlab's pick / its own"]
+    head += ["shardlab's score of its pick / shardlab's"]
+    body: list[list[object]] = []
     for r in rows:
         mark = "" if r["theirs_by_us_feasible"] else " (misses an SLO)"
-        lines.append(
-            f"| {r['problem']} | {r['ours']} at {r['ours_per_rank']} per rank | "
-            f"{r['ours_tok_s_gpu']:,.1f} | {r['ours_by_it']:,.1f} | {r['ours_it_slo']} | "
-            f"{r['theirs']} at {r['theirs_per_rank']} per rank | {r['theirs_tok_s_gpu']:,.1f} | "
-            f"{r['theirs_by_us']:,.1f} | {r['theirs_by_us_slo']}{mark} | "
-            f"{r['ours_by_it'] / r['theirs_tok_s_gpu']:.2f} | "
-            f"{r['theirs_by_us'] / r['ours_tok_s_gpu']:.2f} |"
+        body.append(
+            [
+                r["problem"],
+                f"{r['ours']} at {r['ours_per_rank']} per rank",
+                f"{r['ours_tok_s_gpu']:,.1f}",
+                f"{r['ours_by_it']:,.1f}",
+                r["ours_it_slo"],
+                f"{r['theirs']} at {r['theirs_per_rank']} per rank",
+                f"{r['theirs_tok_s_gpu']:,.1f}",
+                f"{r['theirs_by_us']:,.1f}",
+                f"{r['theirs_by_us_slo']}{mark}",
+                f"{r['ours_by_it'] / r['theirs_tok_s_gpu']:.2f}",
+                f"{r['theirs_by_us'] / r['ours_tok_s_gpu']:.2f}",
+            ]
         )
+    lines += markdown_table(head, "llrrrlrrrrr", body)
     return write_output(path, "\n".join(lines) + "\n")

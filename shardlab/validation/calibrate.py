@@ -55,6 +55,7 @@ from shardlab.costmodel import (
     tokens,
 )
 from shardlab.errors import ShardlabError
+from shardlab.files import markdown_table
 from shardlab.problems.calibration import KERNEL_CLASSES, Calibration
 from shardlab.problems.engines import ENGINES
 from shardlab.problems.plan import Plan
@@ -521,6 +522,15 @@ def calibrate(
     return dataclasses.replace(report, calibration=cal)
 
 
+def _error_cells(s: Mapping[str, float]) -> list[str]:
+    """One group's errors as table cells: its rows, median |error|, median ratio, and
+    the shares within 15%, off by 1.5x and off by 2x."""
+    n = max(s["rows"], 1)
+    shares = (s[k] / n for k in ("within_15pct", "beyond_1_5x", "beyond_2x"))
+    cells = [f"{s['rows']:,}", f"{s['median_abs_error']:.1%}", f"{s['median_ratio']:.2f}"]
+    return cells + [f"{v:.0%}" for v in shares]
+
+
 def write_fit_report(report: Report, command: str, source: str, *, path: Path | None = None) -> str:
     """A fit's corrections and its errors per metric: before, fitted (in-sample) and on
     rows held out of the fit, per grouping and per group, as markdown written to ``path``
@@ -531,11 +541,13 @@ def write_fit_report(report: Report, command: str, source: str, *, path: Path | 
         "",
         f"Produced by `{command}` from {source}; do not edit by hand.",
         "",
-        "| engine | per request (ms) | per iteration (ms) |",
-        "|---|---:|---:|",
-        *(
-            f"| {e} | {f.request_ms[e]:.2f} | {f.iteration_ms[e]:.3f} |"
-            for e in sorted(f.request_ms)
+        *markdown_table(
+            ["engine", "per request (ms)", "per iteration (ms)"],
+            "lrr",
+            (
+                [e, f"{f.request_ms[e]:.2f}", f"{f.iteration_ms[e]:.3f}"]
+                for e in sorted(f.request_ms)
+            ),
         ),
         "",
     ]
@@ -544,10 +556,8 @@ def write_fit_report(report: Report, command: str, source: str, *, path: Path | 
             "Kernel factors: " + ", ".join(f"{k} {v:.3f}" for k, v in f.factors.items()),
             "",
         ]
-    head = (
-        "| metric | rows | median \\|error\\| | median predicted/measured | within 15% "
-        "| off 1.5x+ | off 2x+ |"
-    )
+    head = ["metric", "rows", "median \\|error\\|", "median predicted/measured", "within 15%"]
+    head += ["off 1.5x+", "off 2x+"]
     sets = {
         "shipped before this fit": report.before,
         "fitted on every row (in-sample)": report.after,
@@ -556,23 +566,22 @@ def write_fit_report(report: Report, command: str, source: str, *, path: Path | 
             for g, e in report.held_out_by.items()
         },
     }
-    lines += ["| predicted by " + head, "|---|---|" + "---:|" * 6]
-    for name, rel in sets.items():
-        for metric, s in report.by_metric(rel).items():
-            lines.append(
-                f"| {name} | {metric} | {s['rows']:,} | {s['median_abs_error']:.1%} | "
-                f"{s['median_ratio']:.2f} | {s['within_15pct'] / max(s['rows'], 1):.0%} | "
-                f"{s['beyond_1_5x'] / max(s['rows'], 1):.0%} | "
-                f"{s['beyond_2x'] / max(s['rows'], 1):.0%} |"
-            )
+    lines += markdown_table(
+        ["predicted by", *head],
+        "ll" + "r" * 6,
+        (
+            [name, metric, *_error_cells(s)]
+            for name, rel in sets.items()
+            for metric, s in report.by_metric(rel).items()
+        ),
+    )
     for grouping, rel in report.held_out_by.items():
         if grouping == "row":
             continue
         labels = groups_of(report.rows, grouping)
-        lines += ["", f"## Each {grouping} held out, one at a time", "", head.replace(
-            "| metric |", f"| {grouping} | metric |"), "|---|---|" + "---:|" * 6]  # fmt: skip
         ratio = 1.0 + np.asarray(rel)
         metrics = np.array([lin.measurement.metric for lin in report.rows.rows])
+        body: list[list[str]] = []
         for g in sorted(set(labels)):
             mask = np.array(labels) == g
             for metric in dict.fromkeys(metrics.tolist()):
@@ -580,9 +589,7 @@ def write_fit_report(report: Report, command: str, source: str, *, path: Path | 
                 s = errors(ratio[sel], np.ones(int(sel.sum())))
                 if not s["rows"]:
                     continue
-                lines.append(
-                    f"| {g} | {metric} | {s['rows']:,} | {s['median_abs_error']:.1%} | "
-                    f"{s['median_ratio']:.2f} | {s['within_15pct'] / s['rows']:.0%} | "
-                    f"{s['beyond_1_5x'] / s['rows']:.0%} | {s['beyond_2x'] / s['rows']:.0%} |"
-                )
+                body.append([g, metric, *_error_cells(s)])
+        lines += ["", f"## Each {grouping} held out, one at a time", ""]
+        lines += markdown_table([grouping, *head], "ll" + "r" * 6, body)
     return write_output(path, "\n".join(lines) + "\n")

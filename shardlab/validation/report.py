@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shardlab.files import write_text
+from shardlab.files import markdown_table, write_text
 from shardlab.validation.predictions import Row, summarize
 
 
@@ -37,21 +37,16 @@ def write_report(
             f"{s['worst_id']} ({s['worst_factor']:.2f}x)"
         )
     names = list(by_timing)
-    head = " | ".join(f"{n} predicted | {n} ratio" for n in names)
-    lines += [
-        "",
-        f"| id | setup | metric | measured | {head} | note | source |",
-        "|---|---|---|---:|" + "---:|---:|" * len(names) + "---|---|",
-    ]
-    first = by_timing[names[0]]
-    for i, r in enumerate(first):
-        cells = " | ".join(
-            f"{by_timing[n][i].predicted:,.1f} | {by_timing[n][i].ratio:.2f}" for n in names
-        )
-        notes = "; ".join(dict.fromkeys(x for n in names if (x := by_timing[n][i].note)))
-        lines.append(
-            f"| {r.id} | {r.description} | {r.metric} ({r.unit}) | {r.measured:,.1f} | "
-            f"{cells} | {notes} | {r.source} |"
-        )
+    head = ["id", "setup", "metric", "measured"]
+    head += [c for n in names for c in (f"{n} predicted", f"{n} ratio")]
+    body: list[list[str]] = []
+    for i, r in enumerate(by_timing[names[0]]):
+        row = [r.id, r.description, f"{r.metric} ({r.unit})", f"{r.measured:,.1f}"]
+        for n in names:
+            row += [f"{by_timing[n][i].predicted:,.1f}", f"{by_timing[n][i].ratio:.2f}"]
+        row.append("; ".join(dict.fromkeys(x for n in names if (x := by_timing[n][i].note))))
+        body.append([*row, r.source])
+    align = "lllr" + "rr" * len(names) + "ll"
+    lines += ["", *markdown_table([*head, "note", "source"], align, body)]
     write_output(path, "\n".join(lines) + "\n")
     return summaries

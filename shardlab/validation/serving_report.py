@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from shardlab.errors import ShardlabError
+from shardlab.files import markdown_table
 from shardlab.validation import MeasurementSet, Row, write_output
 
 METRICS = ("ttft_ms", "tpot_ms")
@@ -49,17 +50,25 @@ def stats(rows: Sequence[Row]) -> dict[str, float]:
     }
 
 
-def _cells(s: Mapping[str, float]) -> str:
-    if not s.get("rows"):
-        return "0 | | | | |"
-    return (
-        f"{s['rows']:,} | {s['median_abs_error']:.1%} | {s['median_ratio']:.2f} | "
-        f"{s['within_15pct']:.0%} | {s['beyond_1_5x']:.0%} | {s['beyond_2x']:.0%}"
-    )
+def _cells(s: Mapping[str, float]) -> list[str]:
+    """A group's errors as table cells (a group holds one row at least)."""
+    return [
+        f"{s['rows']:,}",
+        f"{s['median_abs_error']:.1%}",
+        f"{s['median_ratio']:.2f}",
+        f"{s['within_15pct']:.0%}",
+        f"{s['beyond_1_5x']:.0%}",
+        f"{s['beyond_2x']:.0%}",
+    ]
 
 
 HEAD = (
-    "| rows | median \\|error\\| | median predicted/measured | within 15% | off 1.5x+ | off 2x+ |"
+    "rows",
+    "median \\|error\\|",
+    "median predicted/measured",
+    "within 15%",
+    "off 1.5x+",
+    "off 2x+",
 )
 
 
@@ -74,11 +83,12 @@ def _table(
     groups: dict[tuple[str, ...], list[Row]] = {}
     for r in rows:
         groups.setdefault((*key(r), r.metric), []).append(r)
-    lines = [f"### {title}", "", f"| {' | '.join(names)} | metric {HEAD}"]
-    lines.append("|" + "---|" * (len(names) + 1) + "---:|" * 6)
-    for g in sorted(groups, key=order or (lambda g: g)):
-        lines.append(f"| {' | '.join(g[:-1])} | {g[-1]} | {_cells(stats(groups[g]))} |")
-    return [*lines, ""]
+    table = markdown_table(
+        [*names, "metric", *HEAD],
+        "l" * (len(names) + 1) + "r" * len(HEAD),
+        ([*g, *_cells(stats(groups[g]))] for g in sorted(groups, key=order or (lambda g: g))),
+    )
+    return [f"### {title}", "", *table, ""]
 
 
 def peer_section(rows: list[Row], peer: Path) -> list[str]:
@@ -108,20 +118,28 @@ def peer_section(rows: list[Row], peer: Path) -> list[str]:
         f"AIConfigurator 0.12.0's `cli_estimate` of the same rows (`{peer}`); on the rows both "
         "price:",
         "",
-        "| protocol | metric | rows | shardlab median \\|error\\| | its median \\|error\\| | "
-        "shardlab median ratio | its median ratio | shardlab off 1.5x+ | its off 1.5x+ |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    body: list[list[str]] = []
     for (protocol, metric), pairs in sorted(both.items()):
         ours = stats([r for r, _ in pairs])
         ratio = np.array([v / r.measured for r, v in pairs])
         off = np.maximum(ratio, 1 / ratio)
-        lines.append(
-            f"| {protocol} | {metric} | {len(pairs):,} | {ours['median_abs_error']:.1%} | "
-            f"{float(np.median(np.abs(ratio - 1))):.1%} | {ours['median_ratio']:.2f} | "
-            f"{float(np.median(ratio)):.2f} | {ours['beyond_1_5x']:.0%} | "
-            f"{float(np.mean(off >= 1.5)):.0%} |"
+        body.append(
+            [
+                protocol,
+                metric,
+                f"{len(pairs):,}",
+                f"{ours['median_abs_error']:.1%}",
+                f"{float(np.median(np.abs(ratio - 1))):.1%}",
+                f"{ours['median_ratio']:.2f}",
+                f"{float(np.median(ratio)):.2f}",
+                f"{ours['beyond_1_5x']:.0%}",
+                f"{float(np.mean(off >= 1.5)):.0%}",
+            ]
         )
+    head = ["protocol", "metric", "rows", "shardlab median \\|error\\|", "its median \\|error\\|"]
+    head += ["shardlab median ratio", "its median ratio", "shardlab off 1.5x+", "its off 1.5x+"]
+    lines += markdown_table(head, "ll" + "r" * 7, body)
     ours = {r.id for r in rows if r.measurement and r.measurement.mode == "agg"}
     compared = {r.id for pairs in both.values() for r, _ in pairs}
     lines += [
@@ -172,18 +190,28 @@ def write_serving_report(
         *sections,
         "## The rows furthest off",
         "",
-        "| id | metric | measured | predicted | ratio | setup | note |",
-        "|---|---|---:|---:|---:|---|---|",
     ]
     worst = sorted(rows, key=lambda r: -abs(math.log(r.ratio)))[:20]
-    for r in worst:
-        lines.append(
-            f"| {r.id} | {r.metric} | {r.measured:,.1f} | {r.predicted:,.1f} | {r.ratio:.2f} | "
-            f"{r.description} | {r.note} |"
-        )
-    lines += ["", "## Refused rows", "", "| reason | rows |", "|---|---:|"]
-    for reason, count in reasons.most_common():
-        lines.append(f"| {reason} | {count:,} |")
+    lines += markdown_table(
+        ["id", "metric", "measured", "predicted", "ratio", "setup", "note"],
+        "llrrrll",
+        (
+            [
+                r.id,
+                r.metric,
+                f"{r.measured:,.1f}",
+                f"{r.predicted:,.1f}",
+                f"{r.ratio:.2f}",
+                r.description,
+                r.note,
+            ]
+            for r in worst
+        ),
+    )
+    lines += ["", "## Refused rows", ""]
+    lines += markdown_table(
+        ["reason", "rows"], "lr", ([reason, f"{n:,}"] for reason, n in reasons.most_common())
+    )
     write_output(md_path, "\n".join(lines) + "\n")
     if csv_path is not None:
         write_output(csv_path, _csv(rows, measured))

@@ -112,11 +112,21 @@ def test_a_plan_carries_its_concurrency_and_evaluation_honours_it() -> None:
     assert fewer.requests_per_rank == max(c // 2, 1)
     assert fewer.tpot_ms <= r.metrics.tpot_ms
     assert fewer.throughput_tok_s < r.metrics.throughput_tok_s
-    over = dataclasses.replace(plan, requests_per_rank=r.metrics.capacity_per_rank + 1)
-    if over.requests_per_rank <= offered(problem, problem.space.encode(plan)[None])[0]:
-        assert "memory" in evaluate(problem, over).violations
     with pytest.raises(ShardlabError, match="more than this workload offers"):
         evaluate(problem, dataclasses.replace(plan, requests_per_rank=10_000))
+
+
+def test_a_plan_holding_more_requests_than_its_cache_takes_is_out_of_memory() -> None:
+    """Long contexts on two GPUs: the KV cache, not the offered load, caps the requests
+    per rank, and one more request than it takes is a memory violation."""
+    problem = Problem.build("qwen3-32b", "h100x2", "long-context", batch=96)
+    row = problem.space.sample(1, seed=0)[0]
+    plan = problem.space.decode(row)
+    held = evaluate(problem, plan, breakdown=False).capacity_per_rank
+    assert held < offered(problem, row[None])[0]  # the cache binds first
+    assert evaluate(problem, dataclasses.replace(plan, requests_per_rank=held)).feasible
+    over = evaluate(problem, dataclasses.replace(plan, requests_per_rank=held + 1))
+    assert "memory" in over.violations and not over.feasible
 
 
 def test_the_static_schedule_runs_its_batch() -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+from functools import cache
 
 import numpy as np
 import pytest
@@ -40,21 +41,25 @@ CASES = {
     "qwen-next-long": ("qwen3-next-80b-a3b", "h100x8", "long-context", "kind", {}),
     "gemma4-static-layer": ("gemma-4-26b-a4b", "h100x8", "batch-offline", "layer", {}),
 }
-PROBLEMS = {
-    key: Problem.build(m, c, w, tie=tie, timing="roofline", **over)
-    for key, (m, c, w, tie, over) in CASES.items()
-}
 # The same problems with measured kernel times: the decomposition must hold for both.
-SILICON = {
-    f"{key}-silicon": dataclasses.replace(p, timing="silicon") for key, p in PROBLEMS.items()
-}
+SILICON = [f"{key}-silicon" for key in CASES]
 
 
-@pytest.mark.parametrize("key", [*PROBLEMS, *SILICON])
+@cache
+def problem_of(key: str) -> Problem:
+    """``CASES[key]`` with roofline kernels, or with measured ones (``KEY-silicon``);
+    built when a test first asks (once per worker), not as each worker collects."""
+    if key.endswith("-silicon"):
+        return dataclasses.replace(problem_of(key.removesuffix("-silicon")), timing="silicon")
+    m, c, w, tie, over = CASES[key]
+    return Problem.build(m, c, w, tie=tie, timing="roofline", **over)
+
+
+@pytest.mark.parametrize("key", [*CASES, *SILICON])
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1))
 def test_scalar_batched_and_tables_agree(key: str, seed: int) -> None:
-    problem = {**PROBLEMS, **SILICON}[key]
+    problem = problem_of(key)
     space = problem.space
     codes = space.sample(8, seed=seed)
     batch = evaluate_batch(problem, codes)
@@ -79,7 +84,7 @@ def test_scalar_batched_and_tables_agree(key: str, seed: int) -> None:
 def test_silicon_times_the_kernels_it_has_measurements_of(key: str) -> None:
     """GEMMs, attention and experts are measured on a covered accelerator; norms stay
     with the roofline; and the measured plan differs from the roofline's."""
-    problem = SILICON[f"{key}-silicon"]
+    problem = problem_of(f"{key}-silicon")
     plan = problem.space.megatron_plan(problem.space.degree_tuples[-1])
     m = evaluate(problem, plan)
     timing = {b.name.split(".")[1]: b.timing for b in m.breakdown}
@@ -87,15 +92,15 @@ def test_silicon_times_the_kernels_it_has_measurements_of(key: str) -> None:
     assert timing["attn_norm"] == "roofline"
     if problem.model.is_moe:
         assert timing["experts"] == "silicon"
-    assert m.tpot_ms != evaluate(PROBLEMS[key], plan).tpot_ms
+    assert m.tpot_ms != evaluate(problem_of(key), plan).tpot_ms
 
 
 def test_silicon_timing_fills_in_an_accelerator_it_has_no_measurements_of() -> None:
-    cluster = PROBLEMS["llama70-offline"].cluster
+    cluster = problem_of("llama70-offline").cluster
     custom = dataclasses.replace(
         cluster, accelerator=dataclasses.replace(cluster.accelerator, key="my-gpu")
     )
-    silicon = dataclasses.replace(PROBLEMS["llama70-offline"], cluster=custom, timing="silicon")
+    silicon = dataclasses.replace(problem_of("llama70-offline"), cluster=custom, timing="silicon")
     roofline = dataclasses.replace(silicon, timing="roofline")
     plan = silicon.space.megatron_plan(silicon.space.degree_tuples[0])
     m = evaluate(silicon, plan)
@@ -119,7 +124,7 @@ def _scaled_cluster(cluster: Cluster, factor: float, fields: tuple[str, ...]) ->
 def test_more_bandwidth_or_compute_is_never_slower(
     key: str, fields: tuple[str, ...], seed: int, factor: float
 ) -> None:
-    base = PROBLEMS[key]
+    base = problem_of(key)
     faster = dataclasses.replace(base, cluster=_scaled_cluster(base.cluster, factor, fields))
     codes = base.space.sample(24, seed=seed)
     slow, fast = evaluate_batch(base, codes), evaluate_batch(faster, codes)
@@ -152,7 +157,7 @@ def test_kv_cache_is_linear_in_batch_and_context(
 
 
 def test_weights_shrink_under_column_and_row_sharding_only() -> None:
-    problem = PROBLEMS["ds-chat-kind"]
+    problem = problem_of("ds-chat-kind")
     for degrees in problem.space.degree_tuples:
         if degrees.tp == 1:
             continue
@@ -266,7 +271,7 @@ def test_plans_priced_together_or_alone_agree(data: st.DataObject) -> None:
     # one pass prices every degree tuple at once: a plan's metrics cannot depend on
     # which plans share its batch, nor on their order
     key = data.draw(st.sampled_from(["ds-chat-kind", "ds-prefill-layer", "ds32-mtp-chat"]))
-    problem = (PROBLEMS | SILICON)[key + data.draw(st.sampled_from(["", "-silicon"]))]
+    problem = problem_of(key + data.draw(st.sampled_from(["", "-silicon"])))
     codes = problem.space.sample(40, seed=data.draw(st.integers(0, 1000)))
     whole = evaluate_batch(problem, codes)
     order = data.draw(st.permutations(range(len(codes))))
@@ -284,7 +289,7 @@ def test_pricing_in_pieces_prices_the_same(key: str, monkeypatch) -> None:
     # sums are its own, so pricing one plan at a time at powers of two gives the same bits
     from shardlab.costmodel import stage_sums
 
-    problem = PROBLEMS[key]
+    problem = problem_of(key)
     codes = problem.space.sample(150, seed=5)
     whole = evaluate_batch(problem, codes)
     monkeypatch.setattr(stage_sums, "GATHER_CHUNK", 1)
@@ -301,7 +306,7 @@ def test_pricing_survives_its_tables_being_dropped() -> None:
     # problems than it keeps rebuilds it, and what was cached about the space still holds
     from shardlab.costmodel.stack import stack_of
 
-    problem = PROBLEMS["ds-chat-kind"]
+    problem = problem_of("ds-chat-kind")
     codes = problem.space.sample(30, seed=4)
     before = evaluate_batch(problem, codes)
     stack_of.cache_clear()

@@ -23,12 +23,17 @@ def test_every_degree_tuple_uses_every_gpu_and_splits_the_heads() -> None:
 
 
 def test_moe_degrees_split_experts_and_their_width() -> None:
+    """Each stage's GPUs regroup as every (ep, etp) whose ep divides the 8 experts (the
+    14,336 width divides by any etp here): all of them, none other."""
     model = load_model("mixtral-8x7b")
     assert model.moe is not None
-    for d in enumerate_degrees(model, parse_cluster("h100x8")):
-        assert d.ep * d.etp == d.group
-        assert model.moe.num_experts % d.ep == 0
-        assert model.moe.expert_ffn_size % d.etp == 0
+    for gpus in (8, 16):
+        by_group: dict[int, set[tuple[int, int]]] = {}
+        for d in enumerate_degrees(model, parse_cluster(f"h100x{gpus}")):
+            by_group.setdefault(d.group, set()).add((d.ep, d.etp))
+        for group, pairs in by_group.items():
+            assert pairs == {(ep, group // ep) for ep in (1, 2, 4, 8) if group % ep == 0}
+        assert set(by_group) == {1, 2, 4, 8} | ({16} if gpus == 16 else set())
 
 
 def test_heads_that_do_not_divide_leave_no_tuple() -> None:

@@ -15,13 +15,15 @@ import time
 
 import pytest
 
+from shardlab import Problem
 from shardlab.solvers import Budget, available_solvers, get_solver, solve
-from tests.conftest import ENUMERABLE, HARD, within_limit
+from tests.conftest import within_limit
 
 METHODS = available_solvers()
-# HARD has no method finish in seconds: 2 s of it shows the budget kept as well as more
+# ``hard`` (tests/conftest.py) has no method finish in seconds: 2 s of it shows the
+# budget kept as well as more
 LIMIT = 2.0
-CPSAT_LIMIT = 4.0  # CP-SAT's first plan on HARD comes after its bounds
+CPSAT_LIMIT = 4.0  # CP-SAT's first plan on ``hard`` comes after its bounds
 # The budgets issue's example, DeepSeek-V3 on 16 H200 with both SLOs binding, at a TPOT
 # the Megatron plan misses at any concurrency: CP-SAT proves a plan in 7 s, none in 2 s.
 SLO_BOUND = [
@@ -32,9 +34,11 @@ SLO_BOUND = [
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_every_method_ends_on_time_with_its_best_plan(method: str) -> None:
-    # exhaustive prices ENUMERABLE whole in about 5 s: a shorter limit
-    problem, limit = (ENUMERABLE, 1.0) if method == "exhaustive" else (HARD, LIMIT)
+def test_every_method_ends_on_time_with_its_best_plan(
+    method: str, hard: Problem, enumerable: Problem
+) -> None:
+    # exhaustive prices ``enumerable`` whole in about 5 s: a shorter limit
+    problem, limit = (enumerable, 1.0) if method == "exhaustive" else (hard, LIMIT)
     start = time.perf_counter()
     r = solve(problem, method, budget=Budget(max_evals=None, seconds=limit), seed=0)
     wall = time.perf_counter() - start
@@ -56,8 +60,8 @@ def test_every_method_ends_on_time_with_its_best_plan(method: str) -> None:
             assert r.facts["ran_out_in"]
 
 
-def test_cpsat_out_of_time_reports_its_phase_bound_and_gap() -> None:
-    r = get_solver("cpsat").solve(HARD, budget=Budget(max_evals=None, seconds=CPSAT_LIMIT), seed=0)
+def test_cpsat_out_of_time_reports_its_phase_bound_and_gap(hard: Problem) -> None:
+    r = get_solver("cpsat").solve(hard, budget=Budget(max_evals=None, seconds=CPSAT_LIMIT), seed=0)
     assert r.status == "feasible"
     phase = r.facts["ran_out_in"]
     if phase.startswith("subproblem"):  # every subproblem has its bound
@@ -90,7 +94,7 @@ def test_cli_without_a_plan_in_time_says_so_in_one_line() -> None:
 
 def test_cli_time_limit_counts_for_the_whole_command_and_shows_progress() -> None:
     limit = 7.0  # a progress line every 5 s: one at least
-    done, wall = _cli(  # HARD, from the command line
+    done, wall = _cli(  # ``hard``, from the command line
         "solve", "--method", "cpsat", "--model", "llama-3.1-405b", "--cluster", "h100x32",
         "--tie", "layer", "--schedule", "static", "--time-limit", "7", timeout=120,
     )  # fmt: skip

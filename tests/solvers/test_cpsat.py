@@ -69,7 +69,8 @@ def test_no_registered_method_beats_cpsat(name: str) -> None:
 
 def test_infeasible_slo_is_proven_and_named() -> None:
     problem = Problem.build("llama-3.1-8b", "h100x2", "chat", tpot_ms=0.2)
-    r = solve(problem, "cpsat")
+    # the proof takes well under a second: a ceiling of 60 s, not the exact default's 600
+    r = solve(problem, "cpsat", budget=Budget(max_evals=None, seconds=60))
     assert r.status == "infeasible"
     assert r.message.startswith("no plan in the space")
     assert "TPOT <= 0.2 ms" in r.message
@@ -79,8 +80,9 @@ def test_same_seed_same_plan_with_two_workers() -> None:
     from shardlab.solvers import get_solver
 
     problem = INSTANCES["mixtral8x7b-h100x4-chat"].problem()
-    a = get_solver("cpsat", workers=2).solve(problem, seed=5)
-    b = get_solver("cpsat", workers=2).solve(problem, seed=5)
+    budget = Budget(max_evals=None, seconds=60)  # proven in seconds; never a hang
+    a = get_solver("cpsat", workers=2).solve(problem, budget=budget, seed=5)
+    b = get_solver("cpsat", workers=2).solve(problem, budget=budget, seed=5)
     assert a.plan == b.plan and a.status == b.status == "optimal"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import cache
 
 import numpy as np
 import pytest
@@ -22,10 +23,20 @@ from shardlab.solvers.rl.reward import fitness_of, rank_rewards, rewards  # noqa
 from shardlab.solvers.rl.search import Search, new_policy  # noqa: E402
 from shardlab.solvers.rl.train import train_policy  # noqa: E402
 
-SMALL = get_instance("llama8b-h100x2-chat").problem()
-MOE = get_instance("mixtral8x7b-h100x4-chat").problem()
-LAYER = Problem.build("mixtral-8x7b", "h100x4", "chat", tie="layer")
-BIG_MOE = get_instance("deepseek-v3-h100x64-chat").problem()
+INSTANCES = {
+    "dense": "llama8b-h100x2-chat",
+    "moe": "mixtral8x7b-h100x4-chat",
+    "big": "deepseek-v3-h100x64-chat",
+}
+
+
+@cache
+def problem_of(key: str) -> Problem:
+    """The problems these tests share, built when a test first asks (once per worker);
+    ``layer``: Mixtral with options per layer."""
+    if key == "layer":
+        return Problem.build("mixtral-8x7b", "h100x4", "chat", tie="layer")
+    return get_instance(INSTANCES[key]).problem()
 
 
 @pytest.fixture(autouse=True)
@@ -43,10 +54,9 @@ def _random_elite(problem: Problem, dec: Decisions, k: int) -> Elite:
 
 
 @pytest.mark.parametrize("proposal", choices(Proposal))
-@pytest.mark.parametrize(
-    "problem", [SMALL, MOE, LAYER, BIG_MOE], ids=["dense", "moe", "layer", "big"]
-)
-def test_every_sampled_plan_is_valid(problem: Problem, proposal: str) -> None:
+@pytest.mark.parametrize("key", ["dense", "moe", "layer", "big"])
+def test_every_sampled_plan_is_valid(key: str, proposal: str) -> None:
+    problem = problem_of(key)
     dec = Decisions(problem.space)
     pt = ProblemTensors.build(problem, dec)
     policy = new_policy(RLConfig(proposal=proposal), 0)
@@ -66,8 +76,9 @@ def test_every_sampled_plan_is_valid(problem: Problem, proposal: str) -> None:
 
 
 def test_degree_decisions_reach_exactly_the_valid_tuples() -> None:
-    dec = Decisions(BIG_MOE.space)
-    codes = np.zeros((len(BIG_MOE.space.degree_tuples), BIG_MOE.space.n_vars), dtype=np.int64)
+    space = problem_of("big").space
+    dec = Decisions(space)
+    codes = np.zeros((len(space.degree_tuples), space.n_vars), dtype=np.int64)
     codes[:, 0] = np.arange(len(codes))
     actions = dec.to_actions(codes)
     for t in range(dec.n_degree_steps):
@@ -85,8 +96,9 @@ def test_parameter_count_does_not_depend_on_the_problem(proposal: str) -> None:
         policy.sample(pt, _random_elite(problem, dec, 4), 2, torch.Generator())
         return sum(p.numel() for p in policy.parameters())
 
-    assert count(SMALL) == count(BIG_MOE)
-    assert Decisions(SMALL.space).n_steps != Decisions(BIG_MOE.space).n_steps
+    small, big = problem_of("dense"), problem_of("big")
+    assert count(small) == count(big)
+    assert Decisions(small.space).n_steps != Decisions(big.space).n_steps
 
 
 def test_penalty_grows_with_the_miss() -> None:
@@ -140,7 +152,8 @@ def test_checkpoint_round_trip_resume_and_errors(tmp_path) -> None:
 
 
 def test_reinforce_runs() -> None:
-    r = get_solver("rl", algorithm="reinforce").solve(SMALL, budget=Budget(max_evals=120), seed=0)
+    solver = get_solver("rl", algorithm="reinforce")
+    r = solver.solve(problem_of("dense"), budget=Budget(max_evals=120), seed=0)
     assert r.status in ("feasible", "optimal") and r.n_evals == 120
 
 
@@ -180,10 +193,11 @@ def test_search_does_not_depend_on_its_budget() -> None:
 def test_an_untrained_edit_stays_close_to_its_parent() -> None:
     """The edit policy proposes elite plans with a few decisions changed (its offsets),
     and every proposal's parent is an elite row."""
-    dec = Decisions(LAYER.space)
-    pt = ProblemTensors.build(LAYER, dec)
+    layer = problem_of("layer")
+    dec = Decisions(layer.space)
+    pt = ProblemTensors.build(layer, dec)
     policy = new_policy(RLConfig(proposal="edit", degree_edit=0.25), 0)
-    elite = _random_elite(LAYER, dec, 8)
+    elite = _random_elite(layer, dec, 8)
     roll = policy.sample(pt, elite, 256, torch.Generator().manual_seed(0))
     parents = elite.actions[roll.parents.numpy()]
     changed = roll.actions.numpy() != parents
