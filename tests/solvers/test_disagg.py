@@ -194,6 +194,8 @@ def test_solve_best_reports_both_and_writes_the_chosen_plan(
     assert data["disagg_over_agg"] == pytest.approx(dis / agg)
     assert data["chosen"] == ("disagg" if dis > agg else "agg") == winner
     written = json.loads(out.read_text())
+    # the file also records what launch holds it to: the engine and GPU it was priced on
+    assert (written.pop("engine"), written.pop("accelerator")) == (engine, "h100")
     assert written == data[winner]["plan"]
     # explain reads the plan file written, either kind, and shows what was chosen
     code, stdout, err = run_cli(["explain", *problem, "--plan", str(out)], capsys, monkeypatch)
