@@ -244,3 +244,17 @@ def test_each_command_section_documents_exactly_its_flags() -> None:
 def test_command_extraction(line: str, expected: list[list[str]]) -> None:
     found = [args for _, args in shardlab_commands(iter([(1, line)]))]
     assert found == expected
+
+
+def test_the_landing_page_tours_every_command() -> None:
+    """A newcomer reads docs/index.md first: a command it never shows is one they will
+    not find (``size`` and ``launch --target`` were missing once)."""
+    import typer.main
+
+    from shardlab.cli.app import app
+
+    page = (ROOT / "docs" / "index.md").read_text()
+    commands = sorted(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+    missing = [c for c in commands if not re.search(rf"^shardlab {re.escape(c)}\b", page, re.M)]
+    assert not missing, f"docs/index.md shows no command line of: {missing}"
+    assert re.search(r"^shardlab launch .*--target ", page, re.M)
