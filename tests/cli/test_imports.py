@@ -13,18 +13,26 @@ def test_cli_does_not_import_torch() -> None:
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
-def test_solve_cpsat_does_not_import_torch() -> None:
+def _cli_in_a_fresh_process(argv: list[str], heavy: tuple[str, ...]) -> str:
+    """Run ``shardlab ARGV`` in a new interpreter; fail if it exits non-zero or has
+    imported any of ``heavy``. Its standard output."""
     code = (
         "import sys\n"
         "from shardlab.cli import main\n"
-        "sys.argv = ['shardlab', 'solve', '--method', 'cpsat', '--model', 'llama-3.1-8b',"
-        " '--cluster', 'h100x2', '--format', 'json']\n"
+        f"sys.argv = ['shardlab', *{argv!r}]\n"
         "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-        "sys.exit(3 if 'torch' in sys.modules else 0)\n"
+        f"loaded = [m for m in {heavy!r} if m in sys.modules]\n"
+        "sys.exit(f'imported {loaded}' if loaded else 0)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert '"status": "optimal"' in proc.stdout
+    return proc.stdout
+
+
+def test_solve_cpsat_does_not_import_torch() -> None:
+    argv = ["solve", "--method", "cpsat", "--model", "llama-3.1-8b", "--cluster", "h100x2"]
+    stdout = _cli_in_a_fresh_process([*argv, "--format", "json"], ("torch",))
+    assert '"status": "optimal"' in stdout
 
 
 def test_gymnasium_env_does_not_import_torch() -> None:
@@ -43,14 +51,5 @@ def test_gymnasium_env_does_not_import_torch() -> None:
 
 
 def test_solve_help_lists_every_methods_options_without_loading_them() -> None:
-    code = (
-        "import sys\n"
-        "from shardlab.cli import main\n"
-        "sys.argv = ['shardlab', 'solve', '--help']\n"
-        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-        "heavy = [m for m in ('torch', 'optuna', 'ortools') if m in sys.modules]\n"
-        "sys.exit(f'imported {heavy}' if heavy else 0)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "--sampler" in proc.stdout and "--proposal" in proc.stdout
+    stdout = _cli_in_a_fresh_process(["solve", "--help"], ("torch", "optuna", "ortools"))
+    assert "--sampler" in stdout and "--proposal" in stdout

@@ -351,15 +351,21 @@ def test_trtllm_over_nodes_on_k8s_is_refused_with_what_works() -> None:
     )
 
 
-def test_cli_writes_the_manifests_and_a_refusal_leaves_nothing(
-    tmp_path: Path, capsys, monkeypatch
-) -> None:
+def _solved_plan(tmp_path: Path, capsys, monkeypatch) -> Path:
+    """A vLLM plan of Llama-3.1-8B on 8 H100, solved through the CLI and written."""
     plan_file = tmp_path / "plan.json"
     code, _, err = run_cli(
         ["solve", "--model", "llama-3.1-8b", "--cluster", "h100x8", "--engine", "vllm",
          "--space", "engine", "--out", str(plan_file)], capsys, monkeypatch,
     )  # fmt: skip
     assert code == 0, err
+    return plan_file
+
+
+def test_cli_writes_the_manifests_and_a_refusal_leaves_nothing(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    plan_file = _solved_plan(tmp_path, capsys, monkeypatch)
     out = tmp_path / "deploy"
     for target, name in (("k8s", "manifests.yaml"), ("dynamo", "dynamo.yaml"),
                          ("llm-d", "values.yaml")):  # fmt: skip
@@ -434,12 +440,7 @@ def test_k8s_without_out_prints_what_it_says_to_apply(tmp_path: Path, capsys, mo
     """Without --out the manifests go to standard output and the advice pipes them
     (``kubectl apply -f -``, ``helm install ... -f -``): no file is named that was not
     written, and nothing is written in the current folder."""
-    plan_file = tmp_path / "plan.json"
-    code, _, err = run_cli(
-        ["solve", "--model", "llama-3.1-8b", "--cluster", "h100x8", "--engine", "vllm",
-         "--space", "engine", "--out", str(plan_file)], capsys, monkeypatch,
-    )  # fmt: skip
-    assert code == 0, err
+    plan_file = _solved_plan(tmp_path, capsys, monkeypatch)
     monkeypatch.chdir(tmp_path)
     for target, apply in (("k8s", "kubectl apply -n default -f -"),
                           ("dynamo", "kubectl apply -n default -f -"),
