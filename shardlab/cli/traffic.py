@@ -56,7 +56,7 @@ def traffic(
         str | None,
         typer.Option(
             help="poisson or gamma (default: a trace's own timestamps; poisson without a "
-            "trace). With --clients: a closed loop."
+            "trace). --clients makes a closed loop instead."
         ),
     ] = None,
     cv: Annotated[
@@ -154,7 +154,7 @@ def _print(s: TrafficSummary) -> None:
         rate = "-" if s.rate is None else f"{s.rate:,.2f}/s"
         cv = "-" if s.gap_cv is None else f"{s.gap_cv:.2f}"
         head += f" ({s.arrival}) over {s.span_s:,.0f} s, mean rate {rate}, CV of gaps {cv}"
-    out.print(head, markup=False)
+    out.print(head, markup=False, soft_wrap=True)
     table = Table()
     for col in ("tokens", "p50", "p90", "p99", "max", "mean"):
         table.add_column(col, justify="left" if col == "tokens" else "right")
@@ -164,6 +164,6 @@ def _print(s: TrafficSummary) -> None:
     if s.refused:
         out.print(f"{len(s.refused):,} rows refused:", markup=False)
         for r in s.refused[:SHOWN_REFUSALS]:
-            out.print(f"  {r.reason}", markup=False)
+            out.print(f"  {r.reason}", markup=False, soft_wrap=True)
         if len(s.refused) > SHOWN_REFUSALS:
             out.print(f"  ... and {len(s.refused) - SHOWN_REFUSALS:,} more", markup=False)
