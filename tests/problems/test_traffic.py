@@ -5,6 +5,7 @@ bad input refused in one line naming the file, the row and the field."""
 from __future__ import annotations
 
 import gzip
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -319,3 +320,42 @@ def test_rescaled_arrivals_have_the_rate_and_keep_the_cv(
     assert np.all(np.diff(moved.arrival_s) >= 0)
     assert moved.rate == pytest.approx(target, rel=1e-9)
     assert moved.gap_cv == pytest.approx(t.gap_cv, rel=1e-6)
+
+
+BAD_LENGTHS = st.sampled_from(["", "x", "-3", "0", "2.5", "nan", "inf"])
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.floats(0, 100, allow_nan=False),
+            st.one_of(st.integers(1, 10**6).map(str), BAD_LENGTHS),
+            st.one_of(st.integers(1, 10**4).map(str), BAD_LENGTHS),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_each_row_is_kept_or_refused_by_its_line(rows: list[tuple[float, str, str]]) -> None:
+    rows = [(t, i, o) for t, (_, i, o) in zip(sorted(r[0] for r in rows), rows, strict=True)]
+
+    def ok(text: str) -> bool:
+        return text.isdigit() and int(text) > 0
+
+    good = [(t, int(i), int(o)) for t, i, o in rows if ok(i) and ok(o)]
+    bad_lines = [n for n, (_, i, o) in enumerate(rows, start=2) if not (ok(i) and ok(o))]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.csv"
+        path.write_text(
+            "arrival_s,input_len,output_len\n" + "".join(f"{t!r},{i},{o}\n" for t, i, o in rows)
+        )
+        if not good:
+            with pytest.raises(ShardlabError, match="no request that can be read"):
+                read_trace(path)
+            return
+        t = read_trace(path)
+    assert [r.line for r in t.refused] == bad_lines
+    assert t.input_len.tolist() == [i for _, i, _ in good]
+    assert t.output_len.tolist() == [o for _, _, o in good]
+    np.testing.assert_allclose(t.arrival_s, [s - good[0][0] for s, _, _ in good])
