@@ -25,6 +25,8 @@ from shardlab.solvers.choices import listed
 
 # How many refused rows the table lists (the JSON lists them all).
 SHOWN_REFUSALS = 10
+SYNTHETIC_REQUESTS = 1000
+BENCHMARK_PROMPTS = 10  # prompts per client of InferenceX's closed loop
 
 
 @app.command()
@@ -63,7 +65,9 @@ def traffic(
         float,
         typer.Option(help="Gamma arrivals: the coefficient of variation of the gaps (1: Poisson)."),
     ] = 1.0,
-    requests: Annotated[int, typer.Option(help="Synthetic: the number of requests.")] = 1000,
+    requests: Annotated[
+        int | None, typer.Option(help="Synthetic: the number of requests. [default: 1000]")
+    ] = None,
     input_len: Annotated[int, typer.Option("--input-len", help="Synthetic: prompt tokens.")] = 1024,
     output_len: Annotated[
         int, typer.Option("--output-len", help="Synthetic: generated tokens.")
@@ -81,9 +85,11 @@ def traffic(
         typer.Option(help="A closed loop: requests in flight (the benchmark's concurrency)."),
     ] = None,
     prompts_per_client: Annotated[
-        int,
-        typer.Option("--prompts-per-client", help="A closed loop: requests per client."),
-    ] = 10,
+        int | None,
+        typer.Option(
+            "--prompts-per-client", help="A closed loop: requests per client. [default: 10]"
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the synthetic draws.")] = 0,
     fmt: FormatOpt = Format.table,
 ) -> None:
@@ -104,6 +110,19 @@ def traffic(
     if arrival not in (None, "poisson", "gamma"):
         raise ShardlabError(f"arrival {arrival!r} is not one of poisson, gamma", field="arrival")
     chosen: Traffic
+    if clients is None and prompts_per_client is not None:
+        raise ShardlabError(
+            "prompts per client make a closed loop: give its clients", field="clients"
+        )
+    if traffic_file is not None and prompts_per_client is not None:
+        raise ShardlabError(
+            "a trace run as a closed loop sends its own requests", field="prompts_per_client"
+        )
+    if requests is not None and (clients is not None or traffic_file is not None):
+        raise ShardlabError(
+            "a closed loop has clients x prompts per client requests, a trace its own",
+            field="requests",
+        )
     if clients is not None:
         if arrival is not None or rate is not None:
             raise ShardlabError(
@@ -115,7 +134,12 @@ def traffic(
             chosen = trace.with_arrivals(Arrivals(kind="closed", clients=clients))
         else:
             chosen = closed_loop(
-                clients=clients, prompts_per_client=prompts_per_client, lengths=lengths, seed=seed
+                clients=clients,
+                prompts_per_client=(
+                    BENCHMARK_PROMPTS if prompts_per_client is None else prompts_per_client
+                ),
+                lengths=lengths,
+                seed=seed,
             )
     elif traffic_file is not None:
         chosen = read_trace(traffic_file, trace_format)
@@ -134,7 +158,7 @@ def traffic(
             )
         kind = "gamma" if arrival == "gamma" else "poisson"
         chosen = synthetic_traffic(
-            requests=requests,
+            requests=SYNTHETIC_REQUESTS if requests is None else requests,
             lengths=lengths,
             arrivals=Arrivals(kind=kind, rate=rate, cv=cv),
             seed=seed,

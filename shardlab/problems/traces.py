@@ -176,6 +176,7 @@ def read_trace(path: str | Path, trace_format: str | None = None) -> Traffic:
     outs: list[int] = []
     blocks: list[tuple[int, ...]] = []
     lines: list[int] = []
+    last: Any = None  # the last kept row's time as the file states it
     refused: list[Refusal] = []
     for line, row in rows:
         try:
@@ -190,11 +191,12 @@ def read_trace(path: str | Path, trace_format: str | None = None) -> Traffic:
             continue
         if times and t < times[-1]:
             raise ShardlabError(
-                f"{where} line {line}: {time_key} is before line {lines[-1]}'s; a trace's "
-                "requests must be in arrival order",
+                f"{where} line {line}: {time_key} {row.get(time_key)!r} is before line "
+                f"{lines[-1]}'s {last!r}; a trace's requests must be in arrival order",
                 field="traffic",
                 fix=f"sort the file by {time_key}",
             )
+        last = row.get(time_key)
         times.append(t)
         ins.append(i)
         outs.append(o)

@@ -120,8 +120,14 @@ def _refusal(path: Path, text: str, fmt: str | None = None) -> str:
         ("arrival_s,input_len,output_len\n", "no request"),
         ("arrival_s,input_len,output_len\n0,-4,2\n", "line 2: input_len must be a positive"),
         ("arrival_s,input_len,output_len\n0,4,many\n", "line 2: output_len 'many' is not a num"),
-        ("arrival_s,input_len,output_len\n1,4,2\n2,4,2\n1.5,4,2\n", "line 4: arrival_s is before"),
-        ("arrived_at,num_prefill_tokens,num_decode_tokens\n3,1,1\n2,1,1\n", "line 3: arrived_at"),
+        (
+            "arrival_s,input_len,output_len\n1,4,2\n2,4,2\n1.5,4,2\n",
+            "line 4: arrival_s '1.5' is before line 3's '2'",
+        ),
+        (
+            "arrived_at,num_prefill_tokens,num_decode_tokens\n3,1,1\n2,1,1\n",
+            "line 3: arrived_at '2' is before",
+        ),
     ],
 )
 def test_a_bad_csv_trace_is_refused_in_one_line(tmp_path: Path, text: str, says: str) -> None:
@@ -131,7 +137,9 @@ def test_a_bad_csv_trace_is_refused_in_one_line(tmp_path: Path, text: str, says:
 def test_a_bad_mooncake_trace_is_refused_in_one_line(tmp_path: Path) -> None:
     late = '{"timestamp": 5, "input_length": 1, "output_length": 1}\n'
     early = '{"timestamp": 4, "input_length": 1, "output_length": 1}\n'
-    assert "line 2: timestamp is before line 1's" in _refusal(tmp_path / "t.jsonl", late + early)
+    assert "line 2: timestamp 4 is before line 1's 5" in _refusal(
+        tmp_path / "t.jsonl", late + early
+    )
     assert "no request" in _refusal(tmp_path / "t.jsonl", "not json\n")
 
 
