@@ -89,6 +89,8 @@ def test_a_plain_csv_and_a_gzipped_one_read_alike(tmp_path: Path) -> None:
         t = read_trace(tmp_path / name)
         assert t.arrival_s.tolist() == [0.0, 0.5, 0.5]
         assert t.input_len.tolist() == [100, 200, 50] and t.output_len.tolist() == [20, 30, 5]
+        # the rate is one over the mean gap: 2 gaps in 0.5 s; the gaps 0.5 and 0
+        assert (t.span_s, t.rate, t.gap_cv) == (0.5, 4.0, 1.0)
 
 
 def test_the_format_can_be_given(tmp_path: Path) -> None:
