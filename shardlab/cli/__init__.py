@@ -3,11 +3,20 @@
 ``app`` holds the root; each module registers its commands on it when imported:
 :mod:`~shardlab.cli.catalog` (what is built in), :mod:`~shardlab.cli.plans` (one
 plan), :mod:`~shardlab.cli.solve`, :mod:`~shardlab.cli.experiments` (runs that write
-``results/``) and :mod:`~shardlab.cli.checks` (against measurements). Every table is
-drawn by :mod:`~shardlab.cli.render`.
+``results/``), :mod:`~shardlab.cli.checks` (against measurements) and
+:mod:`~shardlab.cli.traffic` (a traffic's summary). Every table is drawn by
+:mod:`~shardlab.cli.render`.
 """
 
-from shardlab.cli import catalog, checks, experiments, plans, sizing, solve  # noqa: F401 - registers
+from shardlab.cli import (  # noqa: F401 - registers
+    catalog,
+    checks,
+    experiments,
+    plans,
+    sizing,
+    solve,
+    traffic,
+)
 from shardlab.cli.app import app, main
 
 __all__ = ["app", "main"]

@@ -66,6 +66,7 @@ SEE_ALSO = {
     "validate": "[Validation](validation.md)",
     "calibrate": "[Validation](validation.md)",
     "compare": "[Results](results.md)",
+    "traffic": "[Traffic and simulation](traffic.md)",
 }
 
 # Every command has it; the introduction says so.

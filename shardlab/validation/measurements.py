@@ -48,6 +48,7 @@ from shardlab.problems.cluster import Cluster, parse_cluster
 from shardlab.problems.disagg import DisaggPlan
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
+from shardlab.problems.refusal import Refusal
 from shardlab.problems.workload import Workload
 
 # What each metric of a model row reads off the prediction, and its unit.
@@ -103,15 +104,6 @@ class Measurement:
     @property
     def gpu(self) -> str:
         return self.cluster.accelerator.key
-
-
-@dataclass(frozen=True, kw_only=True)
-class Refusal:
-    """A row that could not be read, and why."""
-
-    id: str
-    line: int | None  # the file's line (None: not a line of a file)
-    reason: str
 
 
 @dataclass(frozen=True, kw_only=True)

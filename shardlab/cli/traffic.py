@@ -1,0 +1,193 @@
+"""``shardlab traffic``: what a trace or a synthetic traffic holds, in a few numbers."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from shardlab.cli.app import Format, FormatOpt, app
+from shardlab.cli.render import emit_json, out
+from shardlab.errors import ShardlabError
+from shardlab.problems.traces import TRACE_FORMATS, read_trace
+from shardlab.problems.traffic import (
+    Arrivals,
+    Lengths,
+    Traffic,
+    TrafficSummary,
+    closed_loop,
+    summarize,
+    synthetic_traffic,
+)
+from shardlab.solvers.choices import listed
+
+# How many refused rows the table lists (the JSON lists them all).
+SHOWN_REFUSALS = 10
+SYNTHETIC_REQUESTS = 1000
+BENCHMARK_PROMPTS = 10  # prompts per client of InferenceX's closed loop
+
+
+@app.command()
+def traffic(
+    traffic_file: Annotated[
+        str | None,
+        typer.Option(
+            "--traffic",
+            help=f"A trace file ({listed(TRACE_FORMATS)}; .gz is read as it is). "
+            "Without it: a synthetic traffic from the options below.",
+        ),
+    ] = None,
+    trace_format: Annotated[
+        str | None,
+        typer.Option(
+            "--trace-format",
+            help=f"The trace's format, {listed(TRACE_FORMATS)} (default: from its name "
+            "and header).",
+        ),
+    ] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            help="Requests/s: a trace's timestamps rescaled to this mean rate (its "
+            "burstiness kept), or the rate of synthetic arrivals."
+        ),
+    ] = None,
+    arrival: Annotated[
+        str | None,
+        typer.Option(
+            help="poisson or gamma (default: a trace's own timestamps; poisson without a "
+            "trace). --clients makes a closed loop instead."
+        ),
+    ] = None,
+    cv: Annotated[
+        float,
+        typer.Option(help="Gamma arrivals: the coefficient of variation of the gaps (1: Poisson)."),
+    ] = 1.0,
+    requests: Annotated[
+        int | None, typer.Option(help="Synthetic: the number of requests. [default: 1000]")
+    ] = None,
+    input_len: Annotated[int, typer.Option("--input-len", help="Synthetic: prompt tokens.")] = 1024,
+    output_len: Annotated[
+        int, typer.Option("--output-len", help="Synthetic: generated tokens.")
+    ] = 128,
+    range_ratio: Annotated[
+        float,
+        typer.Option(
+            "--range-ratio",
+            help="Synthetic: lengths uniform in [r x nominal, nominal] (the benchmarks' random "
+            "range ratio, e.g. 0.8; 1: fixed).",
+        ),
+    ] = 1.0,
+    clients: Annotated[
+        int | None,
+        typer.Option(help="A closed loop: requests in flight (the benchmark's concurrency)."),
+    ] = None,
+    prompts_per_client: Annotated[
+        int | None,
+        typer.Option(
+            "--prompts-per-client", help="A closed loop: requests per client. [default: 10]"
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the synthetic draws.")] = 0,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Summarise a traffic: requests, span, mean rate, burstiness (CV of the gaps between
+    arrivals) and percentiles of the input and output lengths, with the trace rows
+    that could not be read."""
+    lengths = Lengths(
+        kind="uniform" if range_ratio != 1 else "fixed",
+        input_len=input_len,
+        output_len=output_len,
+        range_ratio=range_ratio,
+    )
+    if not cv > 0:  # refused even where unused: a CV <= 0 is a mistake either way
+        raise ShardlabError(
+            f"the coefficient of variation of the gaps must be a positive number, got {cv!r}",
+            field="cv",
+        )
+    if arrival not in (None, "poisson", "gamma"):
+        raise ShardlabError(f"arrival {arrival!r} is not one of poisson, gamma", field="arrival")
+    chosen: Traffic
+    if clients is None and prompts_per_client is not None:
+        raise ShardlabError(
+            "prompts per client make a closed loop: give its clients", field="clients"
+        )
+    if traffic_file is not None and prompts_per_client is not None:
+        raise ShardlabError(
+            "a trace run as a closed loop sends its own requests", field="prompts_per_client"
+        )
+    if requests is not None and (clients is not None or traffic_file is not None):
+        raise ShardlabError(
+            "a closed loop has clients x prompts per client requests, a trace its own",
+            field="requests",
+        )
+    if clients is not None:
+        if arrival is not None or rate is not None:
+            raise ShardlabError(
+                "a closed loop has no arrivals or rate: give either clients or an arrival",
+                field="clients",
+            )
+        if traffic_file is not None:
+            trace = read_trace(traffic_file, trace_format)
+            chosen = trace.with_arrivals(Arrivals(kind="closed", clients=clients))
+        else:
+            chosen = closed_loop(
+                clients=clients,
+                prompts_per_client=(
+                    BENCHMARK_PROMPTS if prompts_per_client is None else prompts_per_client
+                ),
+                lengths=lengths,
+                seed=seed,
+            )
+    elif traffic_file is not None:
+        chosen = read_trace(traffic_file, trace_format)
+        if arrival is not None:
+            kind = "gamma" if arrival == "gamma" else "poisson"
+            chosen = chosen.with_arrivals(
+                Arrivals(kind=kind, rate=rate or chosen.rate, cv=cv), seed=seed
+            )
+        elif rate is not None:
+            chosen = chosen.at_rate(rate)
+    else:
+        if rate is None:
+            raise ShardlabError(
+                "a synthetic traffic needs a rate (requests/s), or a closed loop's clients",
+                field="rate",
+            )
+        kind = "gamma" if arrival == "gamma" else "poisson"
+        chosen = synthetic_traffic(
+            requests=SYNTHETIC_REQUESTS if requests is None else requests,
+            lengths=lengths,
+            arrivals=Arrivals(kind=kind, rate=rate, cv=cv),
+            seed=seed,
+        )
+    summary = summarize(chosen)
+    if fmt is Format.json:
+        emit_json(asdict(summary))
+        return
+    _print(summary)
+
+
+def _print(s: TrafficSummary) -> None:
+    head = f"{s.source}: {s.requests:,} requests"
+    if s.arrival == "closed":
+        head += f", a closed loop of {s.clients:,} clients"
+    elif s.span_s is not None:
+        rate = "-" if s.rate is None else f"{s.rate:,.2f}/s"
+        cv = "-" if s.gap_cv is None else f"{s.gap_cv:.2f}"
+        head += f" ({s.arrival}) over {s.span_s:,.0f} s, mean rate {rate}, CV of gaps {cv}"
+    out.print(head, markup=False, soft_wrap=True)
+    table = Table()
+    for col in ("tokens", "p50", "p90", "p99", "max", "mean"):
+        table.add_column(col, justify="left" if col == "tokens" else "right")
+    for name, values in (("input", s.input_len), ("output", s.output_len)):
+        table.add_row(name, *(f"{v:,}" for v in values.values()))
+    out.print(table)
+    if s.refused:
+        out.print(f"{len(s.refused):,} rows refused:", markup=False)
+        for r in s.refused[:SHOWN_REFUSALS]:
+            out.print(f"  {r.reason}", markup=False, soft_wrap=True)
+        if len(s.refused) > SHOWN_REFUSALS:
+            out.print(f"  ... and {len(s.refused) - SHOWN_REFUSALS:,} more", markup=False)
