@@ -34,6 +34,7 @@ from shardlab.costmodel.engines import (
 )
 from shardlab.costmodel.experts import COUNT_BYTES, dispatch_bytes
 from shardlab.costmodel.handoff import handoff_ns, handoff_seconds
+from shardlab.costmodel.iterations import IterationCosts
 from shardlab.costmodel.metrics import (
     VIOLATIONS,
     BatchMetrics,
@@ -89,6 +90,7 @@ __all__ = [
     "Form",
     "Forms",
     "IntegerTables",
+    "IterationCosts",
     "Metrics",
     "Number",
     "OpBreakdown",
