@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+import numpy as np
+
 from shardlab.errors import ShardlabError
 from shardlab.problems.cluster import Accelerator, Cluster
 from shardlab.problems.handoff import Handoff
@@ -98,9 +100,42 @@ def fits(cluster: Cluster, instances: dict[int, int]) -> bool:
 MAX_PAIRS = 4_000_000
 
 
+def pair_count(cluster: Cluster) -> int:
+    """How many pairs :func:`pairs` holds, counted without listing them: for each
+    prefill pool (``gp`` GPUs x ``x``) and decode size ``gd``, :func:`fits` holds for
+    ``y = 1..Y`` and no more (every count it checks grows with ``y``), and ``Y`` is the
+    least of what the GPUs and the nodes leave: ``x * gp + y * gd <= n``; with
+    ``gd >= node``, whole nodes ``W + y * ceil(gd / node) + ceil(S / node) <= N``; with
+    ``gd < node``, ``W + ceil((S + y * gd) / node) <= N``, i.e. ``S + y * gd <= (N - W)
+    * node`` (``W``: the prefill pool's whole nodes, ``S``: its GPUs in shared nodes)."""
+    node, n, nodes = cluster.node_size, cluster.num_gpus, cluster.num_nodes
+    sizes = instance_sizes(cluster)
+    total = 0
+    for gp in sizes:
+        x = np.arange(1, n // gp + 1)
+        whole = -(-gp // node) * x if gp >= node else np.zeros_like(x)
+        small = np.zeros_like(x) if gp >= node else gp * x
+        placed = whole + -(-small // node) <= nodes  # the prefill pool alone fits
+        for gd in sizes:
+            by_gpus = (n - x * gp) // gd
+            if gd >= node:
+                by_nodes = (nodes - whole - -(-small // node)) // -(-gd // node)
+            else:
+                by_nodes = ((nodes - whole) * node - small) // gd
+            total += int(np.clip(np.minimum(by_gpus, by_nodes), 0, None)[placed].sum())
+    return total
+
+
 def pairs(cluster: Cluster) -> tuple[tuple[int, int, int, int], ...]:
     """(prefill GPUs per instance, x, decode GPUs per instance, y) of every pair of
-    pools that fits in ``cluster``."""
+    pools that fits in ``cluster``; refused, before any is listed, past ``MAX_PAIRS``."""
+    if pair_count(cluster) > MAX_PAIRS:
+        raise ShardlabError(
+            f"disaggregated serving on {cluster.name}: more than {MAX_PAIRS:,} "
+            "pairs of pools to enumerate (the exact search goes to about 1,024 GPUs)",
+            field="cluster",
+            fix="plan one part of the cluster, or serve aggregated",
+        )
     sizes = instance_sizes(cluster)
     n = cluster.num_gpus
     out = []
@@ -111,14 +146,6 @@ def pairs(cluster: Cluster) -> tuple[tuple[int, int, int, int], ...]:
                     counts = {gp: x, gd: y} if gp != gd else {gp: x + y}
                     if fits(cluster, counts):
                         out.append((gp, x, gd, y))
-                if len(out) > MAX_PAIRS:
-                    raise ShardlabError(
-                        f"disaggregated serving on {cluster.name}: more than {MAX_PAIRS:,} "
-                        "pairs of pools to enumerate (the exact search goes to about 1,024 "
-                        "GPUs)",
-                        field="cluster",
-                        fix="plan one part of the cluster, or serve aggregated",
-                    )
     return tuple(out)
 
 

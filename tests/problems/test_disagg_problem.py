@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.catalog import load_model
-from shardlab.problems.cluster import parse_cluster
-from shardlab.problems.disagg import check_disagg, check_serving, fits, instance_sizes, pairs
+from shardlab.problems.cluster import Cluster, builtin_accelerators, parse_cluster
+from shardlab.problems.disagg import (
+    check_disagg,
+    check_serving,
+    fits,
+    instance_sizes,
+    pair_count,
+    pairs,
+)
 from shardlab.problems.handoff import Handoff, layer_copies, layer_handoff_bytes
 from shardlab.problems.problem import Problem
 
@@ -65,3 +74,13 @@ def test_handoff_bytes_follow_the_kv_cache() -> None:
     h = Handoff.of(model, 1000, "bf16", decode_pp=1, decode_tp=16, same_node=False)
     assert h.received_bytes == pytest.approx(2 * per_layer.sum())
     assert "the network" in h.describe()
+
+
+@settings(max_examples=60, deadline=None)
+@given(nodes=st.integers(1, 12), per_node=st.sampled_from([1, 2, 3, 4, 5, 6, 8]))
+def test_the_pairs_are_counted_as_they_are_listed(nodes: int, per_node: int) -> None:
+    """The refusal past MAX_PAIRS counts pairs without listing them (listing 4M took
+    16 s before it refused); the count is the list's length, node shapes and all."""
+    acc = builtin_accelerators()["h100"]
+    c = Cluster(accelerator=acc, num_gpus=nodes * per_node, gpus_per_node=per_node)
+    assert pair_count(c) == len(pairs(c))
