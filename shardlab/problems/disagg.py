@@ -101,28 +101,27 @@ MAX_PAIRS = 4_000_000
 
 
 def pair_count(cluster: Cluster) -> int:
-    """How many pairs :func:`pairs` holds, counted without listing them: for each
+    """How many pairs :func:`pairs` holds, counted without listing them. For each
     prefill pool (``gp`` GPUs x ``x``) and decode size ``gd``, :func:`fits` holds for
-    ``y = 1..Y`` and no more (every count it checks grows with ``y``), and ``Y`` is the
-    least of what the GPUs and the nodes leave: ``x * gp + y * gd <= n``; with
-    ``gd >= node``, whole nodes ``W + y * ceil(gd / node) + ceil(S / node) <= N``; with
-    ``gd < node``, ``W + ceil((S + y * gd) / node) <= N``, i.e. ``S + y * gd <= (N - W)
-    * node`` (``W``: the prefill pool's whole nodes, ``S``: its GPUs in shared nodes)."""
-    node, n, nodes = cluster.node_size, cluster.num_gpus, cluster.num_nodes
+    ``y = 1..Y`` and no more (what it checks grows with ``y``), and ``Y`` is what the
+    nodes leave (``W``: the prefill pool's whole nodes, ``S``: its GPUs in shared
+    nodes): with ``gd >= node``, ``W + y * ceil(gd / node) + ceil(S / node) <= N``; with
+    ``gd < node``, ``W + ceil((S + y * gd) / node) <= N``, i.e. ``S + y * gd <= (N - W) *
+    node``. The GPU count needs no check of its own: instance sizes below a node divide
+    it and the others are whole nodes, so the nodes bound the GPUs."""
+    node, nodes = cluster.node_size, cluster.num_nodes
     sizes = instance_sizes(cluster)
     total = 0
     for gp in sizes:
-        x = np.arange(1, n // gp + 1)
+        x = np.arange(1, cluster.num_gpus // gp + 1)
         whole = -(-gp // node) * x if gp >= node else np.zeros_like(x)
         small = np.zeros_like(x) if gp >= node else gp * x
-        placed = whole + -(-small // node) <= nodes  # the prefill pool alone fits
         for gd in sizes:
-            by_gpus = (n - x * gp) // gd
             if gd >= node:
-                by_nodes = (nodes - whole - -(-small // node)) // -(-gd // node)
+                y = (nodes - whole - -(-small // node)) // -(-gd // node)
             else:
-                by_nodes = ((nodes - whole) * node - small) // gd
-            total += int(np.clip(np.minimum(by_gpus, by_nodes), 0, None)[placed].sum())
+                y = ((nodes - whole) * node - small) // gd
+            total += int(np.clip(y, 0, None).sum())
     return total
 
 
