@@ -37,6 +37,12 @@ PLANS = {
 }
 ENGINES = ("trtllm", "vllm", "sglang")
 CASES = [(name, engine) for name in PLANS for engine in ENGINES]
+# Every plan on vLLM in the fast tier; the other engines' builds (1-4 s each) in the full
+# suite, marked slow.
+TIERED = [
+    pytest.param(name, engine, marks=() if engine == "vllm" else pytest.mark.slow)
+    for name, engine in CASES
+]
 # a few requests per rank, among them counts that split into pipeline micro-batches
 # unevenly
 COUNTS = (1, 2, 3, 7, 16)
@@ -54,7 +60,7 @@ def at(plan: Plan, c: int) -> Plan:
     return dataclasses.replace(plan, requests_per_rank=c)
 
 
-@pytest.mark.parametrize(("name", "engine"), CASES)
+@pytest.mark.parametrize(("name", "engine"), TIERED)
 def test_a_decode_iteration_is_the_decode_round(name: str, engine: str) -> None:
     """Decoding alone at the workload's mean context: the round R + i a decode
     workload's TPOT is, at every count of requests per rank."""
@@ -67,7 +73,7 @@ def test_a_decode_iteration_is_the_decode_round(name: str, engine: str) -> None:
     np.testing.assert_allclose(got, tpot, rtol=1e-9)
 
 
-@pytest.mark.parametrize(("name", "engine"), CASES)
+@pytest.mark.parametrize(("name", "engine"), TIERED)
 def test_the_mixed_iteration_is_the_forms_tpot_round(name: str, engine: str) -> None:
     """c decoding requests with the prompt tokens the forms spread over a round (input
     over output per request): the in-flight TPOT the evaluator reports."""
@@ -79,7 +85,7 @@ def test_the_mixed_iteration_is_the_forms_tpot_round(name: str, engine: str) -> 
         assert float(got) == pytest.approx(m.tpot_ms * 1e-3, rel=1e-9)
 
 
-@pytest.mark.parametrize(("name", "engine"), CASES)
+@pytest.mark.parametrize(("name", "engine"), TIERED)
 def test_a_prefill_iteration_of_one_prompt_is_the_prompt_time(name: str, engine: str) -> None:
     """One prompt of the workload's input length alone: the prompt time S of the
     closed loop's TTFT form (recovered from the evaluator's TTFT and TPOT through the
@@ -152,6 +158,7 @@ def test_decoding_at_an_off_node_context_lies_between_its_nodes() -> None:
     assert float(mid) == pytest.approx((float(lo) + float(hi)) / 2, rel=1e-12)
 
 
+@pytest.mark.slow  # samples every plan and engine: a dozen builds of 1-4 s
 @settings(max_examples=60, deadline=None)
 @given(
     case=st.sampled_from(CASES),
@@ -187,6 +194,7 @@ def test_analytic_iteration_times_grow_with_their_work(
         assert float(ic.iteration(c + more, context, 0.0)) >= alone - tol
 
 
+@pytest.mark.slow  # samples every plan and engine: a dozen builds of 1-4 s
 @settings(max_examples=60, deadline=None)
 @given(
     case=st.sampled_from(CASES),

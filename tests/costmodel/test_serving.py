@@ -248,6 +248,9 @@ def test_a_fit_recovers_the_engine_costs_that_made_the_measurements(tmp_path: Pa
     assert np.allclose(predicted, rows.measured, rtol=1e-3)
 
 
+# 12-16 s: the measured sample validated and fitted through the CLI; the fit itself is
+# tested on the library above, fast
+@pytest.mark.slow
 def test_cli_validates_and_fits_measured_serving(tmp_path: Path) -> None:
     path = tmp_path / "mine.csv"
     path.write_text(SAMPLE_HEADER + OWN_ROWS)

@@ -178,6 +178,8 @@ def test_calibration_file_round_trip_and_refusals(tmp_path: Path) -> None:
         Calibration.load(path)
 
 
+# 20-32 s on two loaded cores: validate, calibrate and a re-validation end to end
+@pytest.mark.slow
 def test_cli_validate_calibrate_and_apply_on_a_users_file(tmp_path: Path) -> None:
     path = _user_file(tmp_path)
     done = cli_process("validate", "--measurements", str(path), "--out", "v.md", cwd=tmp_path)
