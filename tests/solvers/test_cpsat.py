@@ -229,6 +229,7 @@ def test_pipeline_shortest_path_is_the_cp_sat_optimum(
     assert exact.status == "optimal" and exact.time_ns == time_ns
 
 
+@pytest.mark.slow  # 8-16 s of exact solves: the full suite's
 def test_pipeline_shortest_path_switches_the_residual_stream_at_a_boundary(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -271,6 +272,7 @@ def test_pipeline_shortest_path_switches_the_residual_stream_at_a_boundary(
     assert exact.status == "optimal" and exact.time_ns == time_ns
 
 
+@pytest.mark.slow  # 8-16 s of exact solves: the full suite's
 def test_memory_bound_is_below_the_fastest_plan_that_fits() -> None:
     """Llama-3.1-70B on 2 x TP 2 H100 at 26 requests: the fastest plan does not fit;
     the Lagrangian bound lies between it and CP-SAT's optimum of the plans that do."""
