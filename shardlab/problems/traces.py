@@ -81,27 +81,26 @@ def detect_format(path: Path, text: str) -> str:
     )
 
 
-def _tokens(row: Mapping[str, Any], key: str) -> int:
+def _number(row: Mapping[str, Any], key: str) -> tuple[float, object]:
+    """The row's ``key`` as a float, and its text as written (for messages)."""
     text = row.get(key)
     if text is None or (isinstance(text, str) and not text.strip()):
         raise _BadRow(f"{key} is missing")
     try:
-        value = float(text)
+        return float(text), text
     except (TypeError, ValueError):
         raise _BadRow(f"{key} {text!r} is not a number") from None
+
+
+def _tokens(row: Mapping[str, Any], key: str) -> int:
+    value, text = _number(row, key)
     if not np.isfinite(value) or value != int(value) or value < 1:
         raise _BadRow(f"{key} must be a positive integer, got {text!r}")
     return int(value)
 
 
 def _seconds(row: Mapping[str, Any], key: str, scale: float) -> float:
-    text = row.get(key)
-    if text is None or (isinstance(text, str) and not text.strip()):
-        raise _BadRow(f"{key} is missing")
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise _BadRow(f"{key} {text!r} is not a number") from None
+    value, text = _number(row, key)
     if not np.isfinite(value):
         raise _BadRow(f"{key} {text!r} is not a finite number")
     return value * scale

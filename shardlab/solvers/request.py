@@ -50,8 +50,7 @@ class SolveRequest:
     serving: Serving = "agg"
     budget: Budget
     seed: int = 0
-    # the method's own, built (and so checked) once; None: the method's defaults
-    options: SolverOptions = None  # type: ignore[assignment]
+    options: SolverOptions  # the method's own, built (and so checked) once: see ``of``
     baseline: bool = True  # price the Megatron rule's plan beside the result
     vs_free: bool = False  # with an engine's space: CP-SAT over the free space beside it
 
@@ -114,8 +113,6 @@ class SolveRequest:
         """A request built by hand carries the method's own options type (``of`` builds
         them from a mapping, which checks every key and value)."""
         expected = options_class(self.method)
-        if self.options is None:
-            object.__setattr__(self, "options", expected())
         if type(self.options) is not expected:
             raise ShardlabError(
                 f"method {self.method!r} takes {expected.__name__}, "

@@ -12,7 +12,7 @@ from shardlab.errors import ShardlabError
 from shardlab.problems.disagg import DisaggPlan
 from shardlab.solvers import Budget, get_solver, solve
 from shardlab.solvers.base import quality
-from shardlab.solvers.options import SolverOptions
+from shardlab.solvers.options import CpSatOptions, SolverOptions
 
 PROBLEM = Problem.build("llama-3.1-8b", "h100x2")
 FEW = Budget(max_evals=200)
@@ -186,9 +186,17 @@ def test_a_request_is_checked_when_built_and_run_as_solve_runs_it() -> None:
     from shardlab.solvers import SolveRequest, run
 
     with pytest.raises(ShardlabError) as e:
-        SolveRequest(problem=PROBLEM, serving="disagg", budget=Budget(max_evals=50))
+        SolveRequest(
+            problem=PROBLEM,
+            serving="disagg",
+            budget=Budget(max_evals=50),
+            options=CpSatOptions(),
+        )
     assert e.value.field == "max_evals"
     request = SolveRequest.of(PROBLEM, "anneal", budget=FEW, seed=3, baseline=False)
     assert request.mode == "agg" and request.options == SolverOptions()
+    with pytest.raises(ShardlabError) as e:  # another method's options, built by hand
+        SolveRequest(problem=PROBLEM, method="anneal", budget=FEW, options=CpSatOptions())
+    assert e.value.field == "options"
     a, b = run(request), solve(PROBLEM, "anneal", budget=FEW, seed=3, baseline=False)
     assert a.plan == b.plan and a.objective == b.objective
