@@ -1,4 +1,5 @@
-"""Figures written next to results: the Pareto front of a solve, a sizing curve."""
+"""Figures written next to results: the Pareto front of a solve, a sizing curve, a
+simulated run's latency CDFs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from shardlab.problems.problem import Problem
 from shardlab.solvers.front import FrontPoint
 
 if TYPE_CHECKING:
+    from shardlab.simulate import Simulation
     from shardlab.sizing.size import Sizer, Sizing
 
 AXIS_LABEL = {"tpot_ms": "TPOT (ms)", "ttft_ms": "TTFT (ms)"}
@@ -125,3 +127,40 @@ def _save(fig: Any, path: str | Path) -> None:
             fig.savefig(tmp, format="png", dpi=100)
     finally:
         plt.close(fig)
+
+
+def plot_simulation(path: str | Path, sim: Simulation, title: str) -> None:
+    """Latency CDFs of a simulated run (TTFT, TPOT, end-to-end) and the requests in the
+    system over time, waiting for their first token and in all."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    for ax, (name, values) in zip(
+        axes,
+        (("TTFT", sim.ttft_s), ("TPOT", sim.tpot_s), ("end-to-end", sim.e2e_s)),
+        strict=False,
+    ):
+        v = np.sort(values * 1e3)
+        ax.plot(v, np.arange(1, len(v) + 1) / len(v), lw=1.4)
+        for q, style in ((0.5, ":"), (0.9, "--"), (0.99, "-.")):
+            ax.axhline(q, color="grey", lw=0.6, ls=style)
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{name} (ms)")
+        ax.set_ylabel("share of requests")
+        ax.grid(alpha=0.3)
+    span = float(np.nanmax(sim.finish_s))
+    times = np.linspace(0.0, span, 2000)
+    in_system, waiting = sim.in_system(times)
+    ax = axes[3]
+    ax.plot(times, in_system, lw=0.8, label="in the system")
+    ax.plot(times, waiting, lw=0.8, label="before their first token")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("requests")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    _save(fig, path)

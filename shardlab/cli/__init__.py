@@ -4,7 +4,8 @@
 :mod:`~shardlab.cli.catalog` (what is built in), :mod:`~shardlab.cli.plans` (one
 plan), :mod:`~shardlab.cli.solve`, :mod:`~shardlab.cli.experiments` (runs that write
 ``results/``), :mod:`~shardlab.cli.checks` (against measurements) and
-:mod:`~shardlab.cli.traffic` (a traffic's summary). Every table is drawn by
+:mod:`~shardlab.cli.traffic` (a traffic's summary), :mod:`~shardlab.cli.simulate`
+(a deployment under a traffic). Every table is drawn by
 :mod:`~shardlab.cli.render`.
 """
 
@@ -13,6 +14,7 @@ from shardlab.cli import (  # noqa: F401 - registers
     checks,
     experiments,
     plans,
+    simulate,
     sizing,
     solve,
     traffic,

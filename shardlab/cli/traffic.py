@@ -28,74 +28,121 @@ SHOWN_REFUSALS = 10
 SYNTHETIC_REQUESTS = 1000
 BENCHMARK_PROMPTS = 10  # prompts per client of InferenceX's closed loop
 
+# The options that name a traffic, shared by every command that takes one.
+TrafficFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--traffic",
+        help=f"A trace file ({listed(TRACE_FORMATS)}; .gz is read as it is). "
+        "Without it: a synthetic traffic from the options below.",
+    ),
+]
+TraceFormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--trace-format",
+        help=f"The trace's format, {listed(TRACE_FORMATS)} (default: from its name and header).",
+    ),
+]
+RateOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="Requests/s: a trace's timestamps rescaled to this mean rate (its "
+        "burstiness kept), or the rate of synthetic arrivals."
+    ),
+]
+ArrivalOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="poisson or gamma (default: a trace's own timestamps; poisson without a "
+        "trace). --clients makes a closed loop instead."
+    ),
+]
+CvOpt = Annotated[
+    float,
+    typer.Option(help="Gamma arrivals: the coefficient of variation of the gaps (1: Poisson)."),
+]
+RequestsOpt = Annotated[
+    int | None, typer.Option(help="Synthetic: the number of requests. [default: 1000]")
+]
+InputLenOpt = Annotated[int, typer.Option("--input-len", help="Synthetic: prompt tokens.")]
+OutputLenOpt = Annotated[int, typer.Option("--output-len", help="Synthetic: generated tokens.")]
+RangeRatioOpt = Annotated[
+    float,
+    typer.Option(
+        "--range-ratio",
+        help="Synthetic: lengths uniform in [r x nominal, nominal] (the benchmarks' random "
+        "range ratio, e.g. 0.8; 1: fixed).",
+    ),
+]
+ClientsOpt = Annotated[
+    int | None,
+    typer.Option(help="A closed loop: requests in flight (the benchmark's concurrency)."),
+]
+PromptsPerClientOpt = Annotated[
+    int | None,
+    typer.Option("--prompts-per-client", help="A closed loop: requests per client. [default: 10]"),
+]
+SeedOpt = Annotated[int, typer.Option(min=0, help="Seed of the synthetic draws.")]
+
 
 @app.command()
 def traffic(
-    traffic_file: Annotated[
-        str | None,
-        typer.Option(
-            "--traffic",
-            help=f"A trace file ({listed(TRACE_FORMATS)}; .gz is read as it is). "
-            "Without it: a synthetic traffic from the options below.",
-        ),
-    ] = None,
-    trace_format: Annotated[
-        str | None,
-        typer.Option(
-            "--trace-format",
-            help=f"The trace's format, {listed(TRACE_FORMATS)} (default: from its name "
-            "and header).",
-        ),
-    ] = None,
-    rate: Annotated[
-        float | None,
-        typer.Option(
-            help="Requests/s: a trace's timestamps rescaled to this mean rate (its "
-            "burstiness kept), or the rate of synthetic arrivals."
-        ),
-    ] = None,
-    arrival: Annotated[
-        str | None,
-        typer.Option(
-            help="poisson or gamma (default: a trace's own timestamps; poisson without a "
-            "trace). --clients makes a closed loop instead."
-        ),
-    ] = None,
-    cv: Annotated[
-        float,
-        typer.Option(help="Gamma arrivals: the coefficient of variation of the gaps (1: Poisson)."),
-    ] = 1.0,
-    requests: Annotated[
-        int | None, typer.Option(help="Synthetic: the number of requests. [default: 1000]")
-    ] = None,
-    input_len: Annotated[int, typer.Option("--input-len", help="Synthetic: prompt tokens.")] = 1024,
-    output_len: Annotated[
-        int, typer.Option("--output-len", help="Synthetic: generated tokens.")
-    ] = 128,
-    range_ratio: Annotated[
-        float,
-        typer.Option(
-            "--range-ratio",
-            help="Synthetic: lengths uniform in [r x nominal, nominal] (the benchmarks' random "
-            "range ratio, e.g. 0.8; 1: fixed).",
-        ),
-    ] = 1.0,
-    clients: Annotated[
-        int | None,
-        typer.Option(help="A closed loop: requests in flight (the benchmark's concurrency)."),
-    ] = None,
-    prompts_per_client: Annotated[
-        int | None,
-        typer.Option(
-            "--prompts-per-client", help="A closed loop: requests per client. [default: 10]"
-        ),
-    ] = None,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of the synthetic draws.")] = 0,
+    traffic_file: TrafficFileOpt = None,
+    trace_format: TraceFormatOpt = None,
+    rate: RateOpt = None,
+    arrival: ArrivalOpt = None,
+    cv: CvOpt = 1.0,
+    requests: RequestsOpt = None,
+    input_len: InputLenOpt = 1024,
+    output_len: OutputLenOpt = 128,
+    range_ratio: RangeRatioOpt = 1.0,
+    clients: ClientsOpt = None,
+    prompts_per_client: PromptsPerClientOpt = None,
+    seed: SeedOpt = 0,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Summarise a traffic: requests, span, mean rate, burstiness (CV of the gaps between
     arrivals) and percentiles of the input and output lengths, with the trace rows
     that could not be read."""
+    chosen = build_traffic(
+        traffic_file=traffic_file,
+        trace_format=trace_format,
+        rate=rate,
+        arrival=arrival,
+        cv=cv,
+        requests=requests,
+        input_len=input_len,
+        output_len=output_len,
+        range_ratio=range_ratio,
+        clients=clients,
+        prompts_per_client=prompts_per_client,
+        seed=seed,
+    )
+    summary = summarize(chosen)
+    if fmt is Format.json:
+        emit_json(asdict(summary))
+        return
+    _print(summary)
+
+
+def build_traffic(
+    *,
+    traffic_file: str | None,
+    trace_format: str | None,
+    rate: float | None,
+    arrival: str | None,
+    cv: float,
+    requests: int | None,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    clients: int | None,
+    prompts_per_client: int | None,
+    seed: int,
+) -> Traffic:
+    """The traffic the traffic options name (see ``shardlab traffic``): a trace, as it is
+    or under other arrivals or rate; a closed loop; or synthetic arrivals."""
     lengths = Lengths(
         kind="uniform" if range_ratio != 1 else "fixed",
         input_len=input_len,
@@ -163,11 +210,7 @@ def traffic(
             arrivals=Arrivals(kind=kind, rate=rate, cv=cv),
             seed=seed,
         )
-    summary = summarize(chosen)
-    if fmt is Format.json:
-        emit_json(asdict(summary))
-        return
-    _print(summary)
+    return chosen
 
 
 def _print(s: TrafficSummary) -> None:

@@ -28,6 +28,7 @@ from shardlab.costmodel.disagg import (
 )
 from shardlab.costmodel.engines import (
     ServingCosts,
+    engine_limits,
     serving_constants,
     serving_constants_yaml,
     serving_costs,
@@ -75,6 +76,7 @@ from shardlab.costmodel.trace import collectives_of
 from shardlab.costmodel.units import units_of_codes
 
 __all__ = [
+    "engine_limits",
     "ACT_BYTES",
     "ARRAYS",
     "ARRAYS_NS",

@@ -48,6 +48,12 @@ prefill iteration of prompts is the sum of their ``S`` (the forms' cohort of ``k
 prompts takes ``k * S``) plus ``i``. The fixed cost per request ``r`` is apart
 (:attr:`IterationCosts.request_s`): it is in TTFT, not in any iteration.
 
+The engine's limits on one rank come with it, for a scheduler to step under: its
+token budget per iteration and running requests (:func:`shardlab.costmodel.engines.engine_limits`,
+the problem's own flags first) and the KV cache's capacity in tokens
+(:attr:`IterationCosts.kv_tokens`: the requests of the workload's length the plan's
+memory holds, as the evaluator budgets it, times that length).
+
 Building one prices about a hundred derived problems through the evaluator (1 to 4 s
 on the tested plans) and fills its caches (the stacks of the last 64 problems): build
 once per plan, then price thousands of iterations a call (10,000 in under 6 ms).
@@ -62,7 +68,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardlab.costmodel.arithmetic import assemble
-from shardlab.costmodel.engines import serving_costs
+from shardlab.costmodel.engines import engine_limits, serving_costs
 from shardlab.costmodel.tables import degree_tables
 from shardlab.costmodel.units import units_of_plan
 from shardlab.errors import ShardlabError
@@ -72,6 +78,8 @@ from shardlab.problems.workload import Workload
 
 # Nodes of the default grids per doubling of the prompt or output length.
 PER_OCTAVE = 4
+# Requests of the workload's length counted into the KV capacity at most, per rank
+KV_REQUESTS = 8192
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +98,9 @@ class IterationCosts:
     iteration_s: float  # the engine's fixed cost per iteration, in every iteration
     request_s: float  # the engine's fixed cost per request, in its TTFT
     prefill_first: bool  # prompts run in prefill iterations of their own
+    max_running: int  # the engine's running requests per rank
+    max_tokens: int  # the engine's tokens per iteration per rank (its budget)
+    kv_tokens: int  # tokens the KV cache of one rank holds (0: none fits)
 
     @classmethod
     def of(
@@ -155,6 +166,7 @@ class IterationCosts:
         prompt_s = [0.0]
         costs = serving_costs(problem)
         iteration = costs.iteration_ns * 1e-9
+        limits = engine_limits(problem, d.tp, d.pp, d.dp_attn)
         for p in lengths:
             wk = _plain(
                 w, phase="prefill", schedule="static", input_len=p, output_len=1, batch=ranks
@@ -174,7 +186,28 @@ class IterationCosts:
             iteration_s=iteration,
             request_s=costs.request_ns * 1e-9,
             prefill_first=costs.prefill_first,
+            max_running=limits.max_batch,
+            max_tokens=limits.max_tokens,
+            kv_tokens=cls.kv_capacity(problem, plan),
         )
+
+    @staticmethod
+    def kv_capacity(problem: Problem, plan: Plan) -> int:
+        """Tokens of KV cache one rank of ``plan`` holds: the requests of the workload's
+        length (input and output) that fit its memory with no engine limit on their
+        number (up to :data:`KV_REQUESTS`), times that length (a sliding window's or a
+        linear layer's cache is then counted at that length: it is not linear in it)."""
+        w = problem.workload
+        d = plan.degrees
+        ranks = d.replicas * d.dp_attn
+        # past any engine's default count; the decode workspace of that many requests
+        # is then budgeted as well
+        wk = _plain(w, phase="decode", batch=KV_REQUESTS * ranks)
+        q = dataclasses.replace(
+            problem, workload=wk, handoff=None, max_batch=KV_REQUESTS, max_tokens=1 << 30
+        )
+        a = assemble(q, units_of_plan(q, plan), np.ones(1, dtype=np.int64))
+        return int(a.metrics.capacity_per_rank[0]) * (w.input_len + w.output_len)
 
     def _requests(self, requests: np.ndarray | int) -> np.ndarray:
         c = np.asarray(requests)

@@ -1,0 +1,89 @@
+"""What the simulator runs: a deployment's pools, each a plan on its problem and a
+number of instances of it (a plan from ``solve``: one aggregated pool; a
+disaggregated plan: a prefill and a decode pool; a sized deployment: its pools)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from shardlab.errors import ShardlabError
+from shardlab.problems.disagg import DisaggPlan, decode_problem, on_one_node, prefill_problem
+from shardlab.problems.plan import Plan
+from shardlab.problems.problem import Problem
+
+Role = Literal["agg", "prefill", "decode"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pool:
+    """``instances`` copies of ``plan`` (each its replicas and attention-DP ranks)."""
+
+    role: Role
+    problem: Problem
+    plan: Plan
+    instances: int = 1
+
+    @property
+    def ranks(self) -> int:
+        d = self.plan.degrees
+        return self.instances * d.replicas * d.dp_attn
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deployment:
+    """Aggregated pools behind one router, or a prefill pool and a decode pool."""
+
+    pools: tuple[Pool, ...]
+
+    def __post_init__(self) -> None:
+        roles = sorted(p.role for p in self.pools)
+        if not roles:
+            raise ShardlabError("a deployment needs at least one pool", field="pools")
+        if roles not in (["decode", "prefill"], ["decode"]) and set(roles) != {"agg"}:
+            raise ShardlabError(
+                f"pools {', '.join(roles)}: a deployment is aggregated pools, one "
+                "prefill and one decode pool, or a decode pool alone (prompts cached)",
+                field="pools",
+            )
+
+    @property
+    def entry(self) -> Role:
+        """The pool requests arrive at: aggregated, prefill, or a decode pool alone."""
+        roles = {p.role for p in self.pools}
+        return "agg" if "agg" in roles else "prefill" if "prefill" in roles else "decode"
+
+    def pool(self, role: Role) -> Pool:
+        return next(p for p in self.pools if p.role == role)
+
+    @classmethod
+    def of_plan(cls, problem: Problem, plan: Plan) -> Deployment:
+        return cls(pools=(Pool(role="agg", problem=problem, plan=plan),))
+
+    @classmethod
+    def of_disagg(cls, problem: Problem, plan: DisaggPlan) -> Deployment:
+        """The two pools of a disaggregated plan, each instance's problem as the
+        disaggregated search priced it."""
+        cluster = problem.cluster
+        d = plan.decode.degrees
+        prefill_gpus, decode_gpus = plan.gpus("prefill"), plan.gpus("decode")
+        one_node = on_one_node(
+            cluster, plan.prefill_instances * prefill_gpus + plan.decode_instances * decode_gpus
+        )
+        pre = prefill_problem(
+            problem,
+            prefill_gpus,
+            plan.prefill_instances,
+            decode_pp=d.pp,
+            decode_tp=d.tp,
+            one_node=one_node,
+        )
+        dec = decode_problem(problem, decode_gpus, plan.decode_instances)
+        return cls(
+            pools=(
+                Pool(role="prefill", problem=pre, plan=plan.prefill,
+                     instances=plan.prefill_instances),
+                Pool(role="decode", problem=dec, plan=plan.decode,
+                     instances=plan.decode_instances),
+            )
+        )  # fmt: skip

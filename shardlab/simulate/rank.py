@@ -1,0 +1,383 @@
+"""One attention-DP rank of one engine instance, stepping through its iterations.
+
+A rank holds a waiting queue (first come, first served), requests being prefilled,
+and requests decoding. At each iteration boundary it admits what its rules allow
+(:mod:`shardlab.simulate.schedulers`) and composes the next iteration:
+
+- prompt chunks to prefill (in the order admitted, under the token budget left by the
+  decodes, or alone on a prefill-first engine): one iteration, priced by its
+  composition, at whose end every finished prompt has its first token;
+- decodes alone: a run of ``k`` iterations up to the next event the rank can see
+  (a request's last token, the KV cache filling up), priced at once: the requests'
+  mean context grows by one a step, so ``k`` steps take ``k * decode(c, L + (k -
+  1) / 2)`` (exact where the decode time is linear in the context, as it is between
+  the cost model's nodes). An arrival in the middle of a run cuts it at the iteration
+  boundary after it (:meth:`Rank.cut`), with no loop over its tokens.
+
+Requests' state lives in the :class:`Book` all ranks share, in plain lists indexed by
+request: this loop runs once per event, and numpy's per-call cost would dominate it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+
+from shardlab.simulate.pricing import Pricer
+from shardlab.simulate.schedulers import RATIO_FLOOR, RATIO_START, RATIO_STEPS, Rules
+
+RATIO_DECAY = (RATIO_START - RATIO_FLOOR) / RATIO_STEPS
+# Decode steps between two looks at the waiting queue while SGLang's ratio falls
+RATIO_LOOK = 16
+
+
+class Book:
+    """Every request's lengths and progress, and what the run records of it."""
+
+    __slots__ = (
+        "base",
+        "done",
+        "entry",
+        "finish",
+        "first",
+        "input",
+        "itl_n",
+        "itl_s",
+        "made",
+        "need",
+        "output",
+        "rank_of",
+    )  # fmt: skip
+
+    def __init__(self, input_len: list[int], output_len: list[int]) -> None:
+        n = len(input_len)
+        self.input = input_len
+        self.output = output_len
+        self.need = list(input_len)  # prompt tokens to compute (more after a preemption)
+        self.done = [0] * n  # of them computed
+        self.made = [0] * n  # output tokens made when it last entered decoding
+        self.entry = [0] * n  # the rank's decode step it entered decoding at
+        self.base = [0] * n  # its context at that step
+        self.first = [math.nan] * n
+        self.finish = [math.nan] * n
+        self.rank_of = [-1] * n
+        # inter-token gaps: one iteration's seconds, and how many tokens had it as
+        # their gap
+        self.itl_s: list[float] = []
+        self.itl_n: list[int] = []
+
+
+class Rank:
+    """One rank's scheduler. ``handoff``: a prefill pool's rank, whose requests leave
+    once prefilled (their first token made), to be decoded elsewhere."""
+
+    __slots__ = (
+        "book",
+        "budget",
+        "busy",
+        "chunks",
+        "ctx0",
+        "decoding",
+        "dt",
+        "end",
+        "handoff",
+        "index",
+        "k",
+        "kv",
+        "left0",
+        "max_running",
+        "order",
+        "outstanding",
+        "preemptions",
+        "prefilling",
+        "price",
+        "ratio",
+        "ratio_step",
+        "rules",
+        "slack",
+        "stall",
+        "step",
+        "t0",
+        "used",
+        "version",
+        "waiting",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        index: int,
+        rules: Rules,
+        price: Pricer,
+        book: Book,
+        *,
+        budget: int,
+        max_running: int,
+        kv_tokens: int,
+        handoff: bool = False,
+    ) -> None:
+        self.index = index
+        self.rules = rules
+        self.price = price
+        self.book = book
+        self.budget = budget
+        self.max_running = min(max_running, price.top)
+        self.kv = kv_tokens
+        self.slack = rules.block / 2 if rules.block > 1 else 0.0
+        self.handoff = handoff
+        self.waiting: deque[int] = deque()
+        self.prefilling: list[int] = []
+        self.decoding: list[tuple[int, int]] = []  # heap of (last step, request)
+        self.order: list[int] = []  # decoding requests, in the order admitted
+        self.step = 0  # decode iterations run
+        self.ctx0 = 0  # decoding requests' context = ctx0 + len * step
+        self.left0 = 0  # tokens they have left to make = left0 - len * step
+        self.used = 0.0  # KV tokens held (TensorRT-LLM: reserved) by prefilling requests
+        self.ratio = RATIO_START
+        self.ratio_step = 0
+        self.t0 = 0.0
+        self.dt = 0.0  # seconds of each iteration of the run under way
+        self.k = 0  # iterations in it
+        self.end = math.inf
+        self.chunks: list[tuple[int, int]] = []  # (request, prompt tokens) of a prefill iteration
+        self.busy = False
+        self.version = 0
+        self.outstanding = 0  # requests routed here, not yet gone
+        self.preemptions = 0
+        self.stall = 0.0  # seconds of prefill iterations the decoding requests sat out
+
+    # -- what the rank holds ----------------------------------------------------------
+
+    @property
+    def n_decoding(self) -> int:
+        return len(self.decoding)
+
+    def _kv_held(self) -> float:
+        """KV tokens the running requests hold now (TensorRT-LLM: have reserved)."""
+        n = len(self.decoding)
+        running = n + len(self.prefilling)
+        if self.rules.admission == "reserve":
+            return self.used + running * self.slack
+        return self.used + self.ctx0 + n * self.step + running * self.slack
+
+    def _admit(self) -> None:
+        """Move waiting requests to prefilling while the rules let them in (a cache
+        handed over by a prefill pool goes straight to decoding)."""
+        b = self.book
+        rules = self.rules
+        waiting = self.waiting
+        while waiting:
+            if len(self.prefilling) + len(self.decoding) >= self.max_running:
+                return
+            r = waiting[0]
+            handed = b.done[r] >= b.need[r]
+            held = self._kv_held()
+            if rules.admission == "reserve":
+                want = b.input[r] + b.output[r] + self.slack
+            else:
+                want = b.need[r] - (0 if handed else b.done[r]) + self.slack
+                if rules.admission == "ratio":
+                    # what the running requests and this one may still write
+                    left = self.left0 - len(self.decoding) * self.step
+                    for q in self.prefilling:
+                        left += b.output[q] - b.made[q] + b.need[q] - b.done[q]
+                    want += self.ratio * (left + b.output[r] - b.made[r])
+            if held + want > self.kv:
+                return
+            waiting.popleft()
+            if handed:  # its first token made elsewhere: here from the next step
+                if b.first[r] != b.first[r]:
+                    b.first[r] = self.t0
+                self.enter_decoding(r, max(b.made[r], 1))
+                continue
+            self.prefilling.append(r)
+            if rules.admission == "reserve":
+                self.used += b.input[r] + b.output[r]
+            else:
+                self.used += b.done[r]
+
+    # -- composing the next iteration ------------------------------------------------
+
+    def plan(self, now: float) -> bool:
+        """Start the rank's next iteration (or run of them) at ``now``; False when it
+        has nothing to run."""
+        self.version += 1
+        self.t0 = now
+        self._admit()
+        price = self.price
+        n = len(self.decoding)
+        if self.prefilling and (not self.rules.mixed or n == 0 or self.budget > n):
+            b = self.book
+            room = self.budget - n if self.rules.mixed else self.budget
+            chunks: list[tuple[int, int]] = []
+            tokens = 0
+            alone = 0.0
+            for r in self.prefilling:
+                if room <= 0:
+                    break
+                take = min(b.need[r] - b.done[r], room)
+                chunks.append((r, take))
+                room -= take
+                tokens += take
+                alone += price.prompt(take, b.done[r])
+            self.chunks = chunks
+            if n:
+                self.dt = price.mixed(n, (self.ctx0 + n * self.step) / n, tokens)
+            else:
+                self.dt = alone + price.iteration_s
+            self.k = 1
+        elif n:
+            self.chunks = []
+            k = self.decoding[0][0] - self.step  # to the next request's last token
+            if self.rules.admission != "reserve":
+                room = math.floor((self.kv - self._kv_held()) / n)
+                if room < 1:
+                    self._preempt()
+                    return self.plan(now)
+                k = min(k, room)
+            if self.rules.admission == "ratio" and self.ratio > RATIO_FLOOR and self.waiting:
+                # the falling ratio may let a waiting request in: look again every
+                # few steps
+                k = min(k, RATIO_LOOK)
+            mean = (self.ctx0 + n * self.step) / n
+            self.k = k
+            self.dt = price.decode(n, mean + (k - 1) / 2)
+        else:
+            self.busy = False
+            self.end = math.inf
+            return False
+        self.busy = True
+        self.end = now + self.k * self.dt
+        return True
+
+    def _preempt(self) -> None:
+        """Preempt the decoding request admitted last: its cache is dropped and it is
+        prefilled again, prompt and output so far, ahead of the queue."""
+        b = self.book
+        while True:
+            r = self.order.pop()
+            if b.finish[r] != b.finish[r] and b.rank_of[r] == self.index and b.done[r] < 0:
+                break
+        made = b.made[r] + (self.step - b.entry[r])
+        self.decoding = [(s, q) for s, q in self.decoding if q != r]
+        heapq.heapify(self.decoding)
+        self.ctx0 -= b.base[r] - b.entry[r]
+        self.left0 -= (b.output[r] - b.made[r]) + b.entry[r]
+        b.made[r] = made
+        b.need[r] = b.input[r] + made
+        b.done[r] = 0
+        self.waiting.appendleft(r)
+        self.preemptions += 1
+        if self.rules.admission == "ratio":
+            self.ratio = RATIO_START
+
+    # -- time passing ----------------------------------------------------------------
+
+    def _decode_steps(self, j: int) -> None:
+        """``j`` decode steps of every decoding request, ``dt`` seconds each."""
+        if j <= 0 or not self.decoding:
+            return
+        n = len(self.decoding)
+        self.step += j
+        if self.rules.admission == "ratio":
+            self.ratio = max(RATIO_FLOOR, self.ratio - j * RATIO_DECAY)
+        b = self.book
+        if self.stall:  # the first step's gap holds the prefill iterations before it
+            b.itl_s.append(self.stall + self.dt)
+            b.itl_n.append(n)
+            self.stall = 0.0
+            j -= 1
+        if j:
+            b.itl_s.append(self.dt)
+            b.itl_n.append(j * n)
+
+    def _finish_due(self, t: float, gone: list[int]) -> None:
+        """Requests whose last token the steps so far made leave at ``t``."""
+        b = self.book
+        heap = self.decoding
+        while heap and heap[0][0] <= self.step:
+            _, r = heapq.heappop(heap)
+            b.finish[r] = t
+            b.done[r] = 0  # no longer decoding on this rank
+            self.ctx0 -= b.base[r] - b.entry[r]
+            self.left0 -= (b.output[r] - b.made[r]) + b.entry[r]
+            if self.rules.admission == "reserve":
+                self.used -= b.input[r] + b.output[r]
+            self.outstanding -= 1
+            gone.append(r)
+
+    def complete(self, gone: list[int], handed: list[int]) -> None:
+        """The iteration (or run) under way ends at ``self.end``: apply it. Finished
+        requests go to ``gone``; a prefill pool's prefilled ones to ``handed``."""
+        t = self.end
+        if self.chunks and not self.rules.mixed and self.decoding:
+            self.stall += self.dt
+        self._decode_steps(self.k if not self.chunks else (1 if self.rules.mixed else 0))
+        self._finish_due(t, gone)
+        if self.chunks:
+            self._prefilled(t, gone, handed)
+        self.busy = False
+
+    def cut(self, t: float, gone: list[int]) -> bool:
+        """An arrival at ``t`` in a run of decodes: end the run at the boundary after
+        ``t`` and plan again from there (True); a prefill iteration runs to its end
+        (False)."""
+        if self.chunks or not self.busy:
+            return False
+        j = math.ceil((t - self.t0) / self.dt - 1e-9)
+        if j >= self.k:
+            return False
+        self._decode_steps(j)
+        tb = self.t0 + j * self.dt
+        self._finish_due(tb, gone)
+        self.plan(tb)
+        return True
+
+    def _prefilled(self, t: float, gone: list[int], handed: list[int]) -> None:
+        b = self.book
+        finished = []
+        for r, take in self.chunks:
+            b.done[r] += take
+            if self.rules.admission != "reserve":
+                self.used += take
+            if b.done[r] >= b.need[r]:
+                finished.append(r)
+        self.chunks = []
+        if not finished:
+            return
+        done = set(finished)
+        self.prefilling = [r for r in self.prefilling if r not in done]
+        for r in finished:
+            if b.first[r] != b.first[r] and not self.handoff:  # nan: its first token
+                b.first[r] = t
+            made = b.made[r] + 1
+            if self.rules.admission == "reserve":
+                self.used -= b.input[r] + b.output[r]
+            else:
+                self.used -= b.done[r]
+            if made >= b.output[r] or self.handoff:
+                b.made[r] = made
+                b.done[r] = 0
+                self.outstanding -= 1
+                if made >= b.output[r]:
+                    b.finish[r] = t
+                    gone.append(r)
+                else:
+                    handed.append(r)
+                continue
+            self.enter_decoding(r, made)
+
+    def enter_decoding(self, r: int, made: int) -> None:
+        """``r`` decodes from the next step, ``made`` output tokens made, its prompt's
+        cache here."""
+        b = self.book
+        b.made[r] = made
+        b.entry[r] = self.step
+        b.base[r] = b.need[r] + 1
+        b.done[r] = -1  # decoding (see _preempt)
+        self.ctx0 += b.base[r] - self.step
+        self.left0 += (b.output[r] - made) + self.step
+        if self.rules.admission == "reserve":
+            self.used += b.input[r] + b.output[r]
+        heapq.heappush(self.decoding, (self.step + b.output[r] - made, r))
+        self.order.append(r)

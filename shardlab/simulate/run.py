@@ -1,0 +1,245 @@
+"""One deployment under one traffic, request by request: the router, the arrivals (a
+trace's, synthetic, or a closed loop's clients), the ranks' iterations and, when the
+serving is disaggregated, each prompt's cache handed from a prefill rank to a decode
+rank.
+
+Events are taken in time order from one heap of the ranks' next iteration ends;
+arrivals come from the traffic (open) or from the requests that finish (a closed
+loop: a client sends its next request when its last one ends). At one instant, ranks
+finish first, then arrivals are routed, then idle ranks plan: a request that arrives
+when an iteration ends joins the next one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import time
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+from shardlab.costmodel import IterationCosts, engine_limits, handoff_seconds
+from shardlab.errors import ShardlabError
+from shardlab.problems.traffic import Traffic
+from shardlab.simulate.deployment import Deployment, Pool
+from shardlab.simulate.pricing import Pricer
+from shardlab.simulate.rank import Book, Rank
+from shardlab.simulate.requests import Simulation
+from shardlab.simulate.schedulers import RULES
+
+Router = Literal["least", "round-robin"]
+ROUTERS: tuple[Router, ...] = ("least", "round-robin")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PoolCosts:
+    """A pool's iteration prices, built once (seconds per call of the cost model)."""
+
+    pool: Pool
+    costs: IterationCosts
+    handoff_fixed_s: float  # a prefill pool's handoff: fixed part
+    handoff_token_s: float  # and per prompt token
+
+    @classmethod
+    def of(cls, pool: Pool, shortest: int) -> PoolCosts:
+        """Priced up to the requests of ``shortest`` tokens (prompt and output) the
+        KV cache holds, or the engine runs, whichever is fewer."""
+        p = pool.problem
+        d = pool.plan.degrees
+        running = engine_limits(p, d.tp, d.pp, d.dp_attn).max_batch
+        held = IterationCosts.kv_capacity(p, pool.plan) // max(shortest, 1) + 1
+        costs = IterationCosts.of(p, pool.plan, max_requests=max(1, min(running, held)))
+        fixed = per_token = 0.0
+        if pool.role == "prefill" and p.handoff is not None:
+            whole = float(handoff_seconds(p, d.pp, d.tp))
+            empty = dataclasses.replace(p.handoff, received_bytes=0.0)
+            fixed = float(handoff_seconds(dataclasses.replace(p, handoff=empty), d.pp, d.tp))
+            per_token = (whole - fixed) / p.workload.input_len
+        return cls(pool=pool, costs=costs, handoff_fixed_s=fixed, handoff_token_s=per_token)
+
+
+def price(deployment: Deployment, traffic: Traffic) -> tuple[PoolCosts, ...]:
+    """Every pool's iteration prices for ``traffic`` (the part of a run that calls the
+    cost model)."""
+    shortest = int((traffic.input_len + traffic.output_len).min())
+    return tuple(PoolCosts.of(pool, shortest) for pool in deployment.pools)
+
+
+def _ranks(priced: Sequence[PoolCosts], role: str, book: Book, start: int) -> list[Rank]:
+    ranks = []
+    for pc in priced:
+        if pc.pool.role != role:
+            continue
+        c = pc.costs
+        rules = RULES[pc.pool.problem.engine]
+        pricer = Pricer(c)
+        if c.kv_tokens <= 0:
+            raise ShardlabError(
+                f"{role} pool: no request's KV cache fits the plan's memory",
+                field="plan",
+                fix="give a plan that fits (shardlab evaluate shows its memory)",
+            )
+        for _ in range(pc.pool.ranks):
+            ranks.append(
+                Rank(
+                    start + len(ranks),
+                    rules,
+                    pricer,
+                    book,
+                    budget=c.max_tokens,
+                    max_running=c.max_running,
+                    kv_tokens=c.kv_tokens,
+                    handoff=role == "prefill",
+                )
+            )
+    return ranks
+
+
+def _refuse_too_long(traffic: Traffic, ranks: list[Rank], role: str) -> None:
+    longest = int((traffic.input_len + traffic.output_len).max())
+    room = min(r.kv for r in ranks)
+    if longest > room:
+        raise ShardlabError(
+            f"traffic {traffic.source!r}: a request of {longest:,} tokens does not fit the "
+            f"{role} pool's KV cache of {room:,} tokens per rank",
+            field="traffic",
+            fix="drop the longest requests, or give a plan with more memory per rank",
+        )
+
+
+def simulate_priced(
+    deployment: Deployment,
+    priced: Sequence[PoolCosts],
+    traffic: Traffic,
+    *,
+    router: Router = "least",
+    seed: int = 0,
+) -> Simulation:
+    """Run ``traffic`` through ``deployment`` whose pools are ``priced``."""
+    if router not in ROUTERS:
+        raise ShardlabError(f"router {router!r} is not one of {', '.join(ROUTERS)}", field="router")
+    started = time.perf_counter()
+    n = traffic.requests
+    book = Book(traffic.input_len.tolist(), traffic.output_len.tolist())
+    entry_role = deployment.entry
+    front = _ranks(priced, entry_role, book, 0)
+    back = _ranks(priced, "decode", book, len(front)) if entry_role == "prefill" else []
+    if entry_role == "decode":  # prompts come cached
+        book.done = list(book.need)
+    for ranks, role in ((front, entry_role), (back, "decode")):
+        if ranks:
+            _refuse_too_long(traffic, ranks, role)
+    pre = next((pc for pc in priced if pc.pool.role == "prefill"), None)
+    fixed_s = pre.handoff_fixed_s if pre else 0.0
+    token_s = pre.handoff_token_s if pre else 0.0
+    rng = np.random.default_rng(seed)  # ties between equally loaded ranks
+    rr = {id(front): int(rng.integers(len(front))), id(back): 0}
+    arrival = [math.nan] * n
+    events: list[tuple[float, int, int]] = []  # (time, version, rank)
+    ranks = front + back
+    pending: list[tuple[float, int, int]] = []  # (time, kind, request): 1 handoff
+
+    def route(pool: list[Rank], r: int, t: float, gone: list[int]) -> None:
+        if router == "round-robin":
+            k = rr[id(pool)] % len(pool)
+            rr[id(pool)] += 1
+            rank = pool[k]
+        else:
+            rank = min(pool, key=_load)
+        book.rank_of[r] = rank.index
+        rank.outstanding += 1
+        rank.waiting.append(r)
+        if not rank.busy:
+            if rank.plan(t):
+                heapq.heappush(events, (rank.end, rank.version, rank.index))
+        elif rank.cut(t, gone) and rank.busy:
+            heapq.heappush(events, (rank.end, rank.version, rank.index))
+
+    closed = traffic.arrival == "closed"
+    if closed:
+        clients = traffic.clients or 1
+        sent = min(clients, n)
+        for r in range(sent):
+            arrival[r] = 0.0
+    else:
+        assert traffic.arrival_s is not None
+        times = (traffic.arrival_s - traffic.arrival_s[0]).tolist()
+        sent = 0
+    gone: list[int] = []
+    handed: list[int] = []
+    if closed:
+        for r in range(sent):
+            route(front, r, 0.0, gone)
+    while True:
+        t_event = events[0][0] if events else math.inf
+        t_arrive = times[sent] if not closed and sent < n else math.inf
+        t_handoff = pending[0][0] if pending else math.inf
+        t = min(t_event, t_arrive, t_handoff)
+        if t == math.inf:
+            break
+        if t_event == t:
+            _, version, k = heapq.heappop(events)
+            rank = ranks[k]
+            if version != rank.version or not rank.busy:
+                continue
+            rank.complete(gone, handed)
+            for r in handed:
+                book.done[r] = book.need[r]
+                heapq.heappush(pending, (t + fixed_s + token_s * book.input[r], 1, r))
+            handed.clear()
+        elif t_handoff == t:
+            _, _, r = heapq.heappop(pending)
+            route(back, r, t, gone)
+            rank = None
+        else:
+            arrival[sent] = t
+            route(front, sent, t, gone)
+            sent += 1
+            rank = None
+        if closed:
+            while gone:
+                gone.pop()
+                if sent < n:
+                    arrival[sent] = t
+                    route(front, sent, t, gone)
+                    sent += 1
+        else:
+            gone.clear()
+        if rank is not None and not rank.busy and rank.plan(t):
+            heapq.heappush(events, (rank.end, rank.version, rank.index))
+    first = np.array(book.first)
+    return Simulation(
+        deployment=deployment,
+        traffic=traffic,
+        router=router,
+        seed=seed,
+        arrival_s=np.array(arrival),
+        first_s=first,
+        finish_s=np.array(book.finish),
+        rank=np.array(book.rank_of),
+        request_s=next(pc.costs.request_s for pc in priced if pc.pool.role == entry_role),
+        itl_s=np.array(book.itl_s),
+        itl_n=np.array(book.itl_n, dtype=np.int64),
+        preemptions=sum(r.preemptions for r in ranks),
+        wall_s=time.perf_counter() - started,
+    )
+
+
+def _load(rank: Rank) -> tuple[int, int]:
+    return (rank.outstanding, rank.index)
+
+
+def simulate(
+    deployment: Deployment,
+    traffic: Traffic,
+    *,
+    router: Router = "least",
+    seed: int = 0,
+) -> Simulation:
+    """Price ``deployment``'s pools and run ``traffic`` through it (see the module
+    docstring); same seed, same result."""
+    priced = price(deployment, traffic)
+    return simulate_priced(deployment, priced, traffic, router=router, seed=seed)
