@@ -162,3 +162,23 @@ def test_bench_evaluate_one_plan_metrics_only(benchmark) -> None:
     evaluate(problem, plan, breakdown=False)
     metrics = benchmark(evaluate, problem, plan, breakdown=False)
     assert metrics == evaluate(problem, plan) and not metrics.breakdown
+
+
+@pytest.mark.slow
+def test_bench_simulate_the_azure_hour(benchmark) -> None:
+    """The simulator on the one-hour Azure conversation trace (19,366 requests), one
+    Llama-3.1-70B plan on vLLM, its iteration tables built: the issue's goal is 1 s on
+    one core (`shardlab bench simulate` writes the table)."""
+    from shardlab import Degrees
+    from shardlab.bench import AZURE_CONV
+    from shardlab.problems.traces import read_trace
+    from shardlab.simulate import Deployment, price, simulate_priced
+
+    problem = Problem.build("llama-3.1-70b", "h100x8", "chat", engine="vllm")
+    plan = problem.space.megatron_plan(Degrees(replicas=2, tp=4, etp=4))
+    deployment = Deployment.of_plan(problem, plan)
+    traffic = read_trace(AZURE_CONV)
+    priced = price(deployment, traffic)
+    sim = benchmark(simulate_priced, deployment, priced, traffic)
+    assert sim.traffic.requests == 19_366
+    benchmark.extra_info["requests_per_second"] = 19_366 / sim.wall_s

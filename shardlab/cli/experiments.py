@@ -327,7 +327,8 @@ WhatOpt = Annotated[
         help="evaluator: plans and (plan, concurrency) points per second of the cost "
         "model; cpsat: time to the proven optimum from 64 to 2,048 GPUs; solves: the "
         "README's main job and the searches users start with, each in a fresh process; "
-        "sizing: time to a proven `shardlab size`."
+        "sizing: time to a proven `shardlab size`; simulate: the simulator on the Azure "
+        "hour and a 10,000-request closed loop."
     ),
 ]
 InstancesOpt = Annotated[
@@ -425,8 +426,17 @@ def bench(
             was = f" (before: {before['base_seconds']:.1f} s)" if before else ""
             err.print(f"  {label}: {status} in {wall:.1f} s{was}")
         text = b.solves_markdown(command, rows, b.tree_label(baseline) if baseline else None)
+    elif what == "simulate":
+        if instances:
+            raise ShardlabError("bench simulate runs a fixed set of runs; drop --instances")
+        rows = b.simulate_speed(repeats)
+        for r in rows:
+            err.print(f"  {r.label}: {r.run_s:.3f} s")
+        text = b.simulate_markdown(command, rows, repeats)
     else:
-        raise ShardlabError(f"bench {what!r}: measure 'evaluator', 'cpsat', 'solves' or 'sizing'")
+        raise ShardlabError(
+            f"bench {what!r}: measure 'evaluator', 'cpsat', 'solves', 'sizing' or 'simulate'"
+        )
     if out_path is not None:
         make_dir(Path(out_path).parent)  # checked creatable before the runs
         write_text(out_path, text)

@@ -1,0 +1,81 @@
+"""``shardlab simulate``: a plan from ``solve`` under the committed Azure excerpt and
+under a closed loop, its per-request CSV and figure, and bad input refused in one line
+with status 2."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import refused, run
+
+TRACES = Path(__file__).resolve().parent.parent / "data" / "traces"
+CODE = str(TRACES / "AzureLLMInferenceTrace_code_head500.csv")
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("plan")
+    argv = ["solve", "--model", "llama-3.1-8b", "--cluster", "h100x2", "--engine", "vllm",
+            "--space", "engine", "--method", "cpsat", "--out", "plan.json"]  # fmt: skip
+    code, _, err = run(argv, folder)
+    assert code == 0, err
+    return folder / "plan.json"
+
+
+def test_an_azure_excerpt_on_a_solved_plan(plan_file: Path, tmp_path: Path) -> None:
+    argv = ["simulate", "--plan", str(plan_file), "--traffic", CODE, "--slo-ttft-ms", "500",
+            "--out", "requests.csv", "--plot", "cdf.png"]  # fmt: skip
+    code, out, err = run(argv, tmp_path)
+    assert code == 0, err
+    assert "500 requests on 1 x 2 h100 (vllm)" in out
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        assert f"│ {metric}" in out
+    assert "goodput" in out and "SLO met: ttft_ms" in out
+    rows = list(csv.DictReader((tmp_path / "requests.csv").open()))
+    assert len(rows) == 500
+    assert all(float(r["first_token_s"]) >= float(r["arrival_s"]) for r in rows)
+    assert (tmp_path / "cdf.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_closed_loop_in_json_is_the_same_run_for_the_same_seed(
+    plan_file: Path, tmp_path: Path
+) -> None:
+    argv = ["simulate", "--plan", str(plan_file), "--clients", "64", "--prompts-per-client",
+            "5", "--input-len", "2000", "--output-len", "200", "--range-ratio", "0.8",
+            "--statistics", "mean,p95", "--format", "json"]  # fmt: skip
+    runs = []
+    for _ in range(2):
+        code, out, err = run(argv, tmp_path)
+        assert code == 0, err
+        runs.append(json.loads(out))
+    one, two = runs
+    assert one["summary"] == two["summary"]
+    s = one["summary"]
+    assert s["requests"] == 320 and set(s["ttft_ms"]) == {"mean", "p95"}
+    assert s["ttft_ms"]["p95"] >= s["ttft_ms"]["mean"] > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--router", "random"], "router 'random' is not one of least, round-robin"),
+        (["--statistics", "mean,p100"], "statistic 'p100'"),
+        (["--statistics", "p0"], "statistic 'p0'"),
+        (["--slo-ttft-ms", "0"], "SLO ttft_ms 0.0: must be > 0"),
+        (["--rate", "-1", "--requests", "5"], "(set by --rate)"),
+        (["--cv", "0", "--rate", "1"], "(set by --cv)"),
+        (["--clients", "1", "--input-len", "4000000"], "max_position_embeddings"),
+    ],
+)
+def test_bad_input_is_refused_in_one_line(plan_file: Path, argv: list[str], says: str) -> None:
+    assert says in refused(["simulate", "--plan", str(plan_file), *argv])
+
+
+def test_a_plan_that_is_not_one_is_refused(tmp_path: Path) -> None:
+    assert "not valid JSON" in refused(
+        ["simulate", "--plan", "p.json", "--clients", "2"], lambda d: (d / "p.json").write_text("{")
+    )
