@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -15,6 +16,8 @@ AZURE_CONV = ROOT / "tests" / "data" / "traces" / "AzureLLMInferenceTrace_conv.c
 
 
 def _script(name: str) -> ModuleType:
+    if str(PEERS) not in sys.path:  # as when run as a script: its folder comes first
+        sys.path.insert(0, str(PEERS))
     spec = importlib.util.spec_from_file_location(f"peers_{name}", PEERS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -85,7 +88,7 @@ def test_the_table_puts_a_peer_beside_shardlab(tmp_path: Path) -> None:
     lines = out.read_text().splitlines()
     assert lines[0].startswith("| simulator | engine | traffic | wall s | TTFT mean |")
     assert lines[0].endswith("| ITL p90 | ITL p99 |")
-    assert lines[1] == "|---|---|---|---|" + "---:|" * 12
+    assert lines[1] == "|---|---|---|" + "---:|" * 13
     assert lines[2] == (
         "| dynosim (ai-dynamo-runtime 1.6.1) | vllm | conv | 1.23 | "
         + "52.9 | 43.5 | 94.8 | 161.8 | " * 2
@@ -93,3 +96,37 @@ def test_the_table_puts_a_peer_beside_shardlab(tmp_path: Path) -> None:
     )
     assert lines[3] == "| shardlab | vllm | conv | 0.50 |" + " 10.0 | 9.0 | 20.0 | 30.0 |" * 3
     assert len(lines) == 4
+
+
+def test_vidur_gets_the_azure_trace_in_its_replay_columns(tmp_path: Path) -> None:
+    vidur = _script("vidur_replay")
+    trace = tmp_path / "azure.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:50.9951690,396,109\n"
+    )
+    out = tmp_path / "vidur.csv"
+    assert vidur.write_vidur_trace(trace, out) == 2
+    assert out.read_text().splitlines() == [
+        "Date,Time,PromptTokenCount,CompletionTokenCount",
+        "2023-11-16,0.0,374,44",
+        "2023-11-16,4.314579,396,109",
+    ]
+
+
+def test_vidur_request_metrics_become_millisecond_percentiles(tmp_path: Path) -> None:
+    vidur = _script("vidur_replay")
+    metrics = tmp_path / "request_metrics.csv"
+    head = f"Request Id,{vidur.TTFT},{vidur.TPOT},{vidur.E2E}\n"
+    # TTFT 0.01 .. 0.11 s over 11 requests: p90 is the 10th of 11 exactly.
+    body = "".join(f"{i},{(i + 1) / 100},0.02,{i + 1}\n" for i in range(11))
+    metrics.write_text(head + body)
+    run = vidur.summarize(metrics)
+    assert run["requests"] == 11
+    ttft = run["summary"]["ttft_ms"]
+    assert ttft["mean"] == 60.0 and ttft["median"] == 60.0 and ttft["p90"] == 100.0
+    assert abs(ttft["p99"] - 109.0) < 1e-9  # between the 10th and 11th, 9/10 of the way
+    assert run["summary"]["tpot_ms"]["p99"] == 20.0
+    assert run["summary"]["e2e_ms"]["median"] == 6000.0
+    assert run["summary"]["itl_ms"] is None

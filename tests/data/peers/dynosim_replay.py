@@ -29,9 +29,6 @@ So only the scheduling can be compared with shardlab, not the costs.
 from __future__ import annotations
 
 import argparse
-import calendar
-import csv
-import gzip
 import json
 import math
 import os
@@ -40,7 +37,9 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
+
+from azure_trace import TICKS_PER_S, azure_rows
 
 ENGINES = ("vllm", "sglang", "trtllm")
 # DynoSim's default capacity is 16,384 blocks whatever the block size, so vLLM (64-token
@@ -51,43 +50,15 @@ TPOT_DEFINITION = "per request (e2e - ttft) / (output tokens - 1), TTFT excluded
 ITL_DEFINITION = "every gap between consecutive output tokens, pooled over requests"
 
 
-def _open_text(path: Path) -> TextIO:
-    return gzip.open(path, "rt", newline="") if path.suffix == ".gz" else path.open(newline="")
-
-
-def _azure_ticks(stamp: str) -> int:
-    """An Azure trace timestamp, `2023-11-16 18:15:46.6805900`, in 100 ns ticks (exact)."""
-    whole, _, frac = stamp.strip().partition(".")
-    seconds = calendar.timegm(time.strptime(whole, "%Y-%m-%d %H:%M:%S"))
-    return seconds * 10_000_000 + int((frac + "0000000")[:7])
-
-
-def azure_rows(path: Path) -> Iterator[tuple[float, int, int]]:
-    """(arrival ms from the first request, input tokens, output tokens) per row of an
-    Azure LLM inference trace (`TIMESTAMP, ContextTokens, GeneratedTokens`)."""
-    with _open_text(path) as f:
-        first: int | None = None
-        for line, row in enumerate(csv.DictReader(f), start=2):
-            try:
-                ticks = _azure_ticks(row["TIMESTAMP"])
-                prompt, output = int(row["ContextTokens"]), int(row["GeneratedTokens"])
-            except (KeyError, ValueError) as exc:
-                raise SystemExit(f"{path}:{line}: not an Azure trace row ({exc})") from exc
-            if prompt < 1 or output < 1:
-                raise SystemExit(f"{path}:{line}: lengths must be at least 1")
-            first = ticks if first is None else first
-            yield (ticks - first) / 10_000, prompt, output
-
-
-def write_mooncake(path: Path, rows: Iterator[tuple[float, int, int]], block_size: int) -> int:
+def write_mooncake(path: Path, rows: Iterator[tuple[int, int, int]], block_size: int) -> int:
     """Mooncake JSONL, one unique hash id per `block_size` tokens of each prompt (no
     prefix sharing); returns the number of requests."""
     next_id, count = 0, 0
     with path.open("w") as out:
-        for arrival_ms, prompt, output in rows:
+        for ticks, prompt, output in rows:
             blocks = math.ceil(prompt / block_size)
             record = {
-                "timestamp": arrival_ms,
+                "timestamp": ticks / (TICKS_PER_S // 1000),  # ms
                 "input_length": prompt,
                 "output_length": output,
                 "hash_ids": list(range(next_id, next_id + blocks)),

@@ -57,7 +57,7 @@ def table(peers: Sequence[Path], shardlab: Sequence[tuple[str, str, Path]]) -> s
         rows.append(row(who, run["engine"], run["traffic"], run))
     for engine, traffic, path in shardlab:
         rows.append(row("shardlab", engine, traffic, json.loads(path.read_text())))
-    lines = markdown_table(HEAD, "llll" + "r" * (len(HEAD) - 4), rows)
+    lines = markdown_table(HEAD, "lll" + "r" * (len(HEAD) - 3), rows)
     return "\n".join(lines) + "\n"
 
 
