@@ -85,7 +85,9 @@ def test_the_table_puts_a_peer_beside_shardlab(tmp_path: Path) -> None:
             "--out", str(out),
         ]
     )  # fmt: skip
-    lines = out.read_text().splitlines()
+    made, _, table = out.read_text().partition("\n\n| ")
+    assert made.startswith("# Simulators side by side\n\nMade by `python ")
+    lines = ("| " + table).splitlines()
     assert lines[0].startswith("| simulator | engine | traffic | wall s | TTFT mean |")
     assert lines[0].endswith("| ITL p90 | ITL p99 |")
     assert lines[1] == "|---|---|---|" + "---:|" * 13

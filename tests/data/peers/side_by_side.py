@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,9 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a `shardlab simulate --json` output, its engine and traffic (repeatable)",
     )
     p.add_argument("--out", type=Path, required=True, help="the markdown file to write")
-    a = p.parse_args(argv)
+    args = sys.argv[1:] if argv is None else argv
+    a = p.parse_args(args)
     shardlab = [(engine, traffic, Path(file)) for engine, traffic, file in a.shardlab]
-    write_text(a.out, table(a.peer, shardlab))
+    command = shlex.join(["python", "tests/data/peers/side_by_side.py", *args])
+    head = f"# Simulators side by side\n\nMade by `{command}`.\n\n"
+    write_text(a.out, head + table(a.peer, shardlab))
     print(a.out)
     return 0
 
