@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -57,7 +57,14 @@ from shardlab.problems.problem import Problem
 from shardlab.problems.refusal import Refusal
 from shardlab.problems.traffic import Arrivals, Lengths, Traffic, closed_loop, synthetic_traffic
 from shardlab.problems.workload import Workload
-from shardlab.validation.protocol import disagg_plan, load_of, percentile_of, pools_of, statistic_of
+from shardlab.validation.protocol import (
+    count,
+    disagg_plan,
+    load_of,
+    percentile_of,
+    pools_of,
+    statistic_of,
+)
 
 # What each metric of a model row reads off the prediction, and its unit.
 MODEL_METRICS: dict[str, tuple[Callable[[Metrics, Problem], float], str]] = {
@@ -120,7 +127,7 @@ class Measurement:
     clients: int | None = None
     prompts_per_client: int | None = None
     rate: float | None = None
-    arrival: str | None = None
+    arrival: Literal["poisson", "gamma"] | None = None
     cv: float | None = None
     requests: int | None = None
     length_range: float = 1.0
@@ -204,19 +211,6 @@ class MeasurementSet:
             )
 
 
-def _int(row: Mapping[str, str], key: str, where: str, default: int | None = None) -> int | None:
-    text = (row.get(key) or "").strip()
-    if not text:
-        return default
-    try:
-        value = int(float(text))
-    except ValueError:
-        raise ShardlabError(f"{where}: {key} {text!r} is not an integer") from None
-    if value < 1 or value != float(text):
-        raise ShardlabError(f"{where}: {key} must be a positive integer, got {text!r}")
-    return value
-
-
 def _resolve(text: str, base: Path) -> str:
     """A path relative to the measurements file, or the text itself (a name)."""
     candidate = base / text
@@ -263,7 +257,7 @@ def measurement_of(row: Mapping[str, str], base: Path, where: str) -> Measuremen
     load = load_of(row, where)
     common |= dataclasses.asdict(load)
     if metric in COLLECTIVE_METRICS:
-        size = _int(row, "message_bytes", where)
+        size = count(row, "message_bytes", where)
         if size is None:
             raise ShardlabError(f"{where}: a collective row needs message_bytes")
         return Measurement(**common, problem=None, degrees=None, message_bytes=size)
@@ -274,13 +268,13 @@ def measurement_of(row: Mapping[str, str], base: Path, where: str) -> Measuremen
         raise ShardlabError(f"{where}: a model row needs model and tp (or serving)")
     sizes: dict[str, Any] = {}
     if pools is None:
-        sizes = {k: _int(row, k, where, 1) for k in DEGREE_COLUMNS if k != "etp"}
-        sizes["etp"] = _int(row, "etp", where, sizes["tp"] * sizes["dp_attn"] // sizes["ep"])
+        sizes = {k: count(row, k, where, 1) for k in DEGREE_COLUMNS if k != "etp"}
+        sizes["etp"] = count(row, "etp", where, sizes["tp"] * sizes["dp_attn"] // sizes["ep"])
     try:
         # a disaggregated row's degrees are its decode pool's
         degrees = Degrees(**sizes) if pools is None else pools.decode
         over: dict[str, Any] = {
-            k: _int(row, k, where) for k in ("batch", "input_len", "output_len") if row.get(k)
+            k: count(row, k, where) for k in ("batch", "input_len", "output_len") if row.get(k)
         }
         over |= {k: row[k].strip() for k in ("phase", "schedule", *DTYPE_COLUMNS) if row.get(k)}
         if load.clients is not None:

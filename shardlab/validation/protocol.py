@@ -35,6 +35,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal, cast
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.disagg import DisaggPlan, decode_problem, on_one_node, prefill_problem
@@ -83,23 +84,24 @@ class Load:
     clients: int | None = None
     prompts_per_client: int | None = None
     rate: float | None = None
-    arrival: str | None = None  # poisson or gamma (open arrivals only)
+    arrival: Literal["poisson", "gamma"] | None = None  # open arrivals only
     cv: float | None = None  # the gaps' coefficient of variation (gamma only)
     requests: int | None = None  # open arrivals: how many were sent
     length_range: float = 1.0
 
 
-def _count(row: Mapping[str, str], key: str, where: str) -> int | None:
+def count(row: Mapping[str, str], key: str, where: str, default: int | None = None) -> int | None:
+    """A positive integer column of a row (blank: ``default``)."""
     text = _text(row, key)
     if not text:
-        return None
+        return default
     try:
-        value = float(text)
-    except ValueError:
-        raise ShardlabError(f"{where}: {key} {text!r} is not a number", field=key) from None
-    if not math.isfinite(value) or value < 1 or value != int(value):
+        value = int(float(text))
+    except (ValueError, OverflowError):
+        raise ShardlabError(f"{where}: {key} {text!r} is not an integer", field=key) from None
+    if value < 1 or value != float(text):
         raise ShardlabError(f"{where}: {key} must be a positive integer, got {text!r}", field=key)
-    return int(value)
+    return value
 
 
 def _positive(text: str, key: str, where: str) -> float:
@@ -114,9 +116,9 @@ def _positive(text: str, key: str, where: str) -> float:
 
 def load_of(row: Mapping[str, str], where: str) -> Load:
     """The row's load protocol; refused in one line naming the row and the column."""
-    clients = _count(row, "clients", where)
-    prompts = _count(row, "prompts_per_client", where)
-    requests = _count(row, "requests", where)
+    clients = count(row, "clients", where)
+    prompts = count(row, "prompts_per_client", where)
+    requests = count(row, "requests", where)
     rate_text, arrival_text = _text(row, "rate"), _text(row, "arrival").lower()
     length_range = 1.0
     if text := _text(row, "length_range"):
@@ -155,12 +157,20 @@ def load_of(row: Mapping[str, str], where: str) -> Load:
             raise ShardlabError(
                 f"{where}: gamma arrivals state their CV (gamma:CV)", field="arrival"
             )
-        cv = _positive(cv_text, "cv", where)
+        try:
+            cv = float(cv_text)
+        except ValueError:
+            cv = math.nan
+        if not math.isfinite(cv) or cv <= 0:
+            raise ShardlabError(
+                f"{where}: arrival {arrival_text!r}: the CV must be a number > 0", field="arrival"
+            )
     if requests is None:
         raise ShardlabError(
             f"{where}: open arrivals state how many requests were sent", field="requests"
         )
-    return Load(rate=rate, arrival=kind, cv=cv, requests=requests, length_range=length_range)
+    arrival = cast(Literal["poisson", "gamma"], kind)
+    return Load(rate=rate, arrival=arrival, cv=cv, requests=requests, length_range=length_range)
 
 
 @dataclass(frozen=True, kw_only=True)
