@@ -89,7 +89,7 @@ def validate(
         return
 
     from shardlab.problems.calibration import Calibration
-    from shardlab.validation import load_measurements, predict_all
+    from shardlab.validation import analytic, load_measurements, no_analytic_percentile, predict_all
     from shardlab.validation import write_report as write_validation
 
     filters = _filters(gpu=gpu, backend=backend, family=family, mode=mode, protocol=protocol)
@@ -110,7 +110,7 @@ def validate(
         return
     if peer is not None:
         raise ShardlabError("--peer compares measured serving rows (the sample's columns)")
-    rows = measured.rows
+    rows, percentiles = analytic(measured.rows)
     runs = [(t, t, None) for t in ([timing] if timing else get_args(Timing))]
     if cal is not None:
         runs.append((f"{cal.timing}+calibration", cal.timing, cal))
@@ -123,7 +123,9 @@ def validate(
 
             by_timing[name] = predict_all(t, engine, rows, c, progress=progress)
     source = measurements or "shardlab/data/validation/measured.csv"
-    summaries = write_validation(by_timing, command, source, path=_path(out_path))
+    summaries = write_validation(
+        by_timing, command, source, path=_path(out_path), percentiles=percentiles
+    )
     if fmt is Format.json:
         emit_json(
             {
@@ -132,11 +134,19 @@ def validate(
                     t: [{**_row_dict(r), "ratio": r.ratio} for r in rs]
                     for t, rs in by_timing.items()
                 },
+                # rows of a median or percentile: the analytic model predicts means only
+                "no_analytic_percentile": [
+                    {"id": m.id, "metric": m.metric, "statistic": m.statistic, "value": m.value}
+                    for m in percentiles
+                ],
                 "refused": [asdict(x) for x in measured.refused],
             }
         )
         return
-    out.print(validation_table(by_timing))
+    if rows:
+        out.print(validation_table(by_timing))
+    if percentiles:
+        out.print(no_analytic_percentile(percentiles))
     for t, summary in summaries.items():
         out.print(
             f"{t}: median |error| {summary['median_abs_error']:.1%}, within 25%: "

@@ -1,7 +1,8 @@
 """Predictions of the cost model against measurements: the published ones, or a user's.
 
 Its modules, by role: :mod:`~shardlab.validation.measurements` (the measurements file
-and its rows), :mod:`~shardlab.validation.predictions` (each row's prediction),
+and its rows; :mod:`~shardlab.validation.protocol`: their statistic, load and pools),
+:mod:`~shardlab.validation.predictions` (each row's prediction),
 :mod:`~shardlab.validation.report` (the markdown report, written where asked) and
 :mod:`~shardlab.validation.aiconfigurator` (agreement with AIConfigurator's estimates).
 Measured serving at a fixed concurrency comes from :mod:`shardlab.validation.serving_sample`.
@@ -27,6 +28,7 @@ from shardlab.validation.measurements import (
 )
 from shardlab.validation.predictions import (
     Row,
+    analytic,
     collective_seconds,
     collective_value,
     measured_disagg,
@@ -36,7 +38,7 @@ from shardlab.validation.predictions import (
     problem_of,
     summarize,
 )
-from shardlab.validation.report import write_output, write_report
+from shardlab.validation.report import no_analytic_percentile, write_output, write_report
 
 __all__ = [
     "SIDE_BY_SIDE_COLUMNS",
@@ -48,12 +50,14 @@ __all__ = [
     "Row",
     "against_reference",
     "agreement_summary",
+    "analytic",
     "builtin_measurements",
     "collective_seconds",
     "collective_value",
     "load_measurements",
     "measured_disagg",
     "measured_plan",
+    "no_analytic_percentile",
     "predict",
     "predict_all",
     "problem_of",

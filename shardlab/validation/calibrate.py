@@ -69,6 +69,7 @@ from shardlab.validation import (
     problem_of,
     write_output,
 )
+from shardlab.validation.predictions import DERIVED, fittable
 
 RIDGE = 0.05  # weight of (log factor)^2 against a row's loss
 FACTOR_RANGE = (0.2, 5.0)
@@ -106,6 +107,8 @@ class Linearized:
 
 def linearize(m: Measurement, timing: str, engine: str) -> Linearized:
     """Price ``m`` once and split its times by kernel class."""
+    if m.metric in DERIVED:
+        raise ShardlabError(f"{m.id}: {m.metric} is not calibrated; fit its TTFT and TPOT")
     if m.problem is None:
         parts = np.zeros(len(CLASSES))
         parts[CLASSES.index("communication")] = collective_seconds(m, timing, engine)
@@ -469,7 +472,8 @@ def calibrate(
 ) -> Report:
     """Fit on every row, and judge each row by a fit on the groups it is not in (each
     grouping of ``hold_out``; ``row``: leave-one-out). ``progress(done, total)`` hears
-    of each row priced (the slow part: one cost-model run per row)."""
+    of each row priced (the slow part: one cost-model run per row), on the rows :func:`fittable`."""
+    measurements = fittable(measurements)
     if linearized is not None:
         rows = linearized
     else:

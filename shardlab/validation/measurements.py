@@ -13,7 +13,13 @@ rows, each with its source):
 - the plan: ``tp`` and, if not 1, ``replicas``, ``pp``, ``dp_attn``, ``ep``, ``etp``
   (Megatron's operator options on those degrees, which is what engines run);
 - ``metric``, one of :data:`UNITS`; collectives (``allreduce_*``) need only
-  ``cluster`` (8 GPUs of one node) and ``message_bytes``.
+  ``cluster`` (8 GPUs of one node) and ``message_bytes``;
+- the ``statistic`` the value is (mean, median, a percentile), the load protocol it
+  was measured under (``clients`` and ``prompts_per_client``, or ``rate``,
+  ``requests`` and ``arrival``; ``length_range``) and, for a disaggregated deployment,
+  its pools (``serving``): :mod:`shardlab.validation.protocol`. A row that states a
+  protocol builds its requests (:meth:`Measurement.traffic`); the analytic model
+  predicts means only, so a row of another statistic has no analytic prediction.
 
 Each row is predicted under the scheduling regime it states (in-flight batching with
 thousands of queued requests is ``inflight``, capped by the KV cache; a static batch
@@ -37,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -49,7 +55,16 @@ from shardlab.problems.disagg import DisaggPlan
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
 from shardlab.problems.refusal import Refusal
+from shardlab.problems.traffic import Arrivals, Lengths, Traffic, closed_loop, synthetic_traffic
 from shardlab.problems.workload import Workload
+from shardlab.validation.protocol import (
+    count,
+    disagg_plan,
+    load_of,
+    percentile_of,
+    pools_of,
+    statistic_of,
+)
 
 # What each metric of a model row reads off the prediction, and its unit.
 MODEL_METRICS: dict[str, tuple[Callable[[Metrics, Problem], float], str]] = {
@@ -61,6 +76,10 @@ MODEL_METRICS: dict[str, tuple[Callable[[Metrics, Problem], float], str]] = {
     ),
     "ttft_ms": (lambda m, p: m.ttft_ms, "ms"),
     "tpot_ms": (lambda m, p: m.tpot_ms, "ms"),
+    # the mean gap between tokens is the mean decode step, TPOT; a request takes its
+    # TTFT and a step per further token
+    "itl_ms": (lambda m, p: m.tpot_ms, "ms"),
+    "e2e_ms": (lambda m, p: m.ttft_ms + (p.workload.output_len - 1) * m.tpot_ms, "ms"),
 }
 # An all-reduce over the 8 GPUs of a node: its bus bandwidth or its latency.
 COLLECTIVE_METRICS = {"allreduce_busbw_gbps": "GB/s", "allreduce_latency_us": "us"}
@@ -100,10 +119,77 @@ class Measurement:
     requests_per_rank: int | None = None
     mode: str = "agg"
     protocol: str = ""
+    # the statistic ``value`` is (mean, median, pN) and the load it was measured under
+    # (:mod:`shardlab.validation.protocol`): a closed loop of ``clients`` x
+    # ``prompts_per_client``, or ``requests`` arriving at ``rate`` (``arrival`` poisson
+    # or gamma, the gaps' ``cv``), lengths uniform in [``length_range``, 1] x nominal
+    statistic: str = "mean"
+    clients: int | None = None
+    prompts_per_client: int | None = None
+    rate: float | None = None
+    arrival: Literal["poisson", "gamma"] | None = None
+    cv: float | None = None
+    requests: int | None = None
+    length_range: float = 1.0
 
     @property
     def gpu(self) -> str:
         return self.cluster.accelerator.key
+
+    @property
+    def percentile(self) -> float | None:
+        """The percentile ``value`` is (the median: 50; a mean: None)."""
+        return percentile_of(self.statistic)
+
+    @property
+    def has_load(self) -> bool:
+        """Whether the row states the load it was measured under."""
+        return self.clients is not None or self.rate is not None
+
+    def load_label(self) -> str:
+        """The load in words ("" when the row states none)."""
+        if self.clients is not None:
+            text = f"{self.clients} clients x {self.prompts_per_client} prompts"
+        elif self.rate is not None:
+            burst = f" CV {self.cv:g}" if self.arrival == "gamma" else ""
+            text = f"{self.requests} requests, {self.arrival}{burst} at {self.rate:g}/s"
+        else:
+            return ""
+        if self.length_range < 1:
+            text += f", lengths x[{self.length_range:g}, 1]"
+        return text
+
+    def traffic(self, seed: int = 0) -> Traffic:
+        """The requests of the row's load: its closed loop, or its arrivals at its rate,
+        lengths uniform in [length_range, 1] x its input and output lengths (fixed when
+        length_range is 1). Same seed, same requests."""
+        if self.problem is None or not self.has_load:
+            raise ShardlabError(
+                f"measurement {self.id!r} states no load (clients, or rate and requests)",
+                field="clients",
+            )
+        w = self.problem.workload
+        lengths = Lengths(
+            kind="fixed" if self.length_range == 1 else "uniform",
+            input_len=w.input_len,
+            output_len=w.output_len,
+            range_ratio=self.length_range,
+        )
+        if self.clients is not None:
+            assert self.prompts_per_client is not None
+            traffic = closed_loop(
+                clients=self.clients,
+                prompts_per_client=self.prompts_per_client,
+                lengths=lengths,
+                seed=seed,
+            )
+        else:
+            assert self.requests is not None and self.arrival in ("poisson", "gamma")
+            arrivals = Arrivals(kind=self.arrival, rate=self.rate, cv=self.cv or 1.0)
+            traffic = synthetic_traffic(
+                requests=self.requests, lengths=lengths, arrivals=arrivals, seed=seed
+            )
+        return dataclasses.replace(traffic, source=f"measurement {self.id}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,19 +209,6 @@ class MeasurementSet:
                 f"measurements {self.source!r}: no row could be read "
                 f"({len(self.refused)} refused{first})"
             )
-
-
-def _int(row: Mapping[str, str], key: str, where: str, default: int | None = None) -> int | None:
-    text = (row.get(key) or "").strip()
-    if not text:
-        return default
-    try:
-        value = int(float(text))
-    except ValueError:
-        raise ShardlabError(f"{where}: {key} {text!r} is not an integer") from None
-    if value < 1 or value != float(text):
-        raise ShardlabError(f"{where}: {key} must be a positive integer, got {text!r}")
-    return value
 
 
 def _resolve(text: str, base: Path) -> str:
@@ -170,7 +243,7 @@ def measurement_of(row: Mapping[str, str], base: Path, where: str) -> Measuremen
         cluster = parse_cluster(_resolve(row["cluster"].strip(), base))
     except ShardlabError as exc:
         raise ShardlabError(f"{where}: {exc}") from None
-    common = {
+    common: dict[str, Any] = {
         "id": row["id"].strip(),
         "metric": metric,
         "value": value,
@@ -179,35 +252,59 @@ def measurement_of(row: Mapping[str, str], base: Path, where: str) -> Measuremen
         "note": (row.get("note") or "").strip(),
         "source": (row.get("source") or "").strip(),
         "cluster": cluster,
+        "statistic": statistic_of(row, where),
     }
+    load = load_of(row, where)
+    common |= dataclasses.asdict(load)
     if metric in COLLECTIVE_METRICS:
-        size = _int(row, "message_bytes", where)
+        size = count(row, "message_bytes", where)
         if size is None:
             raise ShardlabError(f"{where}: a collective row needs message_bytes")
         return Measurement(**common, problem=None, degrees=None, message_bytes=size)
-    if not (row.get("model") or "").strip() or not (row.get("tp") or "").strip():
-        raise ShardlabError(f"{where}: a model row needs model and tp")
-    sizes = {k: _int(row, k, where, 1) for k in DEGREE_COLUMNS if k != "etp"}
-    ep = sizes["ep"]
-    etp = _int(row, "etp", where, sizes["tp"] * sizes["dp_attn"] // ep)
+    pools = pools_of(row, where)
+    if not (row.get("model") or "").strip() or (
+        pools is None and not (row.get("tp") or "").strip()
+    ):
+        raise ShardlabError(f"{where}: a model row needs model and tp (or serving)")
+    sizes: dict[str, Any] = {}
+    if pools is None:
+        sizes = {k: count(row, k, where, 1) for k in DEGREE_COLUMNS if k != "etp"}
+        sizes["etp"] = count(row, "etp", where, sizes["tp"] * sizes["dp_attn"] // sizes["ep"])
     try:
-        degrees = Degrees(**sizes, etp=etp)
+        # a disaggregated row's degrees are its decode pool's
+        degrees = Degrees(**sizes) if pools is None else pools.decode
         over: dict[str, Any] = {
-            k: _int(row, k, where) for k in ("batch", "input_len", "output_len") if row.get(k)
+            k: count(row, k, where) for k in ("batch", "input_len", "output_len") if row.get(k)
         }
         over |= {k: row[k].strip() for k in ("phase", "schedule", *DTYPE_COLUMNS) if row.get(k)}
+        if load.clients is not None:
+            # the closed loop the row ran: its clients are the requests offered
+            over |= {"clients": load.clients, "prompts_per_client": load.prompts_per_client}
+            over.setdefault("batch", load.clients)
         workload = dataclasses.replace(Workload(name=common["id"]), **over)
         model = load_model(_resolve(row["model"].strip(), base))
         engine = (row.get("engine") or "").strip() or None
         problem = Problem(
             model=model, cluster=cluster, workload=workload, engine=engine or "trtllm"
         )
+        plan = None if pools is None else disagg_plan(problem, pools)
     except (ShardlabError, TypeError) as exc:
         raise ShardlabError(f"{where}: {exc}") from None
-    if degrees.num_gpus != cluster.num_gpus:
+    if pools is None and degrees.num_gpus != cluster.num_gpus:
         raise ShardlabError(
             f"{where}: the degrees use {degrees.num_gpus} GPUs, the cluster has {cluster.num_gpus}"
         )
+    per_rank = None
+    if load.clients is not None and pools is None:
+        # the clients spread over the replicas' attention-DP ranks
+        per_rank = -(-load.clients // (degrees.replicas * degrees.dp_attn))
     return Measurement(
-        **common, problem=problem, degrees=degrees, message_bytes=None, engine=engine
+        **common,
+        problem=problem,
+        degrees=degrees,
+        message_bytes=None,
+        engine=engine,
+        disagg=plan,
+        mode="agg" if pools is None else "disagg",
+        requests_per_rank=per_rank,
     )

@@ -23,6 +23,7 @@ from shardlab.costmodel import (
     pool_problems,
     silicon,
 )
+from shardlab.errors import ShardlabError
 from shardlab.problems.calibration import Calibration
 from shardlab.problems.disagg import DisaggPlan
 from shardlab.problems.plan import Plan
@@ -90,7 +91,14 @@ def predict(
     engine: str = "trtllm",
     calibration: Calibration | None = None,
 ) -> Row:
-    """One measurement and its prediction."""
+    """One measurement and its prediction: a mean's (the analytic model predicts means;
+    a row of another statistic is refused, see :func:`analytic`)."""
+    if m.statistic != "mean":
+        raise ShardlabError(
+            f"measurement {m.id!r} is a {m.statistic}: the analytic model predicts means, "
+            "it has no analytic percentile",
+            field="statistic",
+        )
     if m.problem is None:
         return _collective_row(m, timing, engine, calibration)
     problem, used_note = problem_of(m, timing, engine, calibration)
@@ -106,6 +114,8 @@ def predict(
         metrics = _priced(problem, measured_plan(problem, m))
         desc += f" ({m.degrees.short()})"
     desc += f", {w.schedule} batch {w.batch}, {w.input_len}/{w.output_len}"
+    if m.has_load:
+        desc += f", {m.load_label()}"
     if not metrics.feasible:
         notes.append("predicted infeasible: " + ", ".join(metrics.violations))
     value = MODEL_METRICS[m.metric][0](metrics, problem)
@@ -186,16 +196,35 @@ def predict_all(
     calibration: Calibration | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Row]:
-    """Every measurement predicted with ``timing``; rows on an accelerator the measured
-    tables do not cover are predicted by the roofline (and say so). ``progress(done,
-    total)`` hears of each row predicted."""
-    rows = measurements if measurements is not None else load_measurements().rows
+    """Every mean measured predicted with ``timing``; rows on an accelerator the measured
+    tables do not cover are predicted by the roofline (and say so). Rows of another
+    statistic (a median, a percentile) are left out: the analytic model has no
+    percentile (:func:`analytic`). ``progress(done, total)`` hears of each row
+    predicted."""
+    given = measurements if measurements is not None else load_measurements().rows
+    rows, _ = analytic(given)
     predicted: list[Row] = []
     for m in rows:
         predicted.append(predict(m, timing, engine, calibration))
         if progress is not None:
             progress(len(predicted), len(rows))
     return predicted
+
+
+def analytic(measurements: list[Measurement]) -> tuple[list[Measurement], list[Measurement]]:
+    """The rows the analytic model predicts (means), and the others (medians and
+    percentiles: no analytic percentile; the simulator replays their load)."""
+    means = [m for m in measurements if m.statistic == "mean"]
+    return means, [m for m in measurements if m.statistic != "mean"]
+
+
+DERIVED = ("e2e_ms", "itl_ms")  # latencies that follow from TTFT and TPOT
+
+
+def fittable(measurements: list[Measurement]) -> list[Measurement]:
+    """The rows a calibration fits: means (the analytic model has no percentile), of
+    anything but :data:`DERIVED` (fitted through the TTFT and TPOT they follow from)."""
+    return [m for m in analytic(measurements)[0] if m.metric not in DERIVED]
 
 
 def summarize(rows: list[Row]) -> dict[str, Any]:

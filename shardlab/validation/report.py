@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from shardlab.files import markdown_table, write_text
+from shardlab.validation.measurements import Measurement
 from shardlab.validation.predictions import Row, summarize
+from shardlab.validation.protocol import percentile_of
 
 
 def write_output(path: Path | None, text: str) -> str:
@@ -17,12 +21,34 @@ def write_output(path: Path | None, text: str) -> str:
     return text
 
 
+def no_analytic_percentile(rows: Sequence[Measurement]) -> str:
+    """One line on the rows of a median or percentile, which the analytic model (means
+    only) does not predict."""
+    counts = Counter(m.statistic for m in rows)
+    by = ", ".join(f"{s} {n:,}" for s, n in sorted(counts.items(), key=_by_percentile))
+    return (
+        f"{len(rows):,} rows state a median or percentile ({by}): no analytic percentile "
+        "(the analytic model predicts means)"
+    )
+
+
+def _by_percentile(item: tuple[str, int]) -> float:
+    return percentile_of(item[0]) or 0.0
+
+
 def write_report(
-    by_timing: dict[str, list[Row]], command: str, source: str, *, path: Path | None = None
+    by_timing: dict[str, list[Row]],
+    command: str,
+    source: str,
+    *,
+    path: Path | None = None,
+    percentiles: Sequence[Measurement] = (),
 ) -> dict[str, dict]:
     """The markdown table of the predictions side by side (the first set's rows give the
-    setups), written to ``path`` if given; return each set's summary numbers."""
-    summaries = {name: summarize(rows) for name, rows in by_timing.items()}
+    setups), and the count of ``percentiles`` (rows no analytic mean compares with, by
+    statistic and metric), written to ``path`` if given; return each set's summary
+    numbers."""
+    summaries = {name: summarize(rows) for name, rows in by_timing.items() if rows}
     lines = [
         "# Cost model vs measurements",
         "",
@@ -36,6 +62,19 @@ def write_report(
             f"more: {s['beyond_1_5x']}; by more than 2x: {s['beyond_2x']}; worst: "
             f"{s['worst_id']} ({s['worst_factor']:.2f}x)"
         )
+    if percentiles:
+        counts = Counter((m.statistic, m.metric) for m in percentiles)
+        body = [
+            [stat, metric, f"{n:,}"]
+            for (stat, metric), n in sorted(
+                counts.items(), key=lambda kv: (percentile_of(kv[0][0]) or 0.0, kv[0][1])
+            )
+        ]
+        lines += ["", no_analytic_percentile(percentiles), ""]
+        lines += markdown_table(["statistic", "metric", "rows"], "llr", body)
+    if not summaries:
+        write_output(path, "\n".join(lines) + "\n")
+        return summaries
     names = list(by_timing)
     head = ["id", "setup", "metric", "measured"]
     head += [c for n in names for c in (f"{n} predicted", f"{n} ratio")]

@@ -47,7 +47,6 @@ How a row becomes a problem and a plan (each choice stated once):
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -58,13 +57,14 @@ from pathlib import Path
 from shardlab.errors import ShardlabError
 from shardlab.problems.catalog import load_model
 from shardlab.problems.cluster import parse_cluster
-from shardlab.problems.disagg import DisaggPlan, decode_problem, on_one_node, prefill_problem
+from shardlab.problems.disagg import DisaggPlan
 from shardlab.problems.engines import ENGINES
 from shardlab.problems.model import Model
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
 from shardlab.problems.workload import Workload
 from shardlab.validation.measurements import Measurement, MeasurementSet, Refusal, read_csv
+from shardlab.validation.protocol import Pools, disagg_plan
 
 SAMPLE = "aiconfigurator-sample"
 SAMPLE_COLUMNS = frozenset(
@@ -423,24 +423,11 @@ def _disagg(
     x, y = _count(row, "prefill_num_workers"), _count(row, "decode_num_workers")
     bp, bd = _count(row, "prefill_batch_size"), _count(row, "decode_batch_size")
     clients = int(stated.group(1)) if stated is not None else bd * dd.dp_attn * y
-    gpus = x * dp_.num_gpus + y * dd.num_gpus
+    pools = Pools(prefill=dp_, prefill_instances=x, decode=dd, decode_instances=y)
+    gpus = pools.num_gpus
     nodes = -(-gpus // 8)  # the nodes the pools take, some GPUs of the last maybe idle
     problem = _problem(
         row, model, engine, _workload(row, clients, weights, kv), nodes * 8 if gpus > 8 else gpus
     )
-    prefill = prefill_problem(
-        problem,
-        dp_.num_gpus,
-        x,
-        decode_pp=dd.pp,
-        decode_tp=dd.tp,
-        one_node=on_one_node(problem.cluster, gpus),
-    )
-    decode = decode_problem(problem, dd.num_gpus, y)
-    plan = DisaggPlan(
-        prefill=dataclasses.replace(prefill.space.megatron_plan(dp_), requests_per_rank=bp),
-        prefill_instances=x,
-        decode=dataclasses.replace(decode.space.megatron_plan(dd), requests_per_rank=bd),
-        decode_instances=y,
-    )
+    plan = disagg_plan(problem, pools, prefill_requests=bp, decode_requests=bd)
     return problem, dd, plan, bd, ""
