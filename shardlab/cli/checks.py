@@ -61,6 +61,24 @@ AiconfiguratorOpt = Annotated[
 ]
 
 
+ReplayOpt = Annotated[
+    bool,
+    typer.Option(
+        "--replay/--no-replay",
+        help="Replay each row that states its load (clients, or rate and requests) in the "
+        "simulator, and report each statistic (mean, median, pNN) beside the analytic mean.",
+    ),
+]
+ReplayHoldOutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--hold-out",
+        help="With the replay: also replay each row under engine costs fitted on measured "
+        "serving (aiconfigurator-sample) without its family or gpu; comma-separated.",
+    ),
+]
+
+
 @app.command()
 def validate(
     measurements: MeasurementsOpt = None,
@@ -75,10 +93,13 @@ def validate(
     protocol: FilterOpt = None,
     peer: PeerOpt = None,
     aiconfigurator: AiconfiguratorOpt = None,
+    replay: ReplayOpt = True,
+    hold_out: ReplayHoldOutOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Predict every measurement and compare: the published ones, measured serving
-    (aiconfigurator-sample) or yours; --out writes the report."""
+    (aiconfigurator-sample) or yours; rows that state their load are also replayed in
+    the simulator, each statistic apart; --out writes the report."""
 
     if out_path is not None:
         check_output_file(out_path, flag="--out", parents=True)
@@ -110,6 +131,15 @@ def validate(
         return
     if peer is not None:
         raise ShardlabError("--peer compares measured serving rows (the sample's columns)")
+    groups = [g.strip() for g in (hold_out or "").split(",") if g.strip()]
+    for g in groups:
+        if g not in ("family", "gpu"):
+            raise ShardlabError(
+                f"--hold-out {g!r}: a replay holds out a family or a gpu", field="hold_out"
+            )
+    if groups and not replay:
+        raise ShardlabError("--hold-out judges the replay: drop --no-replay", field="hold_out")
+    replayed = _replay(measured.rows, timing or "silicon", engine, cal, groups) if replay else {}
     rows, percentiles = analytic(measured.rows)
     runs = [(t, t, None) for t in ([timing] if timing else get_args(Timing))]
     if cal is not None:
@@ -123,13 +153,34 @@ def validate(
 
             by_timing[name] = predict_all(t, engine, rows, c, progress=progress)
     source = measurements or "shardlab/data/validation/measured.csv"
+    sections = _replay_sections(replayed, out_path)
     summaries = write_validation(
-        by_timing, command, source, path=_path(out_path), percentiles=percentiles
+        by_timing,
+        command,
+        source,
+        path=_path(out_path),
+        percentiles=[] if replayed else percentiles,
+        sections=sections,
     )
     if fmt is Format.json:
         emit_json(
             {
                 "summary": summaries,
+                "replayed": {
+                    name: [
+                        {
+                            "id": r.measurement.id,
+                            "metric": r.measurement.metric,
+                            "statistic": r.measurement.statistic,
+                            "measured": r.measurement.value,
+                            "simulated": r.simulated,
+                            "analytic_mean": r.analytic_mean,
+                            "note": r.note,
+                        }
+                        for r in rs
+                    ]
+                    for name, rs in replayed.items()
+                },
                 "rows": {
                     t: [{**_row_dict(r), "ratio": r.ratio} for r in rs]
                     for t, rs in by_timing.items()
@@ -145,7 +196,11 @@ def validate(
         return
     if rows:
         out.print(validation_table(by_timing))
-    if percentiles:
+    if replayed:
+        from shardlab.validation.replay_report import statistic_table
+
+        out.print("\n".join(statistic_table(replayed)), markup=False, soft_wrap=True)
+    elif percentiles:
         out.print(no_analytic_percentile(percentiles))
     for t, summary in summaries.items():
         out.print(
@@ -157,6 +212,91 @@ def validate(
     for x in measured.refused:
         out.print(f"refused {x.id or '?'} (line {x.line}): {x.reason}")
     _wrote(out_path)
+
+
+def _replay(
+    rows: list[Any], timing: str, engine: str, cal: Any, groups: list[str]
+) -> dict[str, list[Any]]:
+    """Each row that states its load replayed in the simulator: under the shipped engine
+    costs (or the calibration given), then under fits without each row's group."""
+    from shardlab.validation.replay import held_out_costs, replay, replayable
+
+    todo = replayable(rows)
+    if not todo:
+        return {}
+    sets: dict[str, list[Any]] = {}
+    steps = len(todo) * (1 + len(groups))
+    with task_progress("replay", steps, unit="rows") as report:
+        name = "calibration" if cal is not None else "shipped costs"
+        sets[name] = replay(
+            todo,
+            timing,
+            engine,
+            calibration=(lambda m: cal) if cal is not None else None,
+            progress=lambda done, total: report(done, name),
+        )
+        for i, g in enumerate(groups, start=1):
+            costs = held_out_costs(
+                todo,
+                g,
+                timing,
+                progress=lambda d, t, g=g, i=i: report(i * len(todo), f"{g} fit {d}/{t}"),
+            )
+            sets[f"{g} held out"] = replay(
+                todo,
+                timing,
+                engine,
+                calibration=costs,
+                progress=lambda done, total, i=i, g=g: report(
+                    i * len(todo) + done, f"{g} held out"
+                ),
+            )
+    return sets
+
+
+def _replay_sections(replayed: dict[str, list[Any]], out_path: str | None) -> list[str]:
+    """The replay's part of the report (and its rows as CSV beside it)."""
+    if not replayed:
+        return []
+    from shardlab.validation.replay_report import (
+        goals,
+        group_table,
+        refusals,
+        rows_csv,
+        statistic_table,
+    )
+    from shardlab.validation.report import write_output
+
+    first = next(iter(replayed.values()))
+    lines = [
+        "## Replayed in the simulator, each statistic apart",
+        "",
+        f"{len(first):,} rows state their load and were replayed request by request "
+        "(`shardlab.simulate`), each under the deployment it measured; beside each "
+        "statistic, the analytic model's mean of the same metric (the only number it "
+        "has). Costs: the engine costs shardlab ships, and fits of them on measured "
+        "serving that did not see the row's group (*... held out*).",
+        "",
+        *statistic_table(replayed),
+    ]
+    for name, rs in replayed.items():
+        if name.endswith("held out"):
+            lines += ["", f"### The issue's goals, {name}", "", *goals(rs)]
+    lines += ["", "### By GPU, engine and serving mode (first costs)", ""]
+    lines += group_table(
+        first,
+        lambda r: (r.measurement.gpu, r.measurement.engine or "",
+                   "disagg" if r.measurement.disagg is not None else "agg"),
+        ["gpu", "engine", "mode"],
+    )  # fmt: skip
+    missing = refusals(first)
+    if missing:
+        lines += ["", "Not simulated:", "", *missing]
+    if out_path is not None:
+        csv_path = Path(out_path).with_suffix(".replay.csv")
+        write_output(csv_path, rows_csv([r for rs in replayed.values() for r in rs]))
+        lines += ["", f"Every replayed row, each set of costs: `{csv_path.name}`."]
+    return lines
 
 
 def _path(out_path: str | None) -> Path | None:

@@ -191,6 +191,18 @@ class IterationCosts:
             kv_tokens=cls.kv_capacity(problem, plan),
         )
 
+    def with_engine_costs(self, request_s: float, iteration_s: float) -> IterationCosts:
+        """The same iterations under other fixed engine costs (a calibration's): every
+        priced iteration holds one iteration cost, the request cost is apart."""
+        shift = iteration_s - self.iteration_s
+        decode = self.decode_s + shift
+        decode[0] = 0.0  # no request: no iteration
+        mixed = self.mixed_s + shift
+        mixed[0] = 0.0
+        return dataclasses.replace(
+            self, decode_s=decode, mixed_s=mixed, iteration_s=iteration_s, request_s=request_s
+        )
+
     @staticmethod
     def kv_capacity(problem: Problem, plan: Plan) -> int:
         """Tokens of KV cache one rank of ``plan`` holds: the requests of the workload's

@@ -61,10 +61,13 @@ class PoolCosts:
         return cls(pool=pool, costs=costs, handoff_fixed_s=fixed, handoff_token_s=per_token)
 
 
-def price(deployment: Deployment, traffic: Traffic) -> tuple[PoolCosts, ...]:
+def price(
+    deployment: Deployment, traffic: Traffic, *, shortest: int | None = None
+) -> tuple[PoolCosts, ...]:
     """Every pool's iteration prices for ``traffic`` (the part of a run that calls the
-    cost model)."""
-    shortest = int((traffic.input_len + traffic.output_len).min())
+    cost model), or for any traffic whose requests are at least ``shortest`` tokens."""
+    if shortest is None:
+        shortest = int((traffic.input_len + traffic.output_len).min())
     return tuple(PoolCosts.of(pool, shortest) for pool in deployment.pools)
 
 

@@ -43,11 +43,12 @@ def write_report(
     *,
     path: Path | None = None,
     percentiles: Sequence[Measurement] = (),
+    sections: Sequence[str] = (),
 ) -> dict[str, dict]:
     """The markdown table of the predictions side by side (the first set's rows give the
     setups), and the count of ``percentiles`` (rows no analytic mean compares with, by
-    statistic and metric), written to ``path`` if given; return each set's summary
-    numbers."""
+    statistic and metric), written to ``path`` if given, with ``sections`` (markdown
+    lines: the replay's) after the summary; return each set's summary numbers."""
     summaries = {name: summarize(rows) for name, rows in by_timing.items() if rows}
     lines = [
         "# Cost model vs measurements",
@@ -62,6 +63,8 @@ def write_report(
             f"more: {s['beyond_1_5x']}; by more than 2x: {s['beyond_2x']}; worst: "
             f"{s['worst_id']} ({s['worst_factor']:.2f}x)"
         )
+    if sections:
+        lines += ["", *sections]
     if percentiles:
         counts = Counter((m.statistic, m.metric) for m in percentiles)
         body = [

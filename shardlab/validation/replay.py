@@ -1,0 +1,198 @@
+"""Measured rows replayed in the simulator: each row that states its load (a closed
+loop, or arrivals at a rate) is run request by request through the deployment it
+measured (:mod:`shardlab.simulate`), and its statistic (mean, median, pN) of its
+metric read off the run, beside the analytic model's mean of the same metric.
+
+Rows of one setup (the same problem, plan and load) share one run; runs of one plan
+share its iteration tables. The tables and the analytic mean come from the same cost
+model, under the same timing and calibration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardlab.costmodel import serving_costs
+from shardlab.errors import ShardlabError
+from shardlab.problems.calibration import Calibration
+from shardlab.problems.problem import Problem
+from shardlab.simulate import Deployment, PoolCosts, Simulation, price, simulate_priced
+from shardlab.validation.measurements import Measurement
+from shardlab.validation.predictions import measured_disagg, predict, problem_of
+
+# The metrics the simulator measures a distribution of.
+REPLAYED = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Replayed:
+    """One row: what it measured, what the simulator gives for the same statistic, and
+    the analytic model's mean of the metric (None where it has none)."""
+
+    measurement: Measurement
+    simulated: float | None  # None: the run was refused (``note`` says why)
+    analytic_mean: float | None
+    note: str
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.simulated is None else self.simulated / self.measurement.value
+
+
+def replayable(rows: Sequence[Measurement]) -> list[Measurement]:
+    """The rows the simulator can replay: a latency, of a model, under a stated load."""
+    return [m for m in rows if m.problem is not None and m.has_load and m.metric in REPLAYED]
+
+
+def _deployment(problem: Problem, m: Measurement) -> Deployment:
+    if m.disagg is not None:
+        return Deployment.of_disagg(problem, measured_disagg(problem, m.disagg))
+    assert m.degrees is not None
+    return Deployment.of_plan(problem, problem.space.megatron_plan(m.degrees))
+
+
+def _plain(problem: Problem) -> Problem:
+    """What a plan's iteration tables depend on: not the load's batch or clients, nor
+    the engine's fixed costs (:meth:`IterationCosts.with_engine_costs` moves them)."""
+    w = dataclasses.replace(
+        problem.workload, name="", batch=1, clients=None, ttft_ms=None, tpot_ms=None
+    )
+    cal = problem.calibration
+    if cal is not None:
+        cal = dataclasses.replace(cal, request_ms=None, iteration_ms=None, fitted_on="")
+    return dataclasses.replace(problem, workload=w, calibration=cal)
+
+
+def replay(
+    rows: Sequence[Measurement],
+    timing: str,
+    engine: str = "trtllm",
+    *,
+    calibration: Callable[[Measurement], Calibration | None] | None = None,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Replayed]:
+    """Replay each of ``rows`` that states a load (:func:`replayable`) under ``timing``
+    (and each row's ``calibration``, default none: the shipped engine costs)."""
+    todo = replayable(rows)
+    runs: dict[tuple, Simulation | str] = {}
+    tables: dict[tuple, tuple[PoolCosts, ...]] = {}
+    out: list[Replayed] = []
+    for m in todo:
+        cal = calibration(m) if calibration is not None else None
+        problem, note = problem_of(m, timing, m.engine or engine, cal)
+        key = (problem, m.disagg, m.degrees, m.clients, m.prompts_per_client, m.rate,
+               m.arrival, m.cv, m.requests, m.length_range)  # fmt: skip
+        if key not in runs:
+            runs[key] = _run(problem, m, tables, seed)
+        run = runs[key]
+        notes = [x for x in (m.note, note) if x]
+        if isinstance(run, str):
+            simulated = None
+            notes.append(run)
+        else:
+            simulated = run.latency(m.metric, m.statistic)
+        out.append(
+            Replayed(
+                measurement=m,
+                simulated=simulated,
+                analytic_mean=_analytic_mean(m, timing, engine, cal),
+                note="; ".join(notes),
+            )
+        )
+        if progress is not None:
+            progress(len(out), len(todo))
+    return out
+
+
+def _run(
+    problem: Problem, m: Measurement, tables: dict[tuple, tuple[PoolCosts, ...]], seed: int
+) -> Simulation | str:
+    """The row's load through its deployment, or why it cannot run."""
+    try:
+        deployment = _deployment(problem, m)
+        traffic = m.traffic(seed)
+        w = problem.workload
+        # the shortest request any draw of the row's lengths can make: one set of
+        # tables for every load of the setup
+        r = m.length_range
+        shortest = max(1, int(r * w.input_len) + int(r * w.output_len))
+        key = (
+            tuple((_plain(p.problem), p.plan, p.role, p.instances) for p in deployment.pools),
+            shortest,
+        )
+        if key not in tables:
+            plain = Deployment(
+                pools=tuple(dataclasses.replace(p, problem=_plain(p.problem))
+                            for p in deployment.pools)
+            )  # fmt: skip
+            tables[key] = price(plain, traffic, shortest=shortest)
+        priced = tuple(
+            dataclasses.replace(pc, pool=pool, costs=pc.costs.with_engine_costs(
+                (c := serving_costs(pool.problem)).request_ns * 1e-9, c.iteration_ns * 1e-9))
+            for pc, pool in zip(tables[key], deployment.pools, strict=True)
+        )  # fmt: skip
+        return simulate_priced(deployment, priced, traffic, seed=seed)
+    except ShardlabError as exc:
+        return f"not simulated: {exc}"
+
+
+def _analytic_mean(
+    m: Measurement, timing: str, engine: str, cal: Calibration | None
+) -> float | None:
+    try:
+        return predict(dataclasses.replace(m, statistic="mean"), timing, engine, cal).predicted
+    except ShardlabError:
+        return None
+
+
+def held_out_costs(
+    rows: Sequence[Measurement],
+    grouping: str,
+    timing: str = "silicon",
+    progress: Callable[[int, int], None] | None = None,
+) -> Callable[[Measurement], Calibration]:
+    """Each row's engine costs (per request, per iteration) fitted on measured serving
+    (aiconfigurator-core's sample: aggregated InferenceX-protocol runs, the rows the
+    shipped costs were fitted on) without the row's group (``family`` or ``gpu``):
+    a replay under them saw nothing of the row's group."""
+    from shardlab.validation.calibrate import GROUPINGS, Rows, fit, linearize
+    from shardlab.validation.predictions import fittable
+    from shardlab.validation.serving_sample import read_sample
+
+    if grouping not in ("family", "gpu"):
+        raise ShardlabError(
+            f"hold-out grouping {grouping!r}: a replay holds out a family or a gpu",
+            field="hold_out",
+        )
+    label = GROUPINGS[grouping]
+    sample = fittable(read_sample(mode=["agg"], protocol=["inferencex"]).rows)
+    linear = []
+    for m in sample:
+        linear.append(linearize(m, timing, m.engine or "trtllm"))
+        if progress is not None:
+            progress(len(linear), len(sample))
+    priced = Rows(linear)
+    labels = [label(m) for m in sample]
+    fits: dict[str, Any] = {}
+
+    def costs(m: Measurement) -> Calibration:
+        group = label(m)
+        if group not in fits:
+            keep = np.array([i for i, g in enumerate(labels) if g != group], dtype=np.int64)
+            fits[group] = fit(priced.take(keep), factors=False, per_engine=True)
+        f = fits[group]
+        engine = m.engine or "trtllm"
+        return Calibration(
+            timing=timing,
+            request_ms=f.request_ms.get(engine),
+            iteration_ms=f.iteration_ms.get(engine),
+            fitted_on=f"measured serving without {grouping} {group}",
+        )
+
+    return costs
