@@ -237,7 +237,6 @@ def _replay(
         )
         for i, g in enumerate(groups, start=1):
             costs = held_out_costs(
-                todo,
                 g,
                 timing,
                 progress=lambda d, t, g=g, i=i: report(i * len(todo), f"{g} fit {d}/{t}"),

@@ -144,8 +144,8 @@ class IterationCosts:
         # one node a doubling, up to the model's longest context
         # (a node of context L runs L + 1 tokens: the model's limit minus one at most)
         longest = problem.model.max_position_embeddings - 1
-        if longest < 2 * (i + o):
-            longest = 2 * (i + o)  # no limit stated (0), or a workload past it
+        if longest < i + o:
+            longest = 2 * (i + o)  # no limit stated (0)
         grid = contexts or [min(c, longest) for c in _powers(64, longest, per_octave=1)]
         ctx_nodes = sorted({float(c) for c in grid if c != own} | {own})
         decode = np.zeros((top + 1, len(ctx_nodes)))
@@ -153,7 +153,10 @@ class IterationCosts:
             lengths = (i, o) if ctx == own else (round(ctx) - 1, 2)
             wk = _plain(w, phase="decode", input_len=lengths[0], output_len=lengths[1])
             decode[1:, k] = _rounds(base, plan, wk, ranks, top)
-        outs = sorted({int(x) for x in (outputs or _powers(1, 4 * o)) if x >= 1} | {o})
+        # mixed rounds of outputs up to 4 o, within the model's context
+        outs = sorted(
+            {int(x) for x in (outputs or _powers(1, 4 * o)) if 1 <= x <= longest + 1 - i} | {o}
+        )
         ratios, ratio_ctx = [0.0], [own]
         mixed = [decode[:, ctx_nodes.index(own)]]
         for out in reversed(outs):  # increasing ratio

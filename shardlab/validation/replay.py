@@ -152,15 +152,16 @@ def _analytic_mean(
 
 
 def held_out_costs(
-    rows: Sequence[Measurement],
     grouping: str,
     timing: str = "silicon",
     progress: Callable[[int, int], None] | None = None,
+    sample: Sequence[Measurement] | None = None,
 ) -> Callable[[Measurement], Calibration]:
     """Each row's engine costs (per request, per iteration) fitted on measured serving
     (aiconfigurator-core's sample: aggregated InferenceX-protocol runs, the rows the
     shipped costs were fitted on) without the row's group (``family`` or ``gpu``):
-    a replay under them saw nothing of the row's group."""
+    a replay under them saw nothing of the row's group. ``sample``: other measured
+    serving rows to fit on instead."""
     from shardlab.validation.calibrate import GROUPINGS, Rows, fit, linearize
     from shardlab.validation.predictions import fittable
     from shardlab.validation.serving_sample import read_sample
@@ -171,7 +172,9 @@ def held_out_costs(
             field="hold_out",
         )
     label = GROUPINGS[grouping]
-    sample = fittable(read_sample(mode=["agg"], protocol=["inferencex"]).rows)
+    if sample is None:
+        sample = read_sample(mode=["agg"], protocol=["inferencex"]).rows
+    sample = fittable(list(sample))
     linear = []
     for m in sample:
         linear.append(linearize(m, timing, m.engine or "trtllm"))

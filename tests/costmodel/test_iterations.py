@@ -238,3 +238,29 @@ def test_speculative_decoding_is_refused() -> None:
     plan = problem.space.megatron_plan(PLANS["dsv3-dp8-ep8-pp2"][2])
     with pytest.raises(ShardlabError, match="speculatively"):
         IterationCosts.of(problem, plan)
+
+
+def test_a_workload_past_half_the_models_context_is_priced() -> None:
+    """The context grid ends at the model's longest context; a workload of more than
+    half of it once pushed the grid past the limit and was refused."""
+    problem = Problem.build(
+        "llama-3.1-8b", "h100x1", "chat", engine="vllm", input_len=120_000, output_len=10_000
+    )
+    plan = problem.space.megatron_plan(Degrees(tp=1))
+    costs = IterationCosts.of(problem, plan, max_requests=2)
+    assert costs.contexts.max() <= problem.model.max_position_embeddings
+
+
+def test_other_engine_costs_move_every_iteration_by_the_difference() -> None:
+    """with_engine_costs is a build under a calibration of those fixed costs."""
+    from shardlab.problems.calibration import Calibration
+
+    problem, plan, costs = priced("8b-tp2-pp2", "vllm")
+    cal = Calibration(timing="silicon", request_ms=50.0, iteration_ms=2.0)
+    rebuilt = IterationCosts.of(
+        dataclasses.replace(problem, calibration=cal), plan, max_requests=16
+    )
+    moved = costs.with_engine_costs(0.050, 0.002)
+    assert moved.request_s == pytest.approx(rebuilt.request_s)
+    for name in ("decode_s", "mixed_s", "prompt_s"):
+        assert np.allclose(getattr(moved, name), getattr(rebuilt, name), rtol=1e-12, atol=1e-15)
