@@ -79,3 +79,22 @@ def test_a_plan_that_is_not_one_is_refused(tmp_path: Path) -> None:
     assert "not valid JSON" in refused(
         ["simulate", "--plan", "p.json", "--clients", "2"], lambda d: (d / "p.json").write_text("{")
     )
+
+
+def test_a_sized_deployment_serves_the_rate_it_was_sized_for(tmp_path: Path) -> None:
+    """``size --out`` in, its pools run: at the rate it was sized for, under its TTFT
+    SLO, every request is served and the median meets the SLO (the sizing holds means:
+    a tail may not)."""
+    argv = ["size", "--model", "llama-3.1-8b", "--engine", "vllm", "--gpus", "h100",
+            "--max-gpus", "4", "--rate", "5", "--serving", "agg", "--input-len", "1024",
+            "--output-len", "128", "--ttft-ms", "1000", "--out", "d.json"]  # fmt: skip
+    code, _, err = run(argv, tmp_path)
+    assert code == 0, err
+    argv = ["simulate", "--plan", "d.json", "--rate", "5", "--requests", "1000",
+            "--input-len", "1024", "--output-len", "128", "--format", "json"]  # fmt: skip
+    code, out, err = run(argv, tmp_path)
+    assert code == 0, err
+    s = json.loads(out)["summary"]
+    assert s["requests"] == 1000
+    assert s["request_rate"] == pytest.approx(5.0, rel=0.1)
+    assert s["ttft_ms"]["median"] < 1000
