@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -191,7 +192,7 @@ def simulate(
             plot,
             sim,
             f"{first.problem.model.name} on {_pools(deployment)}, {first.problem.engine}; "
-            f"{chosen.source}: {chosen.requests:,} requests",
+            f"{Path(chosen.source).name}: {chosen.requests:,} requests",
         )
     if fmt is Format.json:
         emit_json({"summary": summary.to_dict(), "wall_s": sim.wall_s, "slo": slo.given})
@@ -203,17 +204,26 @@ def simulate(
 
 
 def _pools(deployment: Any) -> str:
+    """Each pool: instances x GPUs of a type (role), and its plan's degrees."""
     return " + ".join(
         f"{p.instances} x {p.plan.degrees.num_gpus} {p.problem.cluster.accelerator.key}"
-        + ("" if p.role == "agg" else f" ({p.role})")
+        + ("" if p.role == "agg" else f" {p.role}")
+        + f" ({_degrees(p.plan.degrees)})"
         for p in deployment.pools
     )
+
+
+def _degrees(d: Any) -> str:
+    """The degrees above 1 (tp always)."""
+    parts = [f"{k} {v}" for k, v in (("replicas", d.replicas), ("pp", d.pp), ("tp", d.tp),
+             ("dp_attn", d.dp_attn), ("ep", d.ep)) if v > 1 or k == "tp"]  # fmt: skip
+    return ", ".join(parts)
 
 
 def _print(deployment: Any, traffic: Traffic, s: Any, wall_s: float, slo: Any) -> None:
     out.print(
         f"{traffic.source}: {s.requests:,} requests on {_pools(deployment)} "
-        f"({deployment.pools[0].problem.engine}), simulated in {wall_s:.2f} s",
+        f"on {deployment.pools[0].problem.engine}, simulated in {wall_s:.2f} s",
         markup=False,
         soft_wrap=True,
     )

@@ -31,7 +31,7 @@ def test_an_azure_excerpt_on_a_solved_plan(plan_file: Path, tmp_path: Path) -> N
             "--out", "requests.csv", "--plot", "cdf.png"]  # fmt: skip
     code, out, err = run(argv, tmp_path)
     assert code == 0, err
-    assert "500 requests on 1 x 2 h100 (vllm)" in out
+    assert "500 requests on 1 x 2 h100 (replicas 2, tp 1) on vllm" in out
     for metric in ("ttft", "tpot", "itl", "e2e"):
         assert f"│ {metric}" in out
     assert "goodput" in out and "SLO met: ttft_ms" in out
