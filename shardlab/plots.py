@@ -137,7 +137,7 @@ def plot_simulation(path: str | Path, sim: Simulation, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
     for ax, (name, values) in zip(
@@ -150,6 +150,7 @@ def plot_simulation(path: str | Path, sim: Simulation, title: str) -> None:
         for q, style in ((0.5, ":"), (0.9, "--"), (0.99, "-.")):
             ax.axhline(q, color="grey", lw=0.6, ls=style)
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"{name} (ms)")

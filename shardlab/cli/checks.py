@@ -225,6 +225,7 @@ def _replay(
     if not todo:
         return {}
     sets: dict[str, list[Any]] = {}
+    tables: dict = {}  # one plan's tables serve every set of engine costs
     steps = len(todo) * (1 + len(groups))
     with task_progress("replay", steps, unit="rows") as report:
         name = "calibration" if cal is not None else "shipped costs"
@@ -234,6 +235,7 @@ def _replay(
             engine,
             calibration=(lambda m: cal) if cal is not None else None,
             progress=lambda done, total: report(done, name),
+            tables=tables,
         )
         for i, g in enumerate(groups, start=1):
             costs = held_out_costs(

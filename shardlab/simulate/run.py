@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from shardlab.costmodel import IterationCosts, engine_limits, handoff_seconds
+from shardlab.costmodel import IterationCosts, engine_limits, forget_tables, handoff_seconds
 from shardlab.errors import ShardlabError
 from shardlab.problems.traffic import Traffic
 from shardlab.simulate.deployment import Deployment, Pool
@@ -68,7 +68,11 @@ def price(
     cost model), or for any traffic whose requests are at least ``shortest`` tokens."""
     if shortest is None:
         shortest = int((traffic.input_len + traffic.output_len).min())
-    return tuple(PoolCosts.of(pool, shortest) for pool in deployment.pools)
+    priced = tuple(PoolCosts.of(pool, shortest) for pool in deployment.pools)
+    # the hundred derived problems a plan's tables were read off stay in the cost
+    # model's caches otherwise: gigabytes after a few dozen plans of a large MoE
+    forget_tables()
+    return priced
 
 
 def _ranks(priced: Sequence[PoolCosts], role: str, book: Book, start: int) -> list[Rank]:

@@ -76,12 +76,15 @@ def replay(
     calibration: Callable[[Measurement], Calibration | None] | None = None,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    tables: dict[tuple, tuple[PoolCosts, ...]] | None = None,
 ) -> list[Replayed]:
     """Replay each of ``rows`` that states a load (:func:`replayable`) under ``timing``
-    (and each row's ``calibration``, default none: the shipped engine costs)."""
+    (and each row's ``calibration``, default none: the shipped engine costs).
+    ``tables``: the plans' iteration tables, kept between calls (they do not depend on
+    the engine's fixed costs)."""
     todo = replayable(rows)
     runs: dict[tuple, Simulation | str] = {}
-    tables: dict[tuple, tuple[PoolCosts, ...]] = {}
+    tables = {} if tables is None else tables
     out: list[Replayed] = []
     for m in todo:
         cal = calibration(m) if calibration is not None else None
