@@ -286,7 +286,7 @@ def _replay_sections(replayed: dict[str, list[Any]], out_path: str | None) -> li
     lines += ["", "### By GPU, engine and serving mode (first costs)", ""]
     lines += group_table(
         first,
-        lambda r: (r.measurement.gpu, r.measurement.engine or "",
+        lambda r: (r.measurement.gpu, r.engine,
                    "disagg" if r.measurement.disagg is not None else "agg"),
         ["gpu", "engine", "mode"],
     )  # fmt: skip

@@ -76,7 +76,6 @@ from shardlab.costmodel.trace import collectives_of
 from shardlab.costmodel.units import units_of_codes
 
 __all__ = [
-    "engine_limits",
     "ACT_BYTES",
     "ARRAYS",
     "ARRAYS_NS",
@@ -110,6 +109,7 @@ __all__ = [
     "combine",
     "degree_tables",
     "dispatch_bytes",
+    "engine_limits",
     "evaluate",
     "evaluate_batch",
     "evaluate_disagg",

@@ -35,6 +35,7 @@ class Replayed:
     the analytic model's mean of the metric (None where it has none)."""
 
     measurement: Measurement
+    engine: str  # the row's, or the one asked for where it names none
     simulated: float | None  # None: the run was refused (``note`` says why)
     analytic_mean: float | None
     note: str
@@ -103,6 +104,7 @@ def replay(
         out.append(
             Replayed(
                 measurement=m,
+                engine=problem.engine,
                 simulated=simulated,
                 analytic_mean=_analytic_mean(m, timing, engine, cal),
                 note="; ".join(notes),

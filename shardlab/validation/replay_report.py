@@ -27,6 +27,12 @@ GROUP_GOAL = 0.35  # any (family, engine) group: mean TTFT median |error|
 BIAS_GOAL = 1.15  # DeepSeek-family TPOT: median predicted/measured within this factor
 
 
+def family(r: Replayed) -> str:
+    """The row's model family (the catalog name where the row names none)."""
+    m = r.measurement
+    return m.family or (m.problem.model.name if m.problem is not None else "")
+
+
 def _order(stat: str) -> float:
     p = percentile_of(stat)
     return -1.0 if p is None else p
@@ -119,16 +125,16 @@ def goals(rows: Sequence[Replayed], family_engine: bool = True) -> list[str]:
         for r in rows:
             m = r.measurement
             if m.metric == "ttft_ms" and m.statistic == "mean":
-                groups[(m.family, m.engine or "")].append(r)
-        for (family, engine), g in sorted(groups.items()):
+                groups[(family(r), r.engine)].append(r)
+        for (name, engine), g in sorted(groups.items()):
             sim = _simulated(g)
             if not sim:
                 continue
             got = _stats(sim)["median_abs_error"]
             verdict = "met" if got <= GROUP_GOAL else f"missed by {got - GROUP_GOAL:.1%}"
-            body.append([f"({family}, {engine}) mean TTFT", f"<= {GROUP_GOAL:.0%}",
+            body.append([f"({name}, {engine}) mean TTFT", f"<= {GROUP_GOAL:.0%}",
                          f"{got:.1%} ({len(sim)} rows)", verdict])  # fmt: skip
-    deepseek = [r for r in rows if r.measurement.family.startswith("deepseek")
+    deepseek = [r for r in rows if family(r).startswith("deepseek")
                 and r.measurement.metric == "tpot_ms"]  # fmt: skip
     for stat in sorted({r.measurement.statistic for r in deepseek}, key=_order):
         sim = _simulated([r for r in deepseek if r.measurement.statistic == stat])
@@ -153,8 +159,8 @@ def rows_csv(rows: Sequence[Replayed]) -> str:
     for r in rows:
         m = r.measurement
         w.writerow([
-            m.id, m.gpu, m.engine or "", "disagg" if m.disagg is not None else "agg",
-            m.family, m.load_label(), m.metric, m.statistic, f"{m.value:.4g}",
+            m.id, m.gpu, r.engine, "disagg" if m.disagg is not None else "agg",
+            family(r), m.load_label(), m.metric, m.statistic, f"{m.value:.4g}",
             "" if r.simulated is None else f"{r.simulated:.4g}",
             "" if r.analytic_mean is None else f"{r.analytic_mean:.4g}", r.note,
         ])  # fmt: skip

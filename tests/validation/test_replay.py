@@ -116,3 +116,10 @@ def test_validate_replays_and_reports_each_statistic(tmp_path: Path) -> None:
         ["validate", "--measurements", str(path), "--no-replay", "--hold-out", "gpu"], tmp_path
     )
     assert code == 2 and "drop --no-replay" in err
+
+
+def test_the_goals_read_a_rows_family_from_its_model(tmp_path: Path) -> None:
+    """Rows that name no family are grouped by their model (as the hold-outs group
+    them): the per-(family, engine) goal names it."""
+    rows = replay(replayable(load_measurements(_file(tmp_path, GOOD)).rows), "silicon", "vllm")
+    assert "(llama-3.1-8b, vllm) mean TTFT" in "\n".join(goals(rows))
