@@ -98,3 +98,15 @@ def test_a_sized_deployment_serves_the_rate_it_was_sized_for(tmp_path: Path) -> 
     assert s["requests"] == 1000
     assert s["request_rate"] == pytest.approx(5.0, rel=0.1)
     assert s["ttft_ms"]["median"] < 1000
+
+
+def test_a_disaggregated_plan_runs_its_two_pools(tmp_path: Path) -> None:
+    argv = ["solve", "--model", "llama-3.1-8b", "--cluster", "h100x2", "--engine", "trtllm",
+            "--space", "engine", "--serving", "disagg", "--out", "d.json"]  # fmt: skip
+    code, _, err = run(argv, tmp_path)
+    assert code == 0, err
+    argv = ["simulate", "--plan", "d.json", "--rate", "4", "--requests", "300",
+            "--input-len", "2000", "--output-len", "200"]  # fmt: skip
+    code, out, err = run(argv, tmp_path)
+    assert code == 0, err
+    assert "1 x 1 h100 prefill (tp 1) + 1 x 1 h100 decode (tp 1) on trtllm" in out
