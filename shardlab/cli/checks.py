@@ -159,7 +159,7 @@ def validate(
         command,
         source,
         path=_path(out_path),
-        percentiles=[] if replayed else percentiles,
+        percentiles=percentiles,
         sections=sections,
     )
     if fmt is Format.json:
@@ -196,12 +196,12 @@ def validate(
         return
     if rows:
         out.print(validation_table(by_timing))
+    if percentiles:
+        out.print(no_analytic_percentile(percentiles))
     if replayed:
         from shardlab.validation.replay_report import statistic_table
 
         out.print("\n".join(statistic_table(replayed)), markup=False, soft_wrap=True)
-    elif percentiles:
-        out.print(no_analytic_percentile(percentiles))
     for t, summary in summaries.items():
         out.print(
             f"{t}: median |error| {summary['median_abs_error']:.1%}, within 25%: "
