@@ -125,6 +125,8 @@ def validate(
         timing=timing,
         **{k: ",".join(v) for k, v in filters.items()},
         peer=peer,
+        no_replay=not replay,
+        hold_out=hold_out,
     )
     if measured.serving:
         _validate_serving(measured, timing or "silicon", cal, out_path, command, peer, fmt)

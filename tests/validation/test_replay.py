@@ -124,3 +124,12 @@ def test_the_goals_read_a_rows_family_from_its_model(tmp_path: Path) -> None:
     them): the per-(family, engine) goal names it."""
     rows = replay(replayable(load_measurements(_file(tmp_path, GOOD)).rows), "silicon", "vllm")
     assert "(llama-3.1-8b, vllm) mean TTFT" in "\n".join(goals(rows))
+
+
+def test_the_report_names_the_command_with_its_replay_flags(tmp_path: Path) -> None:
+    path = _file(tmp_path, GOOD)
+    argv = ["validate", "--measurements", str(path), "--no-replay", "--out", "v.md"]
+    code, _, err = run(argv, tmp_path)
+    assert code == 0, err
+    produced = (tmp_path / "v.md").read_text().splitlines()[2]
+    assert produced.startswith("Produced by `shardlab validate") and "--no-replay" in produced
