@@ -93,7 +93,6 @@ class Rank:
         "prefilling",
         "price",
         "ratio",
-        "ratio_step",
         "rules",
         "slack",
         "stall",
@@ -134,7 +133,6 @@ class Rank:
         self.left0 = 0  # tokens they have left to make = left0 - len * step
         self.used = 0.0  # KV tokens held (TensorRT-LLM: reserved) by prefilling requests
         self.ratio = RATIO_START
-        self.ratio_step = 0
         self.t0 = 0.0
         self.dt = 0.0  # seconds of each iteration of the run under way
         self.k = 0  # iterations in it
@@ -147,10 +145,6 @@ class Rank:
         self.stall = 0.0  # seconds of prefill iterations the decoding requests sat out
 
     # -- what the rank holds ----------------------------------------------------------
-
-    @property
-    def n_decoding(self) -> int:
-        return len(self.decoding)
 
     def _kv_held(self) -> float:
         """KV tokens the running requests hold now (TensorRT-LLM: have reserved)."""
@@ -188,6 +182,8 @@ class Rank:
             if handed:  # its first token made elsewhere: here from the next step
                 if b.first[r] != b.first[r]:
                     b.first[r] = self.t0
+                if rules.admission == "reserve":
+                    self.used += b.input[r] + b.output[r]
                 self.enter_decoding(r, max(b.made[r], 1))
                 continue
             self.prefilling.append(r)
@@ -203,7 +199,15 @@ class Rank:
         has nothing to run."""
         self.version += 1
         self.t0 = now
-        self._admit()
+        preempted = False
+        if self.rules.preempts:  # running requests first: a step of them must fit
+            while self.decoding and self.kv - self._kv_held() < len(self.decoding):
+                self._preempt()
+                preempted = True
+        # vLLM and SGLang admit nothing new in a step that preempted (unless nothing
+        # else is left to run: the rank would sit idle with requests waiting)
+        if not preempted or not (self.decoding or self.prefilling):
+            self._admit()
         price = self.price
         n = len(self.decoding)
         if self.prefilling and (not self.rules.mixed or n == 0 or self.budget > n):
@@ -229,12 +233,8 @@ class Rank:
         elif n:
             self.chunks = []
             k = self.decoding[0][0] - self.step  # to the next request's last token
-            if self.rules.admission != "reserve":
-                room = math.floor((self.kv - self._kv_held()) / n)
-                if room < 1:
-                    self._preempt()
-                    return self.plan(now)
-                k = min(k, room)
+            if self.rules.preempts:  # to the step that would find no room
+                k = min(k, math.floor((self.kv - self._kv_held()) / n))
             if self.rules.admission == "ratio" and self.ratio > RATIO_FLOOR and self.waiting:
                 # the falling ratio may let a waiting request in: look again every
                 # few steps
@@ -254,10 +254,9 @@ class Rank:
         """Preempt the decoding request admitted last: its cache is dropped and it is
         prefilled again, prompt and output so far, ahead of the queue."""
         b = self.book
-        while True:
+        r = self.order.pop()
+        while b.done[r] >= 0:  # finished, or preempted before: no longer decoding here
             r = self.order.pop()
-            if b.finish[r] != b.finish[r] and b.rank_of[r] == self.index and b.done[r] < 0:
-                break
         made = b.made[r] + (self.step - b.entry[r])
         self.decoding = [(s, q) for s, q in self.decoding if q != r]
         heapq.heapify(self.decoding)
@@ -351,11 +350,12 @@ class Rank:
             if b.first[r] != b.first[r] and not self.handoff:  # nan: its first token
                 b.first[r] = t
             made = b.made[r] + 1
-            if self.rules.admission == "reserve":
+            leaves = made >= b.output[r] or self.handoff
+            if self.rules.admission != "reserve":
+                self.used -= b.done[r]  # from here on the decoding context counts it
+            elif leaves:
                 self.used -= b.input[r] + b.output[r]
-            else:
-                self.used -= b.done[r]
-            if made >= b.output[r] or self.handoff:
+            if leaves:
                 b.made[r] = made
                 b.done[r] = 0
                 self.outstanding -= 1
@@ -369,7 +369,7 @@ class Rank:
 
     def enter_decoding(self, r: int, made: int) -> None:
         """``r`` decodes from the next step, ``made`` output tokens made, its prompt's
-        cache here."""
+        cache here (TensorRT-LLM: its reservation already counted)."""
         b = self.book
         b.made[r] = made
         b.entry[r] = self.step
@@ -377,7 +377,5 @@ class Rank:
         b.done[r] = -1  # decoding (see _preempt)
         self.ctx0 += b.base[r] - self.step
         self.left0 += (b.output[r] - made) + self.step
-        if self.rules.admission == "reserve":
-            self.used += b.input[r] + b.output[r]
         heapq.heappush(self.decoding, (self.step + b.output[r] - made, r))
         self.order.append(r)

@@ -144,9 +144,7 @@ class Simulation:
     @property
     def tpot_s(self) -> np.ndarray:
         """Of requests of two output tokens or more."""
-        out = self.traffic.output_len
-        many = out > 1
-        return (self.finish_s[many] - self.first_s[many]) / (out[many] - 1)
+        return self._tpot_all()[self.traffic.output_len > 1]
 
     def latency(self, metric: str, statistic: str) -> float:
         """One statistic of one latency, in ms."""

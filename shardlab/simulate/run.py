@@ -142,18 +142,20 @@ def simulate_priced(
     pre = next((pc for pc in priced if pc.pool.role == "prefill"), None)
     fixed_s = pre.handoff_fixed_s if pre else 0.0
     token_s = pre.handoff_token_s if pre else 0.0
-    rng = np.random.default_rng(seed)  # ties between equally loaded ranks
-    rr = {id(front): int(rng.integers(len(front))), id(back): 0}
+    # round robin starts at a seeded rank of the front pool (least-loaded ties: the
+    # lowest index)
+    turn = [int(np.random.default_rng(seed).integers(len(front))), 0]
     arrival = [math.nan] * n
     events: list[tuple[float, int, int]] = []  # (time, version, rank)
     ranks = front + back
-    pending: list[tuple[float, int, int]] = []  # (time, kind, request): 1 handoff
+    pending: list[tuple[float, int]] = []  # (time, request): caches on their way to decode
+    pools = (front, back)
 
-    def route(pool: list[Rank], r: int, t: float, gone: list[int]) -> None:
+    def route(p: int, r: int, t: float, gone: list[int]) -> None:
+        pool = pools[p]
         if router == "round-robin":
-            k = rr[id(pool)] % len(pool)
-            rr[id(pool)] += 1
-            rank = pool[k]
+            rank = pool[turn[p] % len(pool)]
+            turn[p] += 1
         else:
             rank = min(pool, key=_load)
         book.rank_of[r] = rank.index
@@ -179,7 +181,7 @@ def simulate_priced(
     handed: list[int] = []
     if closed:
         for r in range(sent):
-            route(front, r, 0.0, gone)
+            route(0, r, 0.0, gone)
     while True:
         t_event = events[0][0] if events else math.inf
         t_arrive = times[sent] if not closed and sent < n else math.inf
@@ -195,15 +197,15 @@ def simulate_priced(
             rank.complete(gone, handed)
             for r in handed:
                 book.done[r] = book.need[r]
-                heapq.heappush(pending, (t + fixed_s + token_s * book.input[r], 1, r))
+                heapq.heappush(pending, (t + fixed_s + token_s * book.input[r], r))
             handed.clear()
         elif t_handoff == t:
-            _, _, r = heapq.heappop(pending)
-            route(back, r, t, gone)
+            _, r = heapq.heappop(pending)
+            route(1, r, t, gone)
             rank = None
         else:
             arrival[sent] = t
-            route(front, sent, t, gone)
+            route(0, sent, t, gone)
             sent += 1
             rank = None
         if closed:
@@ -211,7 +213,7 @@ def simulate_priced(
                 gone.pop()
                 if sent < n:
                     arrival[sent] = t
-                    route(front, sent, t, gone)
+                    route(0, sent, t, gone)
                     sent += 1
         else:
             gone.clear()
