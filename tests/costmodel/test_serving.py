@@ -185,6 +185,33 @@ def test_a_users_file_in_the_samples_columns_reports_its_good_rows(tmp_path: Pat
     assert "1P(8) + 1D(8)" not in disagg.description and "2P(8) + 1D(8)" in disagg.description
 
 
+def test_a_tp_times_ep_row_is_read_as_the_run_it_measured(tmp_path: Path) -> None:
+    """InferenceX's ``tp 8, ep 8`` written as tp_size 64 (or attention DP 64) with
+    moe_tp_size = moe_ep_size = 8 is an 8-GPU run; the same run written as tp_size 8,
+    moe_ep_size 8 (the sample's 2026-03-25 rows) repeats it."""
+    path = tmp_path / "mine.csv"
+    row = (
+        "{id},db-dump; silicon_concurrency=64,trtllm,1.2,deepseek-ai/DeepSeek-V3,h200_sxm,fp8,"
+        "agg,1024,1024,fp8,fp8,{batch},{tp},1,{dp},{moe_tp},8,,,,,,,,,,,,,,,400,{tpot}\n"
+    )
+    path.write_text(
+        SAMPLE_HEADER
+        + row.format(id="tp64", batch=64, tp=64, dp=1, moe_tp=8, tpot=30)
+        + row.format(id="tp8", batch=64, tp=8, dp=1, moe_tp=1, tpot=30)
+        + row.format(id="dp64", batch=1, tp=1, dp=64, moe_tp=8, tpot=31)
+    )
+    measured = load_measurements(path)
+    assert measured.duplicates == 1 and not measured.refused
+    read = {m.id: m for m in measured.rows if m.metric == "tpot_ms"}
+    assert sorted(read) == ["dp64", "tp64"]
+    assert read["tp64"].degrees == Degrees(tp=8, ep=8)
+    assert read["dp64"].degrees == Degrees(dp_attn=8, ep=8)
+    for m in read.values():
+        assert m.problem is not None and m.problem.cluster.num_gpus == 8
+        assert m.problem.workload.clients == 64 and not m.note
+    assert read["dp64"].requests_per_rank == 8
+
+
 def test_filters_keep_the_rows_asked_for_and_refuse_unknown_values(tmp_path: Path) -> None:
     path = tmp_path / "mine.csv"
     path.write_text(SAMPLE_HEADER + OWN_ROWS)
