@@ -34,7 +34,7 @@ from shardlab.costmodel.constants import ACT_BYTES
 from shardlab.costmodel.context import CostContext, OptionCost
 from shardlab.costmodel.engines import engine_limits
 from shardlab.costmodel.opcosts import option_cost
-from shardlab.costmodel.steps import Step, steps_of
+from shardlab.costmodel.steps import Step, round_tokens, steps_of
 from shardlab.costmodel.widths import output_width
 from shardlab.problems.model import LayerAttention, LayerKind, Model
 from shardlab.problems.operators import HEAD_OPS, OpSpec, OptionSpec, layer_edges, layer_ops
@@ -79,7 +79,7 @@ class DegreeTables:
             degrees,
             max_batch=self.engine.max_batch,
             max_tokens=self.engine.max_tokens,
-            round_tokens=self.steps[0].tokens,  # tokens a request brings to one round
+            round_tokens=round_tokens(problem.workload),
         )
         bt = self.request_range
         if bt.inflight:
