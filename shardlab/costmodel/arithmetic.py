@@ -19,8 +19,8 @@ Definitions:
   and max tokens). A plan that fixes it (``Plan.requests_per_rank``) runs with it; otherwise
   every ``c`` up to what its KV cache holds is priced and the best one under the SLOs
   is kept (none feasible: ``c = 1``, the least memory and, but for bumps in measured
-  kernel tables, the least latency). TPOT is the mean round, the decode round and
-  its share of whole prompts; TTFT the closed loop's
+  kernel tables, the least latency). TPOT is the round, which carries its share of
+  whole prompts in flight (:mod:`shardlab.costmodel.steps`); TTFT the closed loop's
   (:mod:`shardlab.costmodel.regimes`: the first wave's cohorts, later prompts beside
   a round, the engine's cost per request); throughput is requests in flight / TPOT
   (prefill phase: input tokens per round).
@@ -122,9 +122,8 @@ def _candidates(
     """The static schedule runs its batch; a fixed ``requests_per_rank`` runs itself; in flight
     every concurrency the KV cache holds is a candidate (none: one request), and of the
     concurrencies sharing a micro-batch size only the one that can be best, unless a
-    TTFT or TPOT bound or axis tells them apart (their TTFT grows with the requests:
-    the closed loop's first wave; their TPOT too: the mean round's share of prompts,
-    :mod:`shardlab.costmodel.regimes`)."""
+    TTFT bound or axis tells them apart (their TTFT grows with the requests: the
+    closed loop's first wave, :mod:`shardlab.costmodel.regimes`)."""
     n = len(pp)
     if problem.workload.schedule != "inflight":  # the tables have the batch's b only
         c = (
@@ -145,14 +144,12 @@ def _candidates(
     small = np.minimum(pp, top)  # c <= pp: one request per micro-batch (b = 1)
     n_b = -(-top // small)
     w = problem.workload
-    # TTFT and TPOT move with every request added (the cohorts of the first wave, the
-    # prompts a round carries), not only with the micro-batch size: an SLO on either,
-    # or a latency they are part of, sees them all
+    # TTFT moves with every request added (the cohorts of the first wave), not only
+    # with the micro-batch size: an SLO on it, or a latency it is part of, sees them all
     if w.phase == "request" and (
         w.ttft_ms is not None
-        or w.tpot_ms is not None
         or w.objective == "request_rate"
-        or (w.objective == "pareto" and {"ttft_ms", "tpot_ms"} & set(w.latency_axes))
+        or (w.objective == "pareto" and "ttft_ms" in w.latency_axes)
     ):
         first = np.cumsum(top) - top
         plan = np.repeat(np.arange(n), top)

@@ -27,12 +27,11 @@ By phase and schedule (see :mod:`shardlab.problems.workload`):
 - static request: TTFT = ``S + i``, TPOT = ``R + i``, latency = TTFT + (output - 1) *
   TPOT, throughput = batch * output / latency;
 - in flight, decode: TPOT = ``R + i``, throughput = requests in flight / TPOT;
-- in flight, request: TPOT = the mean round ``R + i + p * S``: the decode round and
-  the prompts of the requests that replace finished ones, ``p = c / output`` of them
-  per round on a rank running ``c`` (each priced whole, as the engine prefills it:
-  alone in an iteration of its own, or in one chunk beside the decodes; an upper
-  bound where a round holds several, ``p > 1``, which an engine batches); TTFT from
-  the closed loop below; throughput = requests in flight / TPOT;
+- in flight, request: TPOT = the round ``R + i``, which carries the prompts of the
+  requests that replace finished ones: ``b / output`` whole prompts per micro-batch
+  of ``b`` (the tables add that share of a prompt alone to the decode step's times,
+  :class:`shardlab.costmodel.tables.DegreeTables`); TTFT from the closed loop below;
+  throughput = requests in flight / TPOT;
 - in flight, prefill (a prefill pool): rounds of the prompts in flight; TTFT from
   the closed loop, one cohort being one round; throughput = prompts in flight * input
   per round.
@@ -58,10 +57,8 @@ rank; the others wait for a slot). Per request:
   ``(n / c)`` turns of the ``c`` slots, so a request first waits ``(n / c - 1)``
   cycles of a running one, ``steady TTFT + (output - 1) * TPOT``;
 - TTFT = the engine's fixed cost per request ``r`` + (first wave + ``(P - 1)`` other
-  waves) / ``P`` + the wait. The round of the other waves and of the wait is the
-  mean round ``R + i + p * S`` (the first wave's is ``R + i``: no other prompt is
-  under way). TPOT's mean is the mean round: the first wave concentrates the
-  prompts' work, the mean round already spreads all of it.
+  waves) / ``P`` + the wait. TPOT's mean is the round's: the first wave concentrates
+  the prompts' work, the round already spreads all of it.
 
 A prefill pool of disaggregated serving (``problem.handoff``) adds the handoff of
 each prompt's cache to the decode pool to its TTFT (:mod:`shardlab.costmodel.handoff`).
@@ -296,19 +293,17 @@ def _closed_loop(
         return Forms.in_rounds(
             ttft=ttft, tpot=None, latency=ttft, rate=Form.rounds(zero, one), iteration=iteration
         )
-    # decode rounds, each with its share of prompts, and a prompt alone
-    share = arith.ratio(run, o)  # prompts a rank prefills per round (per output token)
+    # mixed rounds and a prompt alone
     cohort = arith.clip(budget // w.input_len, 1, run)
     waves = -(-run // cohort)
     first = arith.ratio(waves + 1, 2 * p)  # the mean of cohorts 1..waves, one in p requests
-    steady = later * steady_round + queue * (steady_round + o - 1)  # in mean rounds
-    a_prompt = first * cohort + later + queue + steady * share
-    a_round = first * wave_round + steady
-    tpot = Form(round=one, prompt=share, const=zero)
+    a_prompt = first * cohort + later + queue
+    a_round = first * wave_round + later * steady_round + queue * (steady_round + o - 1)
+    tpot = Form.rounds(zero, one)
     return Forms.in_rounds(
         ttft=Form(round=a_round, prompt=a_prompt, const=request),
         tpot=tpot,
-        latency=Form(round=a_round + (o - 1), prompt=a_prompt + (o - 1) * share, const=request),
+        latency=Form(round=a_round + (o - 1), prompt=a_prompt, const=request),
         rate=tpot,
         iteration=iteration,
         prompt_alone=True,

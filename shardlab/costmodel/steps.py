@@ -16,11 +16,13 @@ reads cached KV entries. Steps by workload:
   are not spread over the rounds as ``input_len / output_len`` tokens per request:
   an engine prefills a prompt whole (or in chunks of its token budget) in an
   iteration of its own or beside the decodes, so a prompt is priced as one, and
-  the mean round is the decode round plus the prompts a round prefills, ``running /
-  output_len`` of them per rank (:mod:`shardlab.costmodel.regimes`). Spread thin, a
-  prompt's tokens were priced at a small batch's cost per token: a MoE layer
-  reads most of its experts for 64 tokens but hardly more for 8,192, so DeepSeek-V3's
-  TPOT came out up to twice the measured at 8,192-token prompts.
+  the round is the decode step plus the prompts it prefills, ``b * accepted /
+  output_len`` of them for a micro-batch of ``b`` (the tables add that share of the
+  prompt alone to the decode step: :class:`shardlab.costmodel.tables.DegreeTables`;
+  an upper bound where a round holds several prompts, which an engine batches).
+  Spread thin, a prompt's tokens were priced at a small batch's cost per token: a
+  MoE layer reads most of its experts for 64 tokens but hardly more for 8,192, so
+  DeepSeek-V3's TPOT came out up to twice the measured at 8,192-token prompts.
 - speculative decoding: a decoding request verifies ``draft_tokens + 1`` tokens per
   step (each attends to its context; the cached KV is read once) and advances by
   ``accepted`` of them; the draft passes are priced with the sampler

@@ -98,9 +98,7 @@ def test_a_prefill_iteration_of_one_prompt_is_the_prompt_time(name: str, engine:
     budget = engine_limits(problem, d.tp, d.pp, d.dp_attn).max_tokens
     f = forms(problem, ["decode", "prefill"], np.array([c]), c, budget, 0.0, arith=ARRAYS)
     assert f.ttft is not None
-    assert f.tpot is not None  # TPOT = R + i + share * S: TTFT's rounds carry S too
-    prompt = f.ttft.prompt - f.ttft.round * f.tpot.prompt
-    s = (m.ttft_ms * 1e-3 - f.ttft.const - f.ttft.round * m.tpot_ms * 1e-3) / prompt
+    s = (m.ttft_ms * 1e-3 - f.ttft.const - f.ttft.round * m.tpot_ms * 1e-3) / f.ttft.prompt
     assert float(ic.prompt(w.input_len)) == pytest.approx(float(s[0]), rel=1e-9)
     i = serving_costs(problem).iteration_ns * 1e-9
     assert float(ic.iteration(0, 0.0, w.input_len)) == pytest.approx(float(s[0]) + i, rel=1e-9)

@@ -43,8 +43,7 @@ def _ttft(p: Problem, running: int, clients: int, budget: int, r: float, s: floa
 
 def test_the_first_wave_weighs_one_prompt_in_p() -> None:
     """P = 1: the mean of the cohorts of one wave; P -> many: the steady wait of half
-    the mean round under way, the mean round beside the prefill, and the prompt (a
-    mean round: the decode round and 64 / 256 prompts)."""
+    the round under way, the round beside the prefill, and the prompt."""
     r, s = 0.02, 0.05  # round and prompt, seconds
     costs = serving_costs(_problem())
     tau, iota = costs.request_ns * 1e-9, costs.iteration_ns * 1e-9
@@ -52,7 +51,7 @@ def test_the_first_wave_weighs_one_prompt_in_p() -> None:
     one = _ttft(_problem(prompts_per_client=1), 64, 64, 4096, r, s)
     assert one == pytest.approx(tau + (16 + 1) / 2 * (4 * s + 0.5 * (r + iota)))
     many = _ttft(_problem(prompts_per_client=100_000), 64, 64, 4096, r, s)
-    assert many == pytest.approx(tau + s + 1.5 * (r + iota + 64 / 256 * s), rel=1e-3)
+    assert many == pytest.approx(tau + s + 1.5 * (r + iota), rel=1e-3)
     ten = _ttft(_problem(), 64, 64, 4096, r, s)
     assert many < ten < one
 
@@ -62,8 +61,7 @@ def test_an_engine_that_prefills_alone_waits_half_a_round() -> None:
     p = _problem("sglang", prompts_per_client=100_000)
     costs = serving_costs(p)
     tau, iota = costs.request_ns * 1e-9, costs.iteration_ns * 1e-9
-    mean_round = r + iota + 8 / 256 * s
-    assert _ttft(p, 8, 8, 8192, r, s) == pytest.approx(tau + s + 0.5 * mean_round, rel=1e-3)
+    assert _ttft(p, 8, 8, 8192, r, s) == pytest.approx(tau + s + 0.5 * (r + iota), rel=1e-3)
 
 
 def test_clients_beyond_the_running_wait_for_a_slot() -> None:
@@ -73,8 +71,7 @@ def test_clients_beyond_the_running_wait_for_a_slot() -> None:
     iota = serving_costs(p).iteration_ns * 1e-9
     alone = _ttft(p, 32, 32, 8192, r, s)
     queued = _ttft(p, 32, 96, 8192, r, s)
-    mean_round = r + iota + 32 / o * s
-    cycle = s + 1.5 * mean_round + (o - 1) * mean_round
+    cycle = s + 1.5 * (r + iota) + (o - 1) * (r + iota)
     assert queued - alone == pytest.approx(2 * cycle, rel=1e-3)
 
 
