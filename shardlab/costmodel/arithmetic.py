@@ -19,7 +19,8 @@ Definitions:
   and max tokens). A plan that fixes it (``Plan.requests_per_rank``) runs with it; otherwise
   every ``c`` up to what its KV cache holds is priced and the best one under the SLOs
   is kept (none feasible: ``c = 1``, the least memory and, but for bumps in measured
-  kernel tables, the least latency). TPOT is the mixed round; TTFT the closed loop's
+  kernel tables, the least latency). TPOT is the round, which carries its share of
+  whole prompts in flight (:mod:`shardlab.costmodel.steps`); TTFT the closed loop's
   (:mod:`shardlab.costmodel.regimes`: the first wave's cohorts, later prompts beside
   a round, the engine's cost per request); throughput is requests in flight / TPOT
   (prefill phase: input tokens per round).

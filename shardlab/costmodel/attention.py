@@ -154,8 +154,7 @@ def _measured_attention(
     """Measured attention of ``reqs`` requests per GPU in one step (None: not covered).
 
     A prefill step runs each request's prompt; a decode step one token per request
-    over its mean context; a mixed round both, its prompts being ``reqs / output_len``
-    whole prompts (the prefill share of a request per round, as the steps define it).
+    over its mean context.
     The tables hold full and sliding-window kernels: a chunked layer's decode is the
     full kernel over the keys of its chunk, its prefill the sliding kernel of the chunk
     length (which reads up to twice a chunk's pairs: an upper bound).
@@ -179,10 +178,6 @@ def _measured_attention(
     if step.kind == "prefill":
         return ctx.kernels.attention(context=True, length=prompt, requests=reqs, **shape)
     decoding = {**shape, "window": span.tokens if span.kind == "sliding" else 0}
-    decode = ctx.kernels.attention(
+    return ctx.kernels.attention(
         context=False, length=step.decode_context(span), requests=reqs, **decoding
     )
-    if decode is None or step.kind == "decode":
-        return decode
-    one = ctx.kernels.attention(context=True, length=prompt, requests=np.ones(1), **shape)
-    return None if one is None else decode + one[0] * reqs / step.output_len

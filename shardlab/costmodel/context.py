@@ -34,11 +34,18 @@ class OptionCost:
     act_bytes: np.ndarray  # activation workspace per GPU
     source: str = "roofline"  # or "silicon": measured kernel times (compute_s holds them)
     draft_s: np.ndarray | float = 0.0  # the sampler's: speculative decoding's draft passes
+    # a round's share of whole prompts in flight: that share of the option's time in a
+    # prompt alone (:class:`shardlab.costmodel.tables.DegreeTables`)
+    prompts_s: np.ndarray | float = 0.0
 
     @property
     def time_s(self) -> np.ndarray:
         return (
-            np.maximum(self.compute_s, self.memory_s) + self.kernel_s + self.comm_s + self.draft_s
+            np.maximum(self.compute_s, self.memory_s)
+            + self.kernel_s
+            + self.comm_s
+            + self.draft_s
+            + self.prompts_s
         )
 
 

@@ -28,15 +28,16 @@ not a second copy of their formulas:
   (approximate: each chunk's fixed per-pass costs are then shared out, not paid once
   per iteration).
 - **mixed** ``(c, L, P)``: ``c`` decoding requests and ``P`` prompt tokens, as the
-  cost model's in-flight round prices them (``x = P / c`` prompt tokens per decoding
-  request, each attending as a token of a prompt of the workload's input length).
-  Exact at every ``c`` and at the ratio nodes ``x = input / o'`` (the round of the
-  workload with output ``o'``; ``o' = output``: the forms' TPOT round) and ``x = 0``
-  (decode alone; by default ``o'`` four a doubling from 1 to four times the output),
-  linear in ``x`` between nodes (5.0% off at most on the tested plans) and past the
-  last; the decode context moves it by ``decode(c, L) - decode(c, L')`` (``L'`` the
-  node's), exact at the workload's own point. The prompt tokens' own context (a chunk
-  late in a long prompt) does not move it: the round prices them as the forms do.
+  cost model's in-flight round prices them: the decode round and ``P / input``
+  whole prompts of the workload's input length, each alone (``x = P / c`` prompt
+  tokens per decoding request). Exact at every ``c`` and at the ratio nodes ``x =
+  input / o'`` (the round of the workload with output ``o'``; ``o' = output``: the
+  forms' TPOT round) and ``x = 0`` (decode alone; by default ``o'`` four a doubling
+  from 1 to four times the output), linear in ``x`` between nodes and past the last
+  (as the round is); the decode context moves it by ``decode(c, L) - decode(c, L')``
+  (``L'`` the node's), exact at the workload's own point. The prompt tokens' own
+  context (a chunk late in a long prompt) does not move it: the round prices them as
+  the forms do.
 
 Micro-batches are the tables': ``c = 3`` on two stages runs two micro-batches of two,
 each request with its ``x`` prompt tokens (so, at a fixed ``P``, three requests can

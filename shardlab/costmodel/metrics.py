@@ -14,7 +14,7 @@ VIOLATIONS = ("memory", "ttft_slo", "tpot_slo")
 class OpBreakdown:
     """Where one operator's time and memory go (summed over its layers)."""
 
-    step: str  # prefill, decode or mixed
+    step: str  # prefill or decode
     name: str  # "dense.qkv_proj", "head.lm_head", "pipeline.p2p", ...
     option: str  # the chosen option ("mixed" when layers differ)
     layers: int

@@ -27,9 +27,11 @@ By phase and schedule (see :mod:`shardlab.problems.workload`):
 - static request: TTFT = ``S + i``, TPOT = ``R + i``, latency = TTFT + (output - 1) *
   TPOT, throughput = batch * output / latency;
 - in flight, decode: TPOT = ``R + i``, throughput = requests in flight / TPOT;
-- in flight, request: TPOT = the mixed round ``R + i`` (it carries, on average, the
-  prompts of the requests that replace finished ones); TTFT from the closed loop
-  below; throughput = requests in flight / TPOT;
+- in flight, request: TPOT = the round ``R + i``, which carries the prompts of the
+  requests that replace finished ones: ``b / output`` whole prompts per micro-batch
+  of ``b`` (the tables add that share of a prompt alone to the decode step's times,
+  :class:`shardlab.costmodel.tables.DegreeTables`); TTFT from the closed loop below;
+  throughput = requests in flight / TPOT;
 - in flight, prefill (a prefill pool): rounds of the prompts in flight; TTFT from
   the closed loop, one cohort being one round; throughput = prompts in flight * input
   per round.

@@ -11,17 +11,22 @@ reads cached KV entries. Steps by workload:
   at contexts ``input_len + 1 .. input_len + output_len - 1`` (the mean is exact for
   every cost linear in the context; sliding windows and chunks are averaged token by
   token);
-- inflight mixed step: one decode token per running request plus the prompt tokens
-  of the requests that replace finished ones, ``input_len / output_len`` per running
-  request on average (chunked prefill at the steady-state token budget); a prompt
-  token attends on average to half its prompt. A new request's TTFT is built from
-  the prefill of its prompt alone (one request per dp rank, ``single`` below) and
-  the round (:mod:`shardlab.costmodel.regimes`).
+- in flight with prompts: the decode step, and a prompt alone (one request per dp
+  rank, ``single`` below). The prompts of the requests that replace finished ones
+  are not spread over the rounds as ``input_len / output_len`` tokens per request:
+  an engine prefills a prompt whole (or in chunks of its token budget) in an
+  iteration of its own or beside the decodes, so a prompt is priced as one, and
+  the round is the decode step plus the prompts it prefills, ``b * accepted /
+  output_len`` of them for a micro-batch of ``b`` (the tables add that share of the
+  prompt alone to the decode step: :class:`shardlab.costmodel.tables.DegreeTables`;
+  an upper bound where a round holds several prompts, which an engine batches).
+  Spread thin, a prompt's tokens were priced at a small batch's cost per token: a
+  MoE layer reads most of its experts for 64 tokens but hardly more for 8,192, so
+  DeepSeek-V3's TPOT came out up to twice the measured at 8,192-token prompts.
 - speculative decoding: a decoding request verifies ``draft_tokens + 1`` tokens per
   step (each attends to its context; the cached KV is read once) and advances by
   ``accepted`` of them; the draft passes are priced with the sampler
-  (:mod:`shardlab.costmodel.tables`), and decode and mixed steps are timed per
-  accepted token.
+  (:mod:`shardlab.costmodel.tables`), and decode steps are timed per accepted token.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import numpy as np
 from shardlab.problems.model import AttentionSpan
 from shardlab.problems.workload import Workload
 
-StepKind = Literal["prefill", "decode", "mixed"]
+StepKind = Literal["prefill", "decode"]
 
 
 def causal_pairs(length: int, span: AttentionSpan) -> float:
@@ -72,10 +77,8 @@ class Step:
 
     @property
     def prompt_tokens(self) -> float:
-        """Prompt tokens per request in the step (the rest are decoding tokens)."""
-        if self.kind == "prefill":
-            return self.tokens
-        return self.tokens - self.decode_tokens
+        """Prompt tokens per request in the step (a decode step has none)."""
+        return self.tokens if self.kind == "prefill" else 0.0
 
     def decode_context(self, span: AttentionSpan) -> float:
         """Mean keys a decode token attends to (and KV entries it reads)."""
@@ -86,12 +89,7 @@ class Step:
         """(decode pairs, prefill pairs) per request for a layer of ``span``."""
         if self.kind == "prefill":
             return 0.0, causal_pairs(self.input_len, span)
-        decode = self.decode_context(span) * self.decode_tokens
-        if self.kind == "decode":
-            return decode, 0.0
-        share = self.input_len * self.accepted / self.output_len
-        per_prompt = causal_pairs(self.input_len, span) / self.input_len
-        return decode, share * per_prompt
+        return self.decode_context(span) * self.decode_tokens, 0.0
 
     def kv_read(self, span: AttentionSpan) -> float:
         """Cached KV entries read per request per layer."""
@@ -101,7 +99,8 @@ class Step:
 
 
 def steps_of(workload: Workload) -> tuple[Step, ...]:
-    """Step kinds: (prefill,), (decode,), (prefill, decode) or (mixed, single prefill)."""
+    """Step kinds: (prefill,), (decode,), (prefill, decode) or, in flight with
+    prompts, (decode, single prefill)."""
     i, o = workload.input_len, workload.output_len
     v, e = workload.draft_tokens + 1.0, workload.accepted_per_step
     prefill = Step(kind="prefill", tokens=float(i), logits=1.0, input_len=i, output_len=o)
@@ -113,14 +112,20 @@ def steps_of(workload: Workload) -> tuple[Step, ...]:
         return (decode,)
     if workload.schedule == "static":
         return (prefill, decode)
-    # A request finishes in o / e rounds: its prompt is i * e / o tokens of each round.
-    mixed = Step(
-        kind="mixed", tokens=v + i * e / o, logits=v + e / o, input_len=i, output_len=o, **spec
-    )
     first = Step(
         kind="prefill", tokens=float(i), logits=1.0, input_len=i, output_len=o, single=True
     )
-    return (mixed, first)
+    return (decode, first)
+
+
+def round_tokens(workload: Workload) -> float:
+    """Tokens a running request brings to one round on average, what the engine's
+    token budget per iteration holds: its decode tokens and, in flight with prompts,
+    its prompt's share (a request finishes in ``o / e`` rounds: ``i * e / o``)."""
+    v = workload.draft_tokens + 1.0
+    if workload.phase == "request" and workload.schedule == "inflight":
+        return v + workload.input_len * workload.accepted_per_step / workload.output_len
+    return float(workload.input_len) if workload.phase == "prefill" else v
 
 
 def kv_context(workload: Workload) -> float:

@@ -34,7 +34,7 @@ from shardlab.costmodel.constants import ACT_BYTES
 from shardlab.costmodel.context import CostContext, OptionCost
 from shardlab.costmodel.engines import engine_limits
 from shardlab.costmodel.opcosts import option_cost
-from shardlab.costmodel.steps import Step, steps_of
+from shardlab.costmodel.steps import Step, round_tokens, steps_of
 from shardlab.costmodel.widths import output_width
 from shardlab.problems.model import LayerAttention, LayerKind, Model
 from shardlab.problems.operators import HEAD_OPS, OpSpec, OptionSpec, layer_edges, layer_ops
@@ -79,7 +79,7 @@ class DegreeTables:
             degrees,
             max_batch=self.engine.max_batch,
             max_tokens=self.engine.max_tokens,
-            round_tokens=self.steps[0].tokens,  # tokens a request brings to one round
+            round_tokens=round_tokens(problem.workload),
         )
         bt = self.request_range
         if bt.inflight:
@@ -101,6 +101,8 @@ class DegreeTables:
         self._build_edge_tables(seen)
         self._build_head_tables(seen)
         self._build_p2p()
+        if [s.kind for s in self.steps] == ["decode", "prefill"]:  # in flight, with prompts
+            self._with_prompts(0, 1)
         for st, step in enumerate(self.steps):
             if step.accepted != 1.0:
                 self._per_accepted_token(st, step.accepted)
@@ -227,6 +229,35 @@ class DegreeTables:
         "p2p",
     )
 
+    def _with_prompts(self, st: int, prompt: int) -> None:
+        """Round ``st`` carries the prompts of the requests that replace finished ones,
+        each whole (see :mod:`shardlab.costmodel.steps`): a micro-batch of ``b`` requests
+        finishes ``b * accepted / output`` of them a round, so each of its times gains
+        that share of the prompt alone's (step ``prompt``, one request: column 0)."""
+        w = self.problem.workload
+        share = self.b * w.accepted_per_step / w.output_len
+        for name in self.TIME_TABLES:
+            table = getattr(self, name)
+            table[st] = table[st] + table[prompt][..., :1] * share
+
+        def added(c: OptionCost | None, alone: OptionCost | None) -> OptionCost | None:
+            if c is None or alone is None:
+                return c
+            # its communication stays communication (calibrated by that factor)
+            comm = alone.comm_s[0] * share
+            kernels = (alone.time_s[0] - alone.comm_s[0]) * share
+            return replace(c, comm_s=c.comm_s + comm, prompts_s=c.prompts_s + kernels)
+
+        self.op_costs[st] = [
+            [[added(c, a) for c, a in zip(opts, alone_opts, strict=True)] for opts, alone_opts in
+             zip(ops, alone_ops, strict=True)]
+            for ops, alone_ops in zip(self.op_costs[st], self.op_costs[prompt], strict=True)
+        ]  # fmt: skip
+        self.head_costs[st] = [
+            [added(c, a) for c, a in zip(opts, alone_opts, strict=True)]
+            for opts, alone_opts in zip(self.head_costs[st], self.head_costs[prompt], strict=True)
+        ]
+
     def _per_accepted_token(self, st: int, accepted: float) -> None:
         """Time step ``st`` per accepted token: a speculative step advances a request by
         ``accepted`` tokens, so TPOT, throughput and latency follow from the regimes'
@@ -244,6 +275,7 @@ class DegreeTables:
                 comm_s=c.comm_s / accepted,
                 kernel_s=c.kernel_s / accepted,
                 draft_s=c.draft_s / accepted,
+                prompts_s=c.prompts_s / accepted,
             )
 
         self.op_costs[st] = [

@@ -19,7 +19,14 @@ How a row becomes a problem and a plan (each choice stated once):
   refused), ``tp * pp * attention_dp`` of them, in nodes of 8;
 - the degrees: TP, PP and attention DP as stated, the MoE block's EP and TP from
   ``moe_ep_size`` and ``moe_tp_size`` (a dense model's are ignored); Megatron's
-  operator options on them (what the engines run);
+  operator options on them (what the engines run). Some rows write InferenceX's
+  ``tp T, ep E`` runs as ``moe_tp_size`` T, ``moe_ep_size`` E and ``tp_size`` (or
+  ``attention_dp_size``) ``T * E``: 64 GPUs for an 8-GPU run. Their ids say
+  ``tp8_ep8``, and the same runs listed in the other files (``2026-03-25``) state
+  ``tp_size`` 8, ``moe_tp_size`` 1 and ``moe_ep_size`` 8 with the same TTFT and TPOT.
+  Such a row (``moe_tp_size`` = ``moe_ep_size`` > 1, their product the stated TP times
+  attention DP) is read as that run: T GPUs, attention TP (or DP) T, experts over EP
+  E, the same clients (:func:`_restated`);
 - precision: the GEMM quant mode gives the weights' format (``fp8`` and
   ``fp8_block``: fp8; ``nvfp4``: fp4; none: the row's precision, else bf16);
   ``int4_wo`` (4-bit weights, 16-bit math) has no counterpart and is refused. The
@@ -173,6 +180,7 @@ def sample_rows(
             continue
         rid = (row.get("id") or "").strip() or f"line {line}"
         try:
+            row = _restated(row)
             pair = _measurements(row, rid)
         except ShardlabError as exc:
             refused.append(Refusal(id=rid, line=line, reason=str(exc)))
@@ -299,6 +307,32 @@ def _degrees(row: Mapping[str, str], prefix: str, model: Model) -> Degrees:
     ep = _count(row, f"{prefix}moe_ep_size", 1)
     etp = _count(row, f"{prefix}moe_tp_size", tp * dp // ep or 1)
     return Degrees(pp=pp, tp=tp, dp_attn=dp, ep=ep, etp=etp)
+
+
+def _restated(row: Mapping[str, str]) -> Mapping[str, str]:
+    """An aggregated row as the run it measured: one that writes InferenceX's ``tp T,
+    ep E`` as ``moe_tp_size`` T = ``moe_ep_size`` E and ``tp_size * attention_dp_size``
+    = T * E (see the module docstring) becomes T GPUs of attention TP T (or DP T, its
+    ``batch_size`` per rank scaled so that the clients stay those stated) and experts
+    over EP E; any other row is returned as it is."""
+    if (row.get("mode") or "").strip() != "agg":
+        return row
+    tp, dp = _number(row, "tp_size"), _number(row, "attention_dp_size") or 1.0
+    moe_tp, moe_ep = _number(row, "moe_tp_size"), _number(row, "moe_ep_size")
+    if tp is None or moe_tp is None or moe_ep is None:
+        return row
+    if not (moe_tp == moe_ep > 1 and tp * dp == moe_tp * moe_ep and min(tp, dp) == 1):
+        return row
+    gpus = int(moe_tp)
+    restated = {**row, "moe_tp_size": "1", "moe_ep_size": str(int(moe_ep))}
+    if dp > 1:
+        batch = _number(row, "batch_size")
+        restated["attention_dp_size"] = str(gpus)
+        if batch is not None:
+            restated["batch_size"] = str(int(batch * dp) // gpus)
+    else:
+        restated["tp_size"] = str(gpus)
+    return restated
 
 
 def _protocol(source: str) -> str:

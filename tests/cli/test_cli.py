@@ -149,7 +149,7 @@ def test_explain_lists_operators_largest_first(capsys, monkeypatch) -> None:
         monkeypatch,
     )
     assert code == 0
-    rows = [b for b in json.loads(out)["breakdown"] if b["step"] == "mixed"]
+    rows = [b for b in json.loads(out)["breakdown"] if b["step"] == "decode"]
     assert {"dense.qkv_proj", "dense.ffn_up", "head.lm_head"} <= {b["name"] for b in rows}
     code, out, _ = run_cli(
         ["explain", "--model", "llama-3.1-8b", "--cluster", "h100x2", "--tp", "2"],

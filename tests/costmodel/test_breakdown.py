@@ -28,25 +28,25 @@ def rows(metrics, step: str):
 def test_one_stages_round_is_its_rows_plus_the_engines_iteration() -> None:
     m = evaluate(PROBLEM, PROBLEM.space.megatron_plan(ONE_STAGE))
     iteration_ms = serving_costs(PROBLEM).iteration_ns / 1e6
-    mixed = rows(m, "mixed")
-    assert sum(b.time_ms for b in mixed) + iteration_ms == pytest.approx(m.tpot_ms, rel=1e-12)
-    for b in mixed:  # each row's time is at least its own kernels' bound
+    decode = rows(m, "decode")  # in flight: with the round's share of whole prompts
+    assert sum(b.time_ms for b in decode) + iteration_ms == pytest.approx(m.tpot_ms, rel=1e-12)
+    for b in decode:  # each row's time is at least its own kernels' bound
         assert b.time_ms >= max(b.compute_ms, b.memory_ms) * (b.layers > 0) - 1e-12
 
 
 def test_a_pipelines_round_is_at_least_its_stages_in_a_row() -> None:
     m = evaluate(PROBLEM, PROBLEM.space.megatron_plan(TWO_STAGES))
     iteration_ms = serving_costs(PROBLEM).iteration_ns / 1e6
-    mixed = rows(m, "mixed")
-    assert m.tpot_ms >= sum(b.time_ms for b in mixed) + iteration_ms - 1e-9
-    (send,) = [b for b in mixed if b.name == "pipeline.p2p"]
+    decode = rows(m, "decode")
+    assert m.tpot_ms >= sum(b.time_ms for b in decode) + iteration_ms - 1e-9
+    (send,) = [b for b in decode if b.name == "pipeline.p2p"]
     assert send.time_ms == send.comm_ms > 0
 
 
 @pytest.mark.parametrize("d", [ONE_STAGE, TWO_STAGES])
 def test_memory_rows_add_up_to_the_fullest_gpu(d: Degrees) -> None:
     m = evaluate(PROBLEM, PROBLEM.space.megatron_plan(d))
-    for step in ("mixed", "prefill"):
+    for step in ("decode", "prefill"):
         r = rows(m, step)
         assert sum(b.weight_gb for b in r) == pytest.approx(m.weights_gb, rel=1e-12)
         assert sum(b.kv_gb for b in r) == pytest.approx(m.kv_cache_gb, rel=1e-12)
@@ -55,7 +55,7 @@ def test_memory_rows_add_up_to_the_fullest_gpu(d: Degrees) -> None:
 def test_every_operator_has_one_row_a_step_over_all_its_layers() -> None:
     m = evaluate(PROBLEM, PROBLEM.space.megatron_plan(ONE_STAGE))
     model = PROBLEM.model
-    for step in ("mixed", "prefill"):
+    for step in ("decode", "prefill"):
         r = rows(m, step)
         names = Counter(b.name for b in r)
         assert set(names.values()) == {1}

@@ -75,7 +75,7 @@ def test_a_decode_iteration_is_the_decode_round(name: str, engine: str) -> None:
 
 @pytest.mark.parametrize(("name", "engine"), TIERED)
 def test_the_mixed_iteration_is_the_forms_tpot_round(name: str, engine: str) -> None:
-    """c decoding requests with the prompt tokens the forms spread over a round (input
+    """c decoding requests with the prompt tokens of a round's share of prompts (input
     over output per request): the in-flight TPOT the evaluator reports."""
     problem, plan, ic = priced(name, engine)
     w = problem.workload
@@ -96,7 +96,7 @@ def test_a_prefill_iteration_of_one_prompt_is_the_prompt_time(name: str, engine:
     c = 3
     m = evaluate(problem, at(plan, c), breakdown=False)
     budget = engine_limits(problem, d.tp, d.pp, d.dp_attn).max_tokens
-    f = forms(problem, ["mixed", "prefill"], np.array([c]), c, budget, 0.0, arith=ARRAYS)
+    f = forms(problem, ["decode", "prefill"], np.array([c]), c, budget, 0.0, arith=ARRAYS)
     assert f.ttft is not None
     s = (m.ttft_ms * 1e-3 - f.ttft.const - f.ttft.round * m.tpot_ms * 1e-3) / f.ttft.prompt
     assert float(ic.prompt(w.input_len)) == pytest.approx(float(s[0]), rel=1e-9)

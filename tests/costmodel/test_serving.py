@@ -26,7 +26,7 @@ from shardlab.validation.calibrate import Rows, fit, groups_of, held_out, linear
 from shardlab.validation.serving_sample import SAMPLE, read_sample
 from tests.conftest import DATA_DIR, cli_process
 
-MIXED = ["mixed", "prefill"]
+IN_FLIGHT = ["decode", "prefill"]
 
 
 def _problem(engine: str = "trtllm", **workload: object) -> Problem:
@@ -34,7 +34,7 @@ def _problem(engine: str = "trtllm", **workload: object) -> Problem:
 
 
 def _ttft(p: Problem, running: int, clients: int, budget: int, r: float, s: float) -> float:
-    f = forms(p, MIXED, np.array([running]), np.array([clients]), np.array([budget]), 0.0,
+    f = forms(p, IN_FLIGHT, np.array([running]), np.array([clients]), np.array([budget]), 0.0,
               arith=ARRAYS)  # fmt: skip
     assert f.ttft is not None
     rnd = r + f.iteration
@@ -59,8 +59,9 @@ def test_the_first_wave_weighs_one_prompt_in_p() -> None:
 def test_an_engine_that_prefills_alone_waits_half_a_round() -> None:
     r, s = 0.02, 0.05
     p = _problem("sglang", prompts_per_client=100_000)
-    tau = serving_costs(p).request_ns * 1e-9
-    assert _ttft(p, 8, 8, 8192, r, s) == pytest.approx(tau + s + 0.5 * r, rel=1e-3)
+    costs = serving_costs(p)
+    tau, iota = costs.request_ns * 1e-9, costs.iteration_ns * 1e-9
+    assert _ttft(p, 8, 8, 8192, r, s) == pytest.approx(tau + s + 0.5 * (r + iota), rel=1e-3)
 
 
 def test_clients_beyond_the_running_wait_for_a_slot() -> None:
@@ -83,7 +84,7 @@ def test_clients_beyond_the_running_wait_for_a_slot() -> None:
     output_len=st.integers(2, 4000),
     p=st.integers(1, 50),
     engine=st.sampled_from(["trtllm", "vllm", "sglang"]),
-    kinds=st.sampled_from([MIXED, ["prefill"]]),
+    kinds=st.sampled_from([IN_FLIGHT, ["prefill"]]),
 )
 def test_exact_and_array_forms_are_one_definition(
     c: int, more: int, budget: int, input_len: int, output_len: int, p: int, engine: str,
@@ -183,6 +184,33 @@ def test_a_users_file_in_the_samples_columns_reports_its_good_rows(tmp_path: Pat
     assert all(r.predicted > 0 for r in rows.values())
     disagg = rows[("b", "ttft_ms")]
     assert "1P(8) + 1D(8)" not in disagg.description and "2P(8) + 1D(8)" in disagg.description
+
+
+def test_a_tp_times_ep_row_is_read_as_the_run_it_measured(tmp_path: Path) -> None:
+    """InferenceX's ``tp 8, ep 8`` written as tp_size 64 (or attention DP 64) with
+    moe_tp_size = moe_ep_size = 8 is an 8-GPU run; the same run written as tp_size 8,
+    moe_ep_size 8 (the sample's 2026-03-25 rows) repeats it."""
+    path = tmp_path / "mine.csv"
+    row = (
+        "{id},db-dump; silicon_concurrency=64,trtllm,1.2,deepseek-ai/DeepSeek-V3,h200_sxm,fp8,"
+        "agg,1024,1024,fp8,fp8,{batch},{tp},1,{dp},{moe_tp},8,,,,,,,,,,,,,,,400,{tpot}\n"
+    )
+    path.write_text(
+        SAMPLE_HEADER
+        + row.format(id="tp64", batch=64, tp=64, dp=1, moe_tp=8, tpot=30)
+        + row.format(id="tp8", batch=64, tp=8, dp=1, moe_tp=1, tpot=30)
+        + row.format(id="dp64", batch=1, tp=1, dp=64, moe_tp=8, tpot=31)
+    )
+    measured = load_measurements(path)
+    assert measured.duplicates == 1 and not measured.refused
+    read = {m.id: m for m in measured.rows if m.metric == "tpot_ms"}
+    assert sorted(read) == ["dp64", "tp64"]
+    assert read["tp64"].degrees == Degrees(tp=8, ep=8)
+    assert read["dp64"].degrees == Degrees(dp_attn=8, ep=8)
+    for m in read.values():
+        assert m.problem is not None and m.problem.cluster.num_gpus == 8
+        assert m.problem.workload.clients == 64 and not m.note
+    assert read["dp64"].requests_per_rank == 8
 
 
 def test_filters_keep_the_rows_asked_for_and_refuse_unknown_values(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardlab.costmodel.steps import attended, causal_pairs, kv_context, steps_of
+from shardlab.costmodel.steps import attended, causal_pairs, kv_context, round_tokens, steps_of
 from shardlab.problems.model import FULL, AttentionSpan
 from shardlab.problems.workload import get_workload
 
@@ -44,25 +44,31 @@ def test_step_kinds_by_phase_and_schedule() -> None:
     assert kinds[("prefill", "static")] == kinds[("prefill", "inflight")] == ["prefill"]
     assert kinds[("decode", "static")] == kinds[("decode", "inflight")] == ["decode"]
     assert kinds[("request", "static")] == ["prefill", "decode"]
-    assert kinds[("request", "inflight")] == ["mixed", "prefill"]
+    assert kinds[("request", "inflight")] == ["decode", "prefill"]
 
 
-def test_a_mixed_round_carries_the_prompts_of_the_requests_it_replaces() -> None:
-    mixed, first = steps_of(CHAT.with_overrides(schedule="inflight"))
-    # a request lasts 200 rounds: its 1000-token prompt is 5 tokens of each round
-    assert mixed.tokens == pytest.approx(1 + 1000 / 200)
-    assert mixed.prompt_tokens == pytest.approx(1000 / 200)
-    assert mixed.logits == pytest.approx(1 + 1 / 200)
+def test_in_flight_prompts_are_whole_prompts_beside_the_decode_round() -> None:
+    """The round is a decode step: the prompts of the requests it replaces are priced
+    whole (the single prefill), not spread over it as a few tokens a request; the
+    engine's token budget still holds each request's share of its prompt."""
+    w = CHAT.with_overrides(schedule="inflight")
+    decode, first = steps_of(w)
+    assert decode.kind == "decode" and decode.tokens == 1.0 and decode.prompt_tokens == 0.0
+    assert decode.logits == 1.0 and decode.pairs(FULL)[1] == 0.0
     assert first.single and first.kind == "prefill" and first.tokens == 1000
     assert first.prompt_tokens == 1000
+    # a request lasts 200 rounds: its 1000-token prompt is 5 tokens of each round's budget
+    assert round_tokens(w) == pytest.approx(1 + 1000 / 200)
+    assert round_tokens(w.with_overrides(phase="decode")) == 1.0
+    assert round_tokens(w.with_overrides(phase="prefill")) == 1000.0
 
 
 def test_speculative_decoding_verifies_drafts_and_advances_by_accepted_tokens() -> None:
     w = CHAT.with_overrides(schedule="inflight", draft_tokens=2, acceptance=0.5)
-    mixed, _ = steps_of(w)
-    assert mixed.decode_tokens == 3.0
-    assert mixed.accepted == pytest.approx(1 + 0.5 + 0.25)
-    assert mixed.tokens == pytest.approx(3 + 1000 * 1.75 / 200)
+    decode, _ = steps_of(w)
+    assert decode.decode_tokens == decode.tokens == 3.0
+    assert decode.accepted == pytest.approx(1 + 0.5 + 0.25)
+    assert round_tokens(w) == pytest.approx(3 + 1000 * 1.75 / 200)
 
 
 def test_decode_reads_the_context_the_request_has_grown_to() -> None:

@@ -17,7 +17,7 @@ PROBLEM = Problem.build(
 )
 H = PROBLEM.model.hidden_size
 LAYERS = PROBLEM.model.num_layers
-MIXED_TOKENS = 1 + 1000 / 200  # a decode token and a share of a prompt, per request
+ROUND_TOKENS = 1  # a decode token per request (prompts run whole: the single prefill)
 
 
 def megatron(d: Degrees):
@@ -40,7 +40,7 @@ def test_megatron_all_reduces_twice_a_layer_over_tp(tp: int) -> None:
     assert {(c.kind, c.axis, c.group_size) for c in in_layers} == {("all_reduce", "tp", tp)}
     # the residual stream of the rank's requests (one micro-batch: pp = 1)
     b = requests_per_rank(PROBLEM, plan)
-    assert {c.bytes for c in in_layers} == {b * MIXED_TOKENS * H * ACT_BYTES}
+    assert {c.bytes for c in in_layers} == {b * ROUND_TOKENS * H * ACT_BYTES}
     assert all(c.group_size == tp for c in calls)
 
 
@@ -52,7 +52,7 @@ def test_stages_send_the_residual_stream_once_a_boundary() -> None:
     (send,) = sends
     assert send.axis == "pp" and send.where == f"layer{plan.stage_layers[0] - 1} -> stage"
     b = -(-requests_per_rank(PROBLEM, plan) // 2)  # two micro-batches
-    assert send.bytes == b * MIXED_TOKENS * H * ACT_BYTES
+    assert send.bytes == b * ROUND_TOKENS * H * ACT_BYTES
     # calls come in the order they run: the send sits between the stages' layers
     at = calls.index(send)
     assert calls[at - 1].where.startswith(f"layer{plan.stage_layers[0] - 1}:")

@@ -176,14 +176,18 @@ def test_plan_json_round_trips_and_checks_its_cluster(tmp_path: Path) -> None:
         DisaggPlan.from_dict(crowded, problem.model, where="x", cluster=problem.cluster)
 
 
-# llama-3.1-8b on two H100 serves best disaggregated under TensorRT-LLM's measured
-# kernels and aggregated under vLLM's: each outcome of the choice is checked.
-@pytest.mark.parametrize(("engine", "winner"), [("trtllm", "disagg"), ("vllm", "agg")])
+# llama-3.1-8b on two H100 serves chat (1,024 tokens in, 256 out) best disaggregated,
+# and short prompts with long outputs (256 in, 1,024 out) aggregated: each outcome of
+# the choice is checked.
+@pytest.mark.parametrize(
+    ("engine", "lengths", "winner"),
+    [("trtllm", [], "disagg"), ("vllm", ["--input-len", "256", "--output-len", "1024"], "agg")],
+)
 def test_solve_best_reports_both_and_writes_the_chosen_plan(
-    engine: str, winner: str, tmp_path: Path, capsys, monkeypatch
+    engine: str, lengths: list[str], winner: str, tmp_path: Path, capsys, monkeypatch
 ) -> None:
     out = tmp_path / "plan.json"
-    problem = ["--model", "llama-3.1-8b", "--cluster", "h100x2", "--engine", engine]
+    problem = ["--model", "llama-3.1-8b", "--cluster", "h100x2", "--engine", engine, *lengths]
     args = ["solve", "--serving", "best", *problem, "--format", "json", "--out", str(out)]
     code, stdout, _ = run_cli(args, capsys, monkeypatch)
     assert code == 0

@@ -397,7 +397,10 @@ class SubproblemModel:
         """Admit only plans whose time is at most ``time_ns`` (those that beat the
         incumbent): CP-SAT then proves "none better" instead of the subproblem's own
         optimum, which its bound rarely closes quickly."""
-        self.cp.Add(self.objective.expr <= math.floor(time_ns * self.objective.scale))
+        # a time read back from a solution is its integer objective over the scale: the
+        # float product can fall a few ulps under that integer (1e-12 relative covers it)
+        scaled_ns = time_ns * self.objective.scale
+        self.cp.Add(self.objective.expr <= math.floor(scaled_ns + abs(scaled_ns) * 1e-12))
 
     # hints and solutions -------------------------------------------------------------
 
