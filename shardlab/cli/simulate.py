@@ -181,7 +181,7 @@ def simulate(
     deployment = deployment_of_file(
         plan_file, chosen, model=model, cluster=cluster, engine=engine, workload=workload
     )
-    priced = price(deployment, chosen)
+    priced = price(deployment, chosen, most=chosen.most_in_system)
     sim = simulate_priced(deployment, priced, chosen, router=router, seed=seed)  # type: ignore[arg-type]
     summary = sim.summary(slo, stats)
     if out_file is not None:

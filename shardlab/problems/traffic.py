@@ -186,6 +186,12 @@ class Traffic:
         return len(self.input_len)
 
     @property
+    def most_in_system(self) -> int | None:
+        """The most requests in the system at once: a closed loop's clients (open
+        arrivals: no bound, None)."""
+        return self.clients if self.arrival == "closed" else None
+
+    @property
     def span_s(self) -> float | None:
         """Seconds from the first arrival to the last (None: a closed loop)."""
         return None if self.arrival_s is None else float(self.arrival_s[-1] - self.arrival_s[0])

@@ -42,33 +42,49 @@ class PoolCosts:
     costs: IterationCosts
     handoff_fixed_s: float  # a prefill pool's handoff: fixed part
     handoff_token_s: float  # and per prompt token
+    most: int | None = None  # priced only up to this many requests in the system
 
     @classmethod
-    def of(cls, pool: Pool, shortest: int) -> PoolCosts:
+    def of(cls, pool: Pool, shortest: int, most: int | None = None) -> PoolCosts:
         """Priced up to the requests of ``shortest`` tokens (prompt and output) the
-        KV cache holds, or the engine runs, whichever is fewer."""
+        KV cache holds, the engine runs, or ``most`` (the requests the traffic can
+        have in the system at once), whichever is fewer: a table's time grows with its
+        requests."""
         p = pool.problem
         d = pool.plan.degrees
         running = engine_limits(p, d.tp, d.pp, d.dp_attn).max_batch
         held = IterationCosts.kv_capacity(p, pool.plan) // max(shortest, 1) + 1
-        costs = IterationCosts.of(p, pool.plan, max_requests=max(1, min(running, held)))
+        top = min(running, held, most if most is not None else running)
+        costs = IterationCosts.of(p, pool.plan, max_requests=max(1, top))
         fixed = per_token = 0.0
         if pool.role == "prefill" and p.handoff is not None:
             whole = float(handoff_seconds(p, d.pp, d.tp))
             empty = dataclasses.replace(p.handoff, received_bytes=0.0)
             fixed = float(handoff_seconds(dataclasses.replace(p, handoff=empty), d.pp, d.tp))
             per_token = (whole - fixed) / p.workload.input_len
-        return cls(pool=pool, costs=costs, handoff_fixed_s=fixed, handoff_token_s=per_token)
+        return cls(
+            pool=pool,
+            costs=costs,
+            handoff_fixed_s=fixed,
+            handoff_token_s=per_token,
+            most=most if most is not None and most < min(running, held) else None,
+        )
 
 
 def price(
-    deployment: Deployment, traffic: Traffic, *, shortest: int | None = None
+    deployment: Deployment,
+    traffic: Traffic,
+    *,
+    shortest: int | None = None,
+    most: int | None = None,
 ) -> tuple[PoolCosts, ...]:
     """Every pool's iteration prices for ``traffic`` (the part of a run that calls the
-    cost model), or for any traffic whose requests are at least ``shortest`` tokens."""
+    cost model), or for any traffic whose requests are at least ``shortest`` tokens;
+    ``most``: only up to that many requests in the system at once (a closed loop's
+    clients; :func:`simulate_priced` refuses a traffic that can have more)."""
     if shortest is None:
         shortest = int((traffic.input_len + traffic.output_len).min())
-    priced = tuple(PoolCosts.of(pool, shortest) for pool in deployment.pools)
+    priced = tuple(PoolCosts.of(pool, shortest, most) for pool in deployment.pools)
     # the hundred derived problems a plan's tables were read off stay in the cost
     # model's caches otherwise: gigabytes after a few dozen plans of a large MoE
     forget_tables()
@@ -128,6 +144,15 @@ def simulate_priced(
     """Run ``traffic`` through ``deployment`` whose pools are ``priced``."""
     if router not in ROUTERS:
         raise ShardlabError(f"router {router!r} is not one of {', '.join(ROUTERS)}", field="router")
+    bound = min((pc.most for pc in priced if pc.most is not None), default=None)
+    most = traffic.most_in_system
+    if bound is not None and (most is None or most > bound):
+        raise ShardlabError(
+            f"the pools were priced for at most {bound} requests in the system; traffic "
+            f"{traffic.source!r} can have more",
+            field="traffic",
+            fix="price the deployment for this traffic (price(deployment, traffic))",
+        )
     started = time.perf_counter()
     n = traffic.requests
     book = Book(traffic.input_len.tolist(), traffic.output_len.tolist())
@@ -250,5 +275,5 @@ def simulate(
 ) -> Simulation:
     """Price ``deployment``'s pools and run ``traffic`` through it (see the module
     docstring); same seed, same result."""
-    priced = price(deployment, traffic)
+    priced = price(deployment, traffic, most=traffic.most_in_system)
     return simulate_priced(deployment, priced, traffic, router=router, seed=seed)

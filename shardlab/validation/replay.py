@@ -77,7 +77,7 @@ def replay(
     calibration: Callable[[Measurement], Calibration | None] | None = None,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
-    tables: dict[tuple, tuple[PoolCosts, ...]] | None = None,
+    tables: dict[tuple, tuple[int | None, tuple[PoolCosts, ...]]] | None = None,
 ) -> list[Replayed]:
     """Replay each of ``rows`` that states a load (:func:`replayable`) under ``timing``
     (and each row's ``calibration``, default none: the shipped engine costs).
@@ -86,8 +86,12 @@ def replay(
     todo = replayable(rows)
     runs: dict[tuple, Simulation | str] = {}
     tables = {} if tables is None else tables
-    out: list[Replayed] = []
-    for m in todo:
+    out: list[Replayed | None] = [None] * len(todo)
+    # the most clients first: a plan's tables, priced up to a load's requests in the
+    # system, then serve its lighter loads too
+    order = sorted(range(len(todo)), key=lambda j: -(todo[j].clients or 1 << 30))
+    for done, j in enumerate(order, 1):
+        m = todo[j]
         cal = calibration(m) if calibration is not None else None
         problem, note = problem_of(m, timing, m.engine or engine, cal)
         key = (problem, m.disagg, m.degrees, m.clients, m.prompts_per_client, m.rate,
@@ -101,22 +105,23 @@ def replay(
             notes.append(run)
         else:
             simulated = run.latency(m.metric, m.statistic)
-        out.append(
-            Replayed(
-                measurement=m,
-                engine=problem.engine,
-                simulated=simulated,
-                analytic_mean=_analytic_mean(m, timing, engine, cal),
-                note="; ".join(notes),
-            )
+        out[j] = Replayed(
+            measurement=m,
+            engine=problem.engine,
+            simulated=simulated,
+            analytic_mean=_analytic_mean(m, timing, engine, cal),
+            note="; ".join(notes),
         )
         if progress is not None:
-            progress(len(out), len(todo))
-    return out
+            progress(done, len(todo))
+    return [r for r in out if r is not None]
 
 
 def _run(
-    problem: Problem, m: Measurement, tables: dict[tuple, tuple[PoolCosts, ...]], seed: int
+    problem: Problem,
+    m: Measurement,
+    tables: dict[tuple, tuple[int | None, tuple[PoolCosts, ...]]],
+    seed: int,
 ) -> Simulation | str:
     """The row's load through its deployment, or why it cannot run."""
     try:
@@ -131,16 +136,18 @@ def _run(
             tuple((_plain(p.problem), p.plan, p.role, p.instances) for p in deployment.pools),
             shortest,
         )
-        if key not in tables:
+        most = m.clients  # open arrivals: None, no bound
+        held = tables.get(key)
+        if held is None or (held[0] is not None and (most is None or most > held[0])):
             plain = Deployment(
                 pools=tuple(dataclasses.replace(p, problem=_plain(p.problem))
                             for p in deployment.pools)
             )  # fmt: skip
-            tables[key] = price(plain, traffic, shortest=shortest)
+            tables[key] = (most, price(plain, traffic, shortest=shortest, most=most))
         priced = tuple(
             dataclasses.replace(pc, pool=pool, costs=pc.costs.with_engine_costs(
                 (c := serving_costs(pool.problem)).request_ns * 1e-9, c.iteration_ns * 1e-9))
-            for pc, pool in zip(tables[key], deployment.pools, strict=True)
+            for pc, pool in zip(tables[key][1], deployment.pools, strict=True)
         )  # fmt: skip
         return simulate_priced(deployment, priced, traffic, seed=seed)
     except ShardlabError as exc:

@@ -236,3 +236,24 @@ def test_the_kv_capacity_is_the_evaluators() -> None:
     m = evaluate(problem, plan)
     assert cap >= m.requests_per_rank * (w.input_len + w.output_len)
     assert cap // (w.input_len + w.output_len) >= m.capacity_per_rank
+
+
+def test_tables_priced_for_a_closed_loops_clients_give_the_same_run() -> None:
+    """Priced only up to the loop's clients (a table's time grows with its requests),
+    the run is the one the whole tables give; a loop with more clients than the
+    tables were priced for is refused rather than run at fewer."""
+    problem, plan, deployment, whole = priced("8b-tp1x2", "vllm")
+    traffic = closed_loop(clients=12, prompts_per_client=3, lengths=FIXED)
+    few = price(deployment, traffic, most=traffic.most_in_system)
+    assert few[0].costs.max_requests == 12 < whole[0].costs.max_requests
+    a = simulate_priced(deployment, whole, traffic, seed=3)
+    b = simulate_priced(deployment, few, traffic, seed=3)
+    assert np.array_equal(a.first_s, b.first_s) and np.array_equal(a.finish_s, b.finish_s)
+    more = closed_loop(clients=13, prompts_per_client=1, lengths=FIXED)
+    with pytest.raises(ShardlabError, match="priced for at most 12 requests"):
+        simulate_priced(deployment, few, more)
+    rate = synthetic_traffic(
+        lengths=FIXED, arrivals=Arrivals(kind="poisson", rate=5.0), requests=20
+    )
+    with pytest.raises(ShardlabError, match="priced for at most 12 requests"):
+        simulate_priced(deployment, few, rate)
