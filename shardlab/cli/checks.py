@@ -222,6 +222,8 @@ def _replay(
     """Each row that states its load replayed in the simulator: under the shipped engine
     costs (or the calibration given), then under fits without each row's group."""
     from shardlab.validation.replay import held_out_costs, replay, replayable
+    from shardlab.validation.serving_sample import read_sample
+    from shardlab.validation.simulated_costs import replay_without_request_cost
 
     todo = replayable(rows)
     if not todo:
@@ -239,11 +241,20 @@ def _replay(
             progress=lambda done, total: report(done, name),
             tables=tables,
         )
+        # the sample's closed loops without a per-request cost, for every grouping's
+        # fits of the simulator's
+        sample = replay_without_request_cost(
+            read_sample(mode=["agg"], protocol=["inferencex"]).rows,
+            timing,
+            progress=lambda d, t: report(len(todo), f"the sample's loops {d}/{t}"),
+            tables=tables,
+        ) if groups else []  # fmt: skip
         for i, g in enumerate(groups, start=1):
             costs = held_out_costs(
                 g,
                 timing,
                 progress=lambda d, t, g=g, i=i: report(i * len(todo), f"{g} fit {d}/{t}"),
+                replayed=sample,
             )
             sets[f"{g} held out"] = replay(
                 todo,
@@ -253,6 +264,7 @@ def _replay(
                 progress=lambda done, total, i=i, g=g: report(
                     i * len(todo) + done, f"{g} held out"
                 ),
+                tables=tables,
             )
     return sets
 
@@ -440,6 +452,15 @@ EnginesOpt = Annotated[
 ReportPathOpt = Annotated[
     str | None, typer.Option("--report", help="Markdown of the fit's errors to write.")
 ]
+SimulateFitOpt = Annotated[
+    bool,
+    typer.Option(
+        "--simulate",
+        help="With --engines: also fit each engine's per-request cost through the "
+        "simulator (each measured closed loop replayed request by request), the one the "
+        "simulator adds; minutes on the measured serving sample.",
+    ),
+]
 
 
 @app.command()
@@ -452,6 +473,7 @@ def calibrate(
     ),
     hold_out: HoldOutOpt = None,
     engines: EnginesOpt = False,
+    simulate: SimulateFitOpt = False,
     report_path: ReportPathOpt = None,
     gpu: FilterOpt = None,
     backend: FilterOpt = None,
@@ -464,12 +486,16 @@ def calibrate(
     engine's fixed costs per request and per iteration to measurements; report the
     error before, fitted, and on rows held out of the fit (by row, model family or
     GPU). Apply them with --calibration."""
-    from pathlib import Path
 
     from shardlab.validation import load_measurements
     from shardlab.validation.calibrate import calibrate as fit_calibration
     from shardlab.validation.calibrate import write_fit_report
 
+    if simulate and not engines:
+        raise ShardlabError(
+            "calibrate: --simulate fits the engines' per-request cost through the simulator",
+            fix="add --engines",
+        )
     if out_path is not None:
         check_output_file(out_path, flag="--out", parents=True)
     if report_path is not None:
@@ -490,6 +516,21 @@ def calibrate(
             per_engine=engines,
             progress=lambda done, total: progress(done, f"{timing} timing"),
         )
+    simulated = None
+    if simulate:
+        from shardlab.validation.simulated_costs import (
+            fit_through_simulator,
+            replay_without_request_cost,
+        )
+
+        with task_progress("simulate", unit="rows replayed") as progress:
+            replayed = replay_without_request_cost(
+                measured.rows,
+                timing,
+                iteration_ms=report.fitted.iteration_ms,
+                progress=lambda done, total: progress(done, "closed loops", total=total),
+            )
+        simulated = fit_through_simulator(replayed)
     command = command_line(
         "shardlab calibrate",
         measurements=measurements,
@@ -499,27 +540,53 @@ def calibrate(
         out=out_path,
         report=report_path,
         engines=engines,
+        simulate=simulate,
     )
     summary = report.summary()
     if out_path is not None:
-        write_text(out_path, _calibration_text(report, command, engines))
+        write_text(out_path, _calibration_text(report, command, engines, simulated))
     if report_path is not None:
-        write_fit_report(report, command, described, path=Path(report_path))
+        text = write_fit_report(report, command, described)
+        if simulated is not None:
+            text += "\n" + "\n".join(_simulated_section(simulated)) + "\n"
+        write_text(report_path, text)
     if fmt is Format.json:
         emit_json(
             {
                 "calibration": asdict(report.calibration),
                 "engines": {"request_ms": report.fitted.request_ms,
-                            "iteration_ms": report.fitted.iteration_ms},
+                            "iteration_ms": report.fitted.iteration_ms,
+                            "simulated_request_ms":
+                                None if simulated is None else simulated.request_ms},
                 "summary": summary,
                 "held_out": {g: report.held_out_summary(g) for g in report.held_out_by},
             }
         )  # fmt: skip
         return
     _print_fit(report, summary, timing, engines, out_path)
+    if simulated is not None:
+        for e in sorted(simulated.request_ms):
+            out.print(
+                f"{e}: {simulated.request_ms[e]:.1f} ms per request in the simulator "
+                f"({simulated.rows[e]} TTFT rows replayed; median error "
+                f"{simulated.in_sample[e]:.1%}, family held out {simulated.family_held_out[e]:.1%})"
+            )
 
 
-def _calibration_text(report: Any, command: str, engines: bool) -> str:
+def _simulated_section(fit: Any) -> list[str]:
+    return [
+        "## The per-request cost through the simulator",
+        "",
+        "Each aggregated TTFT row's closed loop replayed request by request "
+        "(`shardlab.validation.simulated_costs`) with no per-request cost; the cost is the "
+        "one that minimizes the median |TTFT error|. The simulator adds it; the forms "
+        "keep the one above, which also stands for the queueing they lack.",
+        "",
+        *fit.lines(),
+    ]
+
+
+def _calibration_text(report: Any, command: str, engines: bool, simulated: Any = None) -> str:
     """The fit as the file ``--calibration`` reads, or (``--engines``) as the engine
     constants shardlab ships."""
     from shardlab.costmodel import serving_constants_yaml
@@ -531,7 +598,12 @@ def _calibration_text(report: Any, command: str, engines: bool) -> str:
         f"  {command}",
         "do not edit by hand. " + report.calibration.fitted_on,
     ]
-    return serving_constants_yaml(report.fitted.request_ms, report.fitted.iteration_ms, header)
+    return serving_constants_yaml(
+        report.fitted.request_ms,
+        report.fitted.iteration_ms,
+        header,
+        None if simulated is None else simulated.request_ms,
+    )
 
 
 def _print_fit(

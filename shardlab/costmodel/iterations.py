@@ -188,7 +188,7 @@ class IterationCosts:
             prompts=np.array([0.0, *lengths]),
             prompt_s=np.array(prompt_s),
             iteration_s=iteration,
-            request_s=costs.request_ns * 1e-9,
+            request_s=costs.simulated_request_ns * 1e-9,
             prefill_first=costs.prefill_first,
             max_running=limits.max_batch,
             max_tokens=limits.max_tokens,

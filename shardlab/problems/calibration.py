@@ -31,6 +31,8 @@ class Calibration:
     # the engine's fixed costs (None: the ones shardlab ships for it)
     iteration_ms: float | None = None  # per iteration, in every round
     request_ms: float | None = None  # per request, in TTFT
+    # per request, in the simulator's TTFT (None: request_ms, else the shipped one)
+    simulated_request_ms: float | None = None
     timing: str = "roofline"  # the timing backend the factors correct
     fitted_on: str = ""  # the measurements, and how well the fit generalizes
 
@@ -39,7 +41,7 @@ class Calibration:
             value = getattr(self, key)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ShardlabError(f"calibration: {key} must be a positive factor, got {value!r}")
-        for key in ("iteration_ms", "request_ms"):
+        for key in ("iteration_ms", "request_ms", "simulated_request_ms"):
             ms = getattr(self, key)
             if ms is None:
                 continue

@@ -19,11 +19,12 @@ import numpy as np
 
 from shardlab.costmodel import serving_costs
 from shardlab.errors import ShardlabError
-from shardlab.problems.calibration import Calibration
+from shardlab.problems.calibration import KERNEL_CLASSES, Calibration
 from shardlab.problems.problem import Problem
 from shardlab.simulate import Deployment, PoolCosts, Simulation, price, simulate_priced
 from shardlab.validation.measurements import Measurement
 from shardlab.validation.predictions import measured_disagg, predict, problem_of
+from shardlab.validation.simulated_costs import Replayed0
 
 # The metrics the simulator measures a distribution of.
 REPLAYED = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
@@ -65,7 +66,11 @@ def _plain(problem: Problem) -> Problem:
     )
     cal = problem.calibration
     if cal is not None:
-        cal = dataclasses.replace(cal, request_ms=None, iteration_ms=None, fitted_on="")
+        cal = dataclasses.replace(
+            cal, request_ms=None, iteration_ms=None, simulated_request_ms=None, fitted_on=""
+        )
+        if all(cal.factor(k) == 1.0 for k in KERNEL_CLASSES):
+            cal = None  # factors of 1 price exactly as none: the shipped costs' tables
     return dataclasses.replace(problem, workload=w, calibration=cal)
 
 
@@ -146,7 +151,8 @@ def _run(
             tables[key] = (most, price(plain, traffic, shortest=shortest, most=most))
         priced = tuple(
             dataclasses.replace(pc, pool=pool, costs=pc.costs.with_engine_costs(
-                (c := serving_costs(pool.problem)).request_ns * 1e-9, c.iteration_ns * 1e-9))
+                (c := serving_costs(pool.problem)).simulated_request_ns * 1e-9,
+                c.iteration_ns * 1e-9))
             for pc, pool in zip(tables[key][1], deployment.pools, strict=True)
         )  # fmt: skip
         return simulate_priced(deployment, priced, traffic, seed=seed)
@@ -168,15 +174,20 @@ def held_out_costs(
     timing: str = "silicon",
     progress: Callable[[int, int], None] | None = None,
     sample: Sequence[Measurement] | None = None,
+    replayed: Sequence[Replayed0] | None = None,
 ) -> Callable[[Measurement], Calibration]:
     """Each row's engine costs (per request, per iteration) fitted on measured serving
     (aiconfigurator-core's sample: aggregated InferenceX-protocol runs, the rows the
     shipped costs were fitted on) without the row's group (``family`` or ``gpu``):
     a replay under them saw nothing of the row's group. ``sample``: other measured
-    serving rows to fit on instead."""
+    serving rows to fit on instead. The simulator's per-request cost is fitted through
+    the simulator (:mod:`shardlab.validation.simulated_costs`) on ``replayed``, the
+    sample's TTFT rows replayed without it (default: replayed here; the replays use
+    the shipped per-iteration cost, not each group's fit of it: a millisecond or so)."""
     from shardlab.validation.calibrate import GROUPINGS, Rows, fit, linearize
     from shardlab.validation.predictions import fittable
     from shardlab.validation.serving_sample import read_sample
+    from shardlab.validation.simulated_costs import fit_request_ms, replay_without_request_cost
 
     if grouping not in ("family", "gpu"):
         raise ShardlabError(
@@ -194,19 +205,26 @@ def held_out_costs(
             progress(len(linear), len(sample))
     priced = Rows(linear)
     labels = [label(m) for m in sample]
+    if replayed is None:
+        replayed = replay_without_request_cost(sample, timing)
     fits: dict[str, Any] = {}
 
     def costs(m: Measurement) -> Calibration:
         group = label(m)
         if group not in fits:
             keep = np.array([i for i, g in enumerate(labels) if g != group], dtype=np.int64)
-            fits[group] = fit(priced.take(keep), factors=False, per_engine=True)
-        f = fits[group]
+            others = [r for r in replayed if label(r.measurement) != group]
+            fits[group] = (
+                fit(priced.take(keep), factors=False, per_engine=True),
+                fit_request_ms(others),
+            )
+        f, simulated = fits[group]
         engine = m.engine or "trtllm"
         return Calibration(
             timing=timing,
             request_ms=f.request_ms.get(engine),
             iteration_ms=f.iteration_ms.get(engine),
+            simulated_request_ms=simulated.get(engine, f.request_ms.get(engine)),
             fitted_on=f"measured serving without {grouping} {group}",
         )
 

@@ -37,7 +37,8 @@ How a row becomes a problem and a plan (each choice stated once):
   ``batch_size * attention_dp`` (the ``silicon_concurrency`` the source string
   states agrees on 3,575 of 3,607 aggregated rows; a row where it does not says so
   in its note); the engine runs at most what its KV cache holds, the others wait.
-  The closed loop is InferenceX's: 10 prompts per client, lengths as stated;
+  The closed loop is InferenceX's: 10 prompts per client, lengths uniform in
+  [0.8, 1] x stated (its ``RANDOM_RANGE_RATIO``, :data:`RANGE_RATIO`);
 - disaggregated rows: ``prefill_num_workers`` instances of the prefill layout at
   ``prefill_batch_size`` requests per rank and ``decode_num_workers`` of the decode
   layout at ``decode_batch_size``; rows that do not state the workers or batch sizes
@@ -333,6 +334,10 @@ def _restated(row: Mapping[str, str]) -> Mapping[str, str]:
     else:
         restated["tp_size"] = str(gpus)
     return restated
+
+
+# InferenceX draws each prompt's and output's length uniformly in [0.8, 1] x nominal.
+RANGE_RATIO = 0.8
 
 
 def _protocol(source: str) -> str:

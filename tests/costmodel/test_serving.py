@@ -124,10 +124,17 @@ def test_the_engine_costs_are_the_shipped_fit_unless_calibrated() -> None:
     assert serving_costs(p) == ServingCosts(
         request_ns=round(shipped["vllm"]["request_ms"] * 1e6),
         iteration_ns=round(shipped["vllm"]["iteration_ms"] * 1e6),
+        simulated_request_ns=round(
+            shipped["vllm"].get("simulated_request_ms", shipped["vllm"]["request_ms"]) * 1e6
+        ),
         prefill_first=False,
     )
     cal = dataclasses.replace(p, calibration=Calibration(request_ms=5.0))
     assert serving_costs(cal).request_ns == 5_000_000
+    # the user's own per-request cost is the simulator's too, unless they give one apart
+    assert serving_costs(cal).simulated_request_ns == 5_000_000
+    both = Calibration(request_ms=5.0, simulated_request_ms=2.0)
+    assert serving_costs(dataclasses.replace(p, calibration=both)).simulated_request_ns == 2_000_000
     assert serving_costs(cal).iteration_ns == serving_costs(p).iteration_ns
     plain = evaluate(p, p.space.megatron_plan(Degrees(tp=1)))
     assert evaluate(cal, cal.space.megatron_plan(Degrees(tp=1))).ttft_ms != plain.ttft_ms

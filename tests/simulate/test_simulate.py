@@ -242,7 +242,7 @@ def test_tables_priced_for_a_closed_loops_clients_give_the_same_run() -> None:
     """Priced only up to the loop's clients (a table's time grows with its requests),
     the run is the one the whole tables give; a loop with more clients than the
     tables were priced for is refused rather than run at fewer."""
-    problem, plan, deployment, whole = priced("8b-tp1x2", "vllm")
+    _, _, deployment, whole = priced("8b-tp1x2", "vllm")
     traffic = closed_loop(clients=12, prompts_per_client=3, lengths=FIXED)
     few = price(deployment, traffic, most=traffic.most_in_system)
     assert few[0].costs.max_requests == 12 < whole[0].costs.max_requests

@@ -76,10 +76,18 @@ def test_held_out_costs_are_fitted_without_the_rows_group() -> None:
     numbers as fitting those rows directly, and not the fit on all of them."""
     from shardlab.validation.calibrate import Rows, fit, linearize
     from shardlab.validation.serving_sample import read_sample
+    from shardlab.validation.simulated_costs import Replayed0
 
     sample = read_sample(mode=["agg"], protocol=["inferencex"], gpu=["h100"]).rows
-    costs = held_out_costs("family", "silicon", sample=sample)
     row = sample[0]
+    # replays that leave 10 ms to the row's family and 30 ms to the others
+    replayed = [
+        Replayed0(measurement=m, engine=m.engine or "", simulated_ms=m.value - gap)
+        for m in sample
+        if m.metric == "ttft_ms"
+        for gap in [10.0 if m.family == row.family else 30.0]
+    ]
+    costs = held_out_costs("family", "silicon", sample=sample, replayed=replayed)
     others = [m for m in sample if m.family != row.family]
     assert others and len(others) < len(sample)
     direct = fit(Rows([linearize(m, "silicon", m.engine) for m in others]), factors=False,
@@ -90,6 +98,8 @@ def test_held_out_costs_are_fitted_without_the_rows_group() -> None:
     assert got.request_ms == pytest.approx(direct.request_ms[row.engine])
     assert got.request_ms != pytest.approx(everyone.request_ms[row.engine])
     assert f"without family {row.family}" in got.fitted_on
+    # the simulator's per-request cost: fitted through it, on the other families too
+    assert got.simulated_request_ms == 30.0
 
 
 def test_the_goals_say_by_how_much_they_are_missed(tmp_path: Path) -> None:
