@@ -243,8 +243,9 @@ def _replay(
         )
         # the sample's closed loops without a per-request cost, for every grouping's
         # fits of the simulator's
+        engines = sorted({m.engine or engine for m in todo})
         sample = replay_without_request_cost(
-            read_sample(mode=["agg"], protocol=["inferencex"]).rows,
+            read_sample(mode=["agg"], protocol=["inferencex"], backend=engines).rows,
             timing,
             progress=lambda d, t: report(len(todo), f"the sample's loops {d}/{t}"),
             tables=tables,
