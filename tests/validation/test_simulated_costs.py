@@ -86,3 +86,27 @@ def test_simulate_without_engines_is_refused_in_one_line(tmp_path: Path) -> None
     assert code == 2 and out == ""
     lines = [x for x in err.splitlines() if x.strip()]
     assert len(lines) == 1 and "--engines" in lines[0]
+
+
+@pytest.mark.slow
+def test_calibrate_engines_simulate_writes_the_simulators_cost(tmp_path: Path) -> None:
+    """From the command line: the engine file holds each engine's cost through the
+    simulator beside the forms' own, and the report a table of its errors."""
+    import yaml
+
+    code, out, err = run(
+        ["calibrate", "--measurements", "aiconfigurator-sample", "--mode", "agg",
+         "--protocol", "inferencex", "--gpu", "h100", "--family", "llama-3.1,gpt-oss",
+         "--timing", "silicon", "--hold-out", "family", "--engines", "--simulate",
+         "--out", "engines.yaml",
+         "--report", "fit.md"],
+        tmp_path,
+    )  # fmt: skip
+    assert code == 0, err
+    engines = yaml.safe_load((tmp_path / "engines.yaml").read_text())["engines"]
+    assert set(engines["vllm"]) == {"request_ms", "iteration_ms", "simulated_request_ms"}
+    assert "--simulate" in (tmp_path / "engines.yaml").read_text().splitlines()[1]
+    report = (tmp_path / "fit.md").read_text()
+    assert "## The per-request cost through the simulator" in report
+    assert f"| vllm | 101 | {engines['vllm']['simulated_request_ms']:.1f} |" in report
+    assert "ms per request in the simulator" in out
