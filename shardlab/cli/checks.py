@@ -223,7 +223,7 @@ def _replay(
     costs (or the calibration given), then under fits without each row's group."""
     from shardlab.validation.replay import held_out_costs, replay, replayable
     from shardlab.validation.serving_sample import read_sample
-    from shardlab.validation.simulated_costs import replay_without_request_cost
+    from shardlab.validation.simulated_costs import replay_without_costs
 
     todo = replayable(rows)
     if not todo:
@@ -244,7 +244,7 @@ def _replay(
         # the sample's closed loops without a per-request cost, for every grouping's
         # fits of the simulator's
         engines = sorted({m.engine or engine for m in todo})
-        sample = replay_without_request_cost(
+        sample = replay_without_costs(
             read_sample(mode=["agg"], protocol=["inferencex"], backend=engines).rows,
             timing,
             progress=lambda d, t: report(len(todo), f"the sample's loops {d}/{t}"),
@@ -457,9 +457,9 @@ SimulateFitOpt = Annotated[
     bool,
     typer.Option(
         "--simulate",
-        help="With --engines: also fit each engine's per-request cost through the "
-        "simulator (each measured closed loop replayed request by request), the one the "
-        "simulator adds; minutes on the measured serving sample.",
+        help="With --engines: also fit each engine's costs per request and per iteration "
+        "through the simulator (each measured closed loop replayed request by request), "
+        "the ones the simulator adds; minutes on the measured serving sample.",
     ),
 ]
 
@@ -494,7 +494,7 @@ def calibrate(
 
     if simulate and not engines:
         raise ShardlabError(
-            "calibrate: --simulate fits the engines' per-request cost through the simulator",
+            "calibrate: --simulate fits the engines' costs through the simulator",
             fix="add --engines",
         )
     if out_path is not None:
@@ -521,14 +521,13 @@ def calibrate(
     if simulate:
         from shardlab.validation.simulated_costs import (
             fit_through_simulator,
-            replay_without_request_cost,
+            replay_without_costs,
         )
 
         with task_progress("simulate", unit="rows replayed") as progress:
-            replayed = replay_without_request_cost(
+            replayed = replay_without_costs(
                 measured.rows,
                 timing,
-                iteration_ms=report.fitted.iteration_ms,
                 progress=lambda done, total: progress(done, "closed loops", total=total),
             )
         simulated = fit_through_simulator(replayed)
@@ -558,7 +557,9 @@ def calibrate(
                 "engines": {"request_ms": report.fitted.request_ms,
                             "iteration_ms": report.fitted.iteration_ms,
                             "simulated_request_ms":
-                                None if simulated is None else simulated.request_ms},
+                                None if simulated is None else simulated.request_ms,
+                            "simulated_iteration_ms":
+                                None if simulated is None else simulated.iteration_ms},
                 "summary": summary,
                 "held_out": {g: report.held_out_summary(g) for g in report.held_out_by},
             }
@@ -568,20 +569,27 @@ def calibrate(
     if simulated is not None:
         for e in sorted(simulated.request_ms):
             out.print(
-                f"{e}: {simulated.request_ms[e]:.1f} ms per request in the simulator "
-                f"({simulated.rows[e]} TTFT rows replayed; median error "
-                f"{simulated.in_sample[e]:.1%}, family held out {simulated.family_held_out[e]:.1%})"
+                f"{e}: {simulated.request_ms[e]:.1f} ms per request, "
+                f"{simulated.iteration_ms[e]:.2f} ms per iteration in the simulator"
+            )
+        for (e, metric), n in sorted(simulated.rows.items()):
+            out.print(
+                f"  {e} {metric}: {n} rows replayed; median error "
+                f"{simulated.in_sample[(e, metric)]:.1%}, family held out "
+                f"{simulated.family_held_out[(e, metric)]:.1%}"
             )
 
 
 def _simulated_section(fit: Any) -> list[str]:
     return [
-        "## The per-request cost through the simulator",
+        "## The engine costs through the simulator",
         "",
-        "Each aggregated TTFT row's closed loop replayed request by request "
-        "(`shardlab.validation.simulated_costs`) with no per-request cost; the cost is the "
-        "one that minimizes the median |TTFT error|. The simulator adds it; the forms "
-        "keep the one above, which also stands for the queueing they lack.",
+        "Each aggregated TTFT and TPOT row's closed loop replayed request by request "
+        "(`shardlab.validation.simulated_costs`) with no engine costs and with 1 ms per "
+        "iteration; the per-iteration cost is the one that minimizes the median |TPOT "
+        "error|, the per-request cost then the median |TTFT error|. The simulator adds "
+        "them; the forms keep the ones above, which also stand for the queueing and "
+        "prefill stalls they lack.",
         "",
         *fit.lines(),
     ]
@@ -604,6 +612,7 @@ def _calibration_text(report: Any, command: str, engines: bool, simulated: Any =
         report.fitted.iteration_ms,
         header,
         None if simulated is None else simulated.request_ms,
+        None if simulated is None else simulated.iteration_ms,
     )
 
 

@@ -67,7 +67,8 @@ def serving_constants_path() -> str:
 @cache
 def serving_constants() -> dict[str, dict[str, float]]:
     """Per engine, ``request_ms`` and ``iteration_ms``, and ``simulated_request_ms``
-    where it was fitted through the simulator (see the module docstring)."""
+    and ``simulated_iteration_ms`` where they were fitted through the simulator (see
+    the module docstring)."""
     with open(serving_constants_path()) as f:
         raw = yaml.safe_load(f)
     return {e: {k: float(v) for k, v in raw["engines"][e].items()} for e in raw["engines"]}
@@ -78,6 +79,7 @@ def serving_constants_yaml(
     iteration_ms: dict[str, float],
     header: list[str],
     simulated_request_ms: dict[str, float] | None = None,
+    simulated_iteration_ms: dict[str, float] | None = None,
 ) -> str:
     """The file :func:`serving_constants` reads, with ``header`` as its comments (what
     it was fitted on, by which command, how well it generalizes)."""
@@ -85,9 +87,13 @@ def serving_constants_yaml(
         e: {"request_ms": round(request_ms[e], 3), "iteration_ms": round(iteration_ms[e], 3)}
         for e in sorted(request_ms)
     }
-    for e, ms in (simulated_request_ms or {}).items():
-        if e in engines:
-            engines[e]["simulated_request_ms"] = round(ms, 3)
+    for key, fitted in (
+        ("simulated_request_ms", simulated_request_ms),
+        ("simulated_iteration_ms", simulated_iteration_ms),
+    ):
+        for e, ms in (fitted or {}).items():
+            if e in engines:
+                engines[e][key] = round(ms, 3)
     comments = "".join(f"# {line}\n" for line in header)
     return comments + yaml.safe_dump({"engines": engines}, sort_keys=False)
 
@@ -183,9 +189,11 @@ class ServingCosts:
 
     request_ns: int  # fixed cost per request, in TTFT
     iteration_ns: int  # fixed cost per iteration, in every round
-    # the per-request cost the simulator adds: fitted through the simulator, whose
-    # queueing the forms lack (shardlab.validation.simulated_costs)
+    # the costs the simulator adds, per request and per iteration: fitted through the
+    # simulator, whose queueing and prefill stalls the forms lack
+    # (shardlab.validation.simulated_costs)
     simulated_request_ns: int
+    simulated_iteration_ns: int
     prefill_first: bool  # new prompts run as a prefill batch of their own
 
 
@@ -195,16 +203,23 @@ def serving_costs(problem: Problem) -> ServingCosts:
     cal = problem.calibration
     request_ms, iteration_ms = fitted["request_ms"], fitted["iteration_ms"]
     simulated_ms = fitted.get("simulated_request_ms", request_ms)
+    simulated_it = fitted.get("simulated_iteration_ms", iteration_ms)
     if cal is not None:  # a user's own fit replaces the shipped one
         request_ms = request_ms if cal.request_ms is None else cal.request_ms
         iteration_ms = iteration_ms if cal.iteration_ms is None else cal.iteration_ms
+        # the user's own costs are the simulator's too, unless given apart
         if cal.simulated_request_ms is not None:
             simulated_ms = cal.simulated_request_ms
-        elif cal.request_ms is not None:  # the only per-request cost the user gave
+        elif cal.request_ms is not None:
             simulated_ms = cal.request_ms
+        if cal.simulated_iteration_ms is not None:
+            simulated_it = cal.simulated_iteration_ms
+        elif cal.iteration_ms is not None:
+            simulated_it = cal.iteration_ms
     return ServingCosts(
         request_ns=to_ns(request_ms),
         iteration_ns=to_ns(iteration_ms),
         simulated_request_ns=to_ns(simulated_ms),
+        simulated_iteration_ns=to_ns(simulated_it),
         prefill_first=problem.engine in PREFILL_FIRST,
     )

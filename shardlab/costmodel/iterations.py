@@ -178,7 +178,7 @@ class IterationCosts:
             q = dataclasses.replace(base, workload=wk)
             a = assemble(q, units_of_plan(q, plan))
             prompt_s.append(float(a.metrics.ttft_ms[0]) * 1e-3 - iteration)
-        return cls(
+        tables = cls(
             max_requests=top,
             contexts=np.array(ctx_nodes),
             decode_s=decode,
@@ -188,11 +188,15 @@ class IterationCosts:
             prompts=np.array([0.0, *lengths]),
             prompt_s=np.array(prompt_s),
             iteration_s=iteration,
-            request_s=costs.simulated_request_ns * 1e-9,
+            request_s=costs.request_ns * 1e-9,
             prefill_first=costs.prefill_first,
             max_running=limits.max_batch,
             max_tokens=limits.max_tokens,
             kv_tokens=cls.kv_capacity(problem, plan),
+        )
+        # the simulator's own engine costs (fitted through it): the same iterations
+        return tables.with_engine_costs(
+            costs.simulated_request_ns * 1e-9, costs.simulated_iteration_ns * 1e-9
         )
 
     def with_engine_costs(self, request_s: float, iteration_s: float) -> IterationCosts:

@@ -33,6 +33,8 @@ class Calibration:
     request_ms: float | None = None  # per request, in TTFT
     # per request, in the simulator's TTFT (None: request_ms, else the shipped one)
     simulated_request_ms: float | None = None
+    # per iteration, in the simulator's (None: iteration_ms, else the shipped one)
+    simulated_iteration_ms: float | None = None
     timing: str = "roofline"  # the timing backend the factors correct
     fitted_on: str = ""  # the measurements, and how well the fit generalizes
 
@@ -41,7 +43,7 @@ class Calibration:
             value = getattr(self, key)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ShardlabError(f"calibration: {key} must be a positive factor, got {value!r}")
-        for key in ("iteration_ms", "request_ms", "simulated_request_ms"):
+        for key in ("iteration_ms", "request_ms", "simulated_request_ms", "simulated_iteration_ms"):
             ms = getattr(self, key)
             if ms is None:
                 continue

@@ -77,7 +77,13 @@ REQUEST_MS_MAX = 2000.0
 ITERATION_MS_MAX = 50.0
 LOSS_SCALE = 0.2  # soft L1 on log errors: linear beyond about 1.2x
 CLASSES = (*KERNEL_CLASSES, "other")
-NO_COSTS = ServingCosts(request_ns=0, iteration_ns=0, simulated_request_ns=0, prefill_first=False)
+NO_COSTS = ServingCosts(
+    request_ns=0,
+    iteration_ns=0,
+    simulated_request_ns=0,
+    simulated_iteration_ns=0,
+    prefill_first=False,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,6 +168,7 @@ def _linearized(m: Measurement, problem: Problem, plan: Plan, metrics: Metrics) 
             request_ns=round(request_s * 1e9),
             iteration_ns=round(iteration_s * 1e9),
             simulated_request_ns=round(request_s * 1e9),
+            simulated_iteration_ns=round(iteration_s * 1e9),
             prefill_first=prefill_first,
         )
         clients = clients_per_rank(problem, d, requests_per_rank)

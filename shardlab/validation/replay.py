@@ -67,7 +67,12 @@ def _plain(problem: Problem) -> Problem:
     cal = problem.calibration
     if cal is not None:
         cal = dataclasses.replace(
-            cal, request_ms=None, iteration_ms=None, simulated_request_ms=None, fitted_on=""
+            cal,
+            request_ms=None,
+            iteration_ms=None,
+            simulated_request_ms=None,
+            simulated_iteration_ms=None,
+            fitted_on="",
         )
         if all(cal.factor(k) == 1.0 for k in KERNEL_CLASSES):
             cal = None  # factors of 1 price exactly as none: the shipped costs' tables
@@ -152,7 +157,7 @@ def _run(
         priced = tuple(
             dataclasses.replace(pc, pool=pool, costs=pc.costs.with_engine_costs(
                 (c := serving_costs(pool.problem)).simulated_request_ns * 1e-9,
-                c.iteration_ns * 1e-9))
+                c.simulated_iteration_ns * 1e-9))
             for pc, pool in zip(tables[key][1], deployment.pools, strict=True)
         )  # fmt: skip
         return simulate_priced(deployment, priced, traffic, seed=seed)
@@ -180,14 +185,14 @@ def held_out_costs(
     (aiconfigurator-core's sample: aggregated InferenceX-protocol runs, the rows the
     shipped costs were fitted on) without the row's group (``family`` or ``gpu``):
     a replay under them saw nothing of the row's group. ``sample``: other measured
-    serving rows to fit on instead. The simulator's per-request cost is fitted through
-    the simulator (:mod:`shardlab.validation.simulated_costs`) on ``replayed``, the
-    sample's TTFT rows replayed without it (default: replayed here; the replays use
-    the shipped per-iteration cost, not each group's fit of it: a millisecond or so)."""
+    serving rows to fit on instead. The simulator's own costs are fitted through the
+    simulator (:mod:`shardlab.validation.simulated_costs`) on ``replayed``, the
+    sample's TTFT and TPOT rows replayed without engine costs (default: replayed
+    here)."""
     from shardlab.validation.calibrate import GROUPINGS, Rows, fit, linearize
     from shardlab.validation.predictions import fittable
     from shardlab.validation.serving_sample import read_sample
-    from shardlab.validation.simulated_costs import fit_request_ms, replay_without_request_cost
+    from shardlab.validation.simulated_costs import fit_costs, replay_without_costs
 
     if grouping not in ("family", "gpu"):
         raise ShardlabError(
@@ -206,7 +211,7 @@ def held_out_costs(
     priced = Rows(linear)
     labels = [label(m) for m in sample]
     if replayed is None:
-        replayed = replay_without_request_cost(sample, timing)
+        replayed = replay_without_costs(sample, timing)
     fits: dict[str, Any] = {}
 
     def costs(m: Measurement) -> Calibration:
@@ -216,15 +221,16 @@ def held_out_costs(
             others = [r for r in replayed if label(r.measurement) != group]
             fits[group] = (
                 fit(priced.take(keep), factors=False, per_engine=True),
-                fit_request_ms(others),
+                fit_costs(others),
             )
-        f, simulated = fits[group]
+        f, (simulated, simulated_it) = fits[group]
         engine = m.engine or "trtllm"
         return Calibration(
             timing=timing,
             request_ms=f.request_ms.get(engine),
             iteration_ms=f.iteration_ms.get(engine),
             simulated_request_ms=simulated.get(engine, f.request_ms.get(engine)),
+            simulated_iteration_ms=simulated_it.get(engine, f.iteration_ms.get(engine)),
             fitted_on=f"measured serving without {grouping} {group}",
         )
 

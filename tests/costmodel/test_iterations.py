@@ -53,7 +53,11 @@ def priced(name: str, engine: str, timing: str = "silicon") -> tuple[Problem, Pl
     model, cluster, degrees = PLANS[name]
     problem = Problem.build(model, cluster, "chat", engine=engine, timing=timing)
     plan = problem.space.megatron_plan(degrees)
-    return problem, plan, IterationCosts.of(problem, plan, max_requests=16)
+    # under the forms' engine costs, to compare with the evaluator (the simulator's
+    # own are apart: test_the_tables_carry_the_simulators_engine_costs)
+    c = serving_costs(problem)
+    ic = IterationCosts.of(problem, plan, max_requests=16)
+    return problem, plan, ic.with_engine_costs(c.request_ns * 1e-9, c.iteration_ns * 1e-9)
 
 
 def at(plan: Plan, c: int) -> Plan:
@@ -102,7 +106,21 @@ def test_a_prefill_iteration_of_one_prompt_is_the_prompt_time(name: str, engine:
     assert float(ic.prompt(w.input_len)) == pytest.approx(float(s[0]), rel=1e-9)
     i = serving_costs(problem).iteration_ns * 1e-9
     assert float(ic.iteration(0, 0.0, w.input_len)) == pytest.approx(float(s[0]) + i, rel=1e-9)
-    assert ic.request_s == serving_costs(problem).simulated_request_ns * 1e-9
+    assert ic.request_s == serving_costs(problem).request_ns * 1e-9
+
+
+def test_the_tables_carry_the_simulators_engine_costs() -> None:
+    """IterationCosts hands the simulator its own engine costs (fitted through it), the
+    same iterations as under the forms' costs moved by the difference."""
+    from shardlab.problems.calibration import Calibration
+
+    problem, plan, forms_costs = priced("8b-tp2-pp2", "vllm")
+    cal = Calibration(timing="silicon", simulated_request_ms=7.0, simulated_iteration_ms=0.25)
+    own = IterationCosts.of(dataclasses.replace(problem, calibration=cal), plan, max_requests=16)
+    assert own.request_s == pytest.approx(0.007) and own.iteration_s == pytest.approx(0.00025)
+    moved = forms_costs.with_engine_costs(0.007, 0.00025)
+    for name in ("decode_s", "mixed_s", "prompt_s"):
+        assert np.allclose(getattr(own, name), getattr(moved, name), rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("name", list(PLANS))

@@ -127,6 +127,9 @@ def test_the_engine_costs_are_the_shipped_fit_unless_calibrated() -> None:
         simulated_request_ns=round(
             shipped["vllm"].get("simulated_request_ms", shipped["vllm"]["request_ms"]) * 1e6
         ),
+        simulated_iteration_ns=round(
+            shipped["vllm"].get("simulated_iteration_ms", shipped["vllm"]["iteration_ms"]) * 1e6
+        ),
         prefill_first=False,
     )
     cal = dataclasses.replace(p, calibration=Calibration(request_ms=5.0))
@@ -135,6 +138,12 @@ def test_the_engine_costs_are_the_shipped_fit_unless_calibrated() -> None:
     assert serving_costs(cal).simulated_request_ns == 5_000_000
     both = Calibration(request_ms=5.0, simulated_request_ms=2.0)
     assert serving_costs(dataclasses.replace(p, calibration=both)).simulated_request_ns == 2_000_000
+    it = Calibration(iteration_ms=0.5)
+    assert serving_costs(dataclasses.replace(p, calibration=it)).simulated_iteration_ns == 500_000
+    apart = dataclasses.replace(
+        p, calibration=Calibration(iteration_ms=0.5, simulated_iteration_ms=0.25)
+    )
+    assert serving_costs(apart).simulated_iteration_ns == 250_000
     assert serving_costs(cal).iteration_ns == serving_costs(p).iteration_ns
     plain = evaluate(p, p.space.megatron_plan(Degrees(tp=1)))
     assert evaluate(cal, cal.space.megatron_plan(Degrees(tp=1))).ttft_ms != plain.ttft_ms

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from shardlab import Degrees, Problem, ShardlabError
-from shardlab.costmodel import IterationCosts, evaluate
+from shardlab.costmodel import IterationCosts, evaluate, serving_costs
 from shardlab.problems.disagg import DisaggPlan
 from shardlab.problems.traces import read_trace
 from shardlab.problems.traffic import Arrivals, Lengths, closed_loop, synthetic_traffic
@@ -86,6 +86,14 @@ def test_the_steady_state_equals_the_analytic_forms(name: str, engine: str) -> N
     degrees = PLANS[name][2]
     ranks = degrees.replicas * degrees.dp_attn
     problem, plan, deployment, pcs = priced(name, engine, "decode", 64 * ranks)
+    # the same engine costs as the forms' (the simulator's own are fitted apart)
+    c = serving_costs(problem)
+    pcs = tuple(
+        dataclasses.replace(
+            pc, costs=pc.costs.with_engine_costs(c.request_ns * 1e-9, c.iteration_ns * 1e-9)
+        )
+        for pc in pcs
+    )
     m = evaluate(problem, plan)
     c = m.requests_per_rank
     traffic = closed_loop(clients=c * ranks, prompts_per_client=4, lengths=FIXED)

@@ -82,10 +82,9 @@ def test_held_out_costs_are_fitted_without_the_rows_group() -> None:
     row = sample[0]
     # replays that leave 10 ms to the row's family and 30 ms to the others
     replayed = [
-        Replayed0(measurement=m, engine=m.engine or "", simulated_ms=m.value - gap)
+        Replayed0(measurement=m, engine=m.engine or "", simulated_ms=m.value - gap, slope=1.0)
         for m in sample
-        if m.metric == "ttft_ms"
-        for gap in [10.0 if m.family == row.family else 30.0]
+        for gap in [(10.0 if m.family == row.family else 30.0) * (m.metric == "ttft_ms")]
     ]
     costs = held_out_costs("family", "silicon", sample=sample, replayed=replayed)
     others = [m for m in sample if m.family != row.family]
@@ -99,7 +98,7 @@ def test_held_out_costs_are_fitted_without_the_rows_group() -> None:
     assert got.request_ms != pytest.approx(everyone.request_ms[row.engine])
     assert f"without family {row.family}" in got.fitted_on
     # the simulator's per-request cost: fitted through it, on the other families too
-    assert got.simulated_request_ms == 30.0
+    assert got.simulated_request_ms == 30.0 and got.simulated_iteration_ms == 0.0
 
 
 def test_the_goals_say_by_how_much_they_are_missed(tmp_path: Path) -> None:
