@@ -24,6 +24,7 @@ from shardlab.problems.problem import Problem
 from shardlab.simulate import Deployment, PoolCosts, Simulation, price, simulate_priced
 from shardlab.validation.measurements import Measurement
 from shardlab.validation.predictions import measured_disagg, predict, problem_of
+from shardlab.validation.protocol import INFERENCEX_RUN, Launch, inferencex_trtllm_launch
 from shardlab.validation.simulated_costs import Replayed0
 
 # The metrics the simulator measures a distribution of.
@@ -49,6 +50,27 @@ class Replayed:
 def replayable(rows: Sequence[Measurement]) -> list[Measurement]:
     """The rows the simulator can replay: a latency, of a model, under a stated load."""
     return [m for m in rows if m.problem is not None and m.has_load and m.metric in REPLAYED]
+
+
+def launch_of(m: Measurement) -> Launch | None:
+    """How the row's benchmark launched its engine, where the simulator models it:
+    InferenceX's aggregated TensorRT-LLM runs as its scripts launch them
+    (:func:`shardlab.validation.protocol.inferencex_trtllm_launch`); None for any
+    other row (the engine's defaults). Its disaggregated runs go through srt-slurm's
+    recipes, not read here."""
+    if not m.source.startswith(INFERENCEX_RUN) or m.engine != "trtllm":
+        return None
+    if m.disagg is not None or m.degrees is None or m.clients is None or m.problem is None:
+        return None
+    w = m.problem.workload
+    return inferencex_trtllm_launch(
+        gpu=m.gpu,
+        weights=w.weight_dtype,
+        dp_attn=m.degrees.dp_attn,
+        input_len=w.input_len,
+        output_len=w.output_len,
+        clients=m.clients,
+    )
 
 
 def _deployment(problem: Problem, m: Measurement) -> Deployment:
@@ -131,6 +153,9 @@ def _run(
     """The row's load through its deployment, or why it cannot run."""
     try:
         deployment = _deployment(problem, m)
+        launch = launch_of(m)
+        if launch is not None:
+            deployment = deployment.with_holding(launch.holding)
         traffic = m.traffic(seed)
         w = problem.workload
         # the shortest request any draw of the row's lengths can make: one set of
@@ -155,6 +180,13 @@ def _run(
                 c.iteration_ns * 1e-9))
             for pc, pool in zip(tables[key][1], deployment.pools, strict=True)
         )  # fmt: skip
+        if launch is not None and launch.max_num_tokens is not None:
+            # the tables do not depend on the token budget: the launch's replaces it
+            tokens = launch.max_num_tokens
+            priced = tuple(
+                dataclasses.replace(pc, costs=dataclasses.replace(pc.costs, max_tokens=tokens))
+                for pc in priced
+            )
         return simulate_priced(deployment, priced, traffic, seed=seed)
     except ShardlabError as exc:
         return f"not simulated: {exc}"
