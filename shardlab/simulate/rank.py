@@ -245,12 +245,12 @@ class Rank:
             self._admit()
         price = self.price
         n = len(self.decoding)
-        prefill = bool(self.prefilling) and (not self.rules.mixed or n == 0 or self.budget > n)
-        hold = self.held = 0
-        if prefill and self.bwait >= 0:
-            hold = self._hold(n)
-            prefill = hold == 0
-        if prefill:
+        hold = 0
+        if self.bwait >= 0:  # the engine may hold the prompts back
+            self.held = 0
+            if self.prefilling and (not self.rules.mixed or n == 0 or self.budget > n):
+                hold = self._hold(n)
+        if self.prefilling and not hold and (not self.rules.mixed or n == 0 or self.budget > n):
             b = self.book
             room = self.budget - n if self.rules.mixed else self.budget
             chunks: list[tuple[int, int]] = []
