@@ -4,6 +4,7 @@ disaggregated plan: a prefill and a decode pool; a sized deployment: its pools).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -11,18 +12,21 @@ from shardlab.errors import ShardlabError
 from shardlab.problems.disagg import DisaggPlan, decode_problem, on_one_node, prefill_problem
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
+from shardlab.simulate.schedulers import HOLD_NOTHING, Holding
 
 Role = Literal["agg", "prefill", "decode"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Pool:
-    """``instances`` copies of ``plan`` (each its replicas and attention-DP ranks)."""
+    """``instances`` copies of ``plan`` (each its replicas and attention-DP ranks);
+    ``holding``: the engine's launch options that hold prompts back (default none)."""
 
     role: Role
     problem: Problem
     plan: Plan
     instances: int = 1
+    holding: Holding = HOLD_NOTHING
 
     @property
     def ranks(self) -> int:
@@ -55,6 +59,10 @@ class Deployment:
 
     def pool(self, role: Role) -> Pool:
         return next(p for p in self.pools if p.role == role)
+
+    def with_holding(self, holding: Holding) -> Deployment:
+        """The same pools, each launched with ``holding``."""
+        return Deployment(pools=tuple(dataclasses.replace(p, holding=holding) for p in self.pools))
 
     @classmethod
     def of_plan(cls, problem: Problem, plan: Plan) -> Deployment:

@@ -14,6 +14,13 @@ and requests decoding. At each iteration boundary it admits what its rules allow
   the cost model's nodes). An arrival in the middle of a run cuts it at the iteration
   boundary after it (:meth:`Rank.cut`), with no loop over its tokens.
 
+Where the engine is launched to hold prompts back (:class:`Holding`), a rank whose
+prompts are held runs its decodes alone, in a run that ends where the hold would end
+(a timeout's iteration); what another rank of its attention-DP group does that may
+end it sooner (a prompt arriving, its last decode finishing) cuts the run (``wake`` in
+:mod:`shardlab.simulate.run`). The group's ranks step apart here, where the engine
+steps them together, so each counts the group's iterations in its own.
+
 Requests' state lives in the :class:`Book` all ranks share, in plain lists indexed by
 request: this loop runs once per event, and numpy's per-call cost would dominate it.
 """
@@ -25,11 +32,21 @@ import math
 from collections import deque
 
 from shardlab.simulate.pricing import Pricer
-from shardlab.simulate.schedulers import RATIO_FLOOR, RATIO_START, RATIO_STEPS, Rules
+from shardlab.simulate.schedulers import (
+    HOLD_NOTHING,
+    RATIO_FLOOR,
+    RATIO_START,
+    RATIO_STEPS,
+    Holding,
+    Rules,
+)
 
 RATIO_DECAY = (RATIO_START - RATIO_FLOOR) / RATIO_STEPS
 # Decode steps between two looks at the waiting queue while SGLang's ratio falls
 RATIO_LOOK = 16
+# Why a rank's prompts are held: the attention-DP balance's timeout counter, its
+# batching wait, TensorRT-LLM's batch waiting
+HELD_BALANCE, HELD_BATCHING, HELD_BATCH = 1, 2, 3
 
 
 class Book:
@@ -76,12 +93,16 @@ class Rank:
         "book",
         "budget",
         "busy",
+        "bwait",
         "chunks",
         "ctx0",
         "decoding",
         "dt",
         "end",
+        "group",
         "handoff",
+        "held",
+        "holding",
         "index",
         "k",
         "kv",
@@ -98,6 +119,7 @@ class Rank:
         "stall",
         "step",
         "t0",
+        "tick",
         "used",
         "version",
         "waiting",
@@ -114,7 +136,11 @@ class Rank:
         max_running: int,
         kv_tokens: int,
         handoff: bool = False,
+        holding: Holding = HOLD_NOTHING,
+        group: list[Rank] | None = None,
     ) -> None:
+        """``group``: the ranks of its attention-DP group, itself included, as the
+        caller fills it (None: no attention DP)."""
         self.index = index
         self.rules = rules
         self.price = price
@@ -143,6 +169,15 @@ class Rank:
         self.outstanding = 0  # requests routed here, not yet gone
         self.preemptions = 0
         self.stall = 0.0  # seconds of prefill iterations the decoding requests sat out
+        self.holding = holding
+        # the ranks of its attention-DP group when they balance prompts (else None)
+        self.group = group if holding.adp_balance else None
+        # iterations waited for a batch (-1: never waits; the engine waits for a batch
+        # only without attention DP)
+        waits = holding.batch_waits and group is None
+        self.bwait = 0 if self.group is not None or waits else -1
+        self.tick = 0  # iterations the balance counter has run (it restarts at the timeout)
+        self.held = 0  # the run under way holds prompts back: 0 no, else HELD_* why
 
     # -- what the rank holds ----------------------------------------------------------
 
@@ -210,7 +245,12 @@ class Rank:
             self._admit()
         price = self.price
         n = len(self.decoding)
-        if self.prefilling and (not self.rules.mixed or n == 0 or self.budget > n):
+        hold = 0
+        if self.bwait >= 0:  # the engine may hold the prompts back
+            self.held = 0
+            if self.prefilling and (not self.rules.mixed or n == 0 or self.budget > n):
+                hold = self._hold(n)
+        if self.prefilling and not hold and (not self.rules.mixed or n == 0 or self.budget > n):
             b = self.book
             room = self.budget - n if self.rules.mixed else self.budget
             chunks: list[tuple[int, int]] = []
@@ -239,6 +279,8 @@ class Rank:
                 # the falling ratio may let a waiting request in: look again every
                 # few steps
                 k = min(k, RATIO_LOOK)
+            if hold:  # to the iteration that would let the prompts go
+                k = min(k, hold)
             mean = (self.ctx0 + n * self.step) / n
             self.k = k
             self.dt = price.decode(n, mean + (k - 1) / 2)
@@ -249,6 +291,62 @@ class Rank:
         self.busy = True
         self.end = now + self.k * self.dt
         return True
+
+    def _hold(self, n: int) -> int:
+        """How many iterations from now the prompts this rank would prefill are held
+        back (0: they go now), by the engine's rules (``schedulers`` docstring); the
+        run under way records why (``held``)."""
+        h = self.holding
+        if self.group is None:  # batch waiting: in iterations with prompts and decodes
+            if n == 0:
+                return 0
+            b = self.book
+            room = self.budget - n
+            tokens = n
+            for r in self.prefilling:  # the prompts the iteration would take, whole
+                if room <= 0:
+                    break
+                room -= b.need[r] - b.done[r]
+                tokens += b.need[r]
+            wait = h.batch_wait_timeout_iters - self.bwait
+            if wait <= 0 or tokens >= h.batch_wait_max_tokens_ratio * self.budget:
+                self.bwait = 0
+                return 0
+            self.held = HELD_BATCH
+            return wait
+        everyone = room = True
+        decoding = n > 0
+        for q in self.group:
+            if len(q.decoding) >= q.max_running:
+                room = False
+            if q is not self:
+                if not (q.prefilling or q.waiting):
+                    everyone = False
+                if not q.decoding:
+                    decoding = False
+        if everyone and room:
+            self.tick = 0
+            wait = h.adp_batching_wait_iters - self.bwait
+            if decoding and wait > 0:
+                self.held = HELD_BATCHING
+                return wait
+            self.bwait = 0
+            return 0
+        if not decoding or self.tick + 1 >= h.adp_timeout_iters:
+            self.tick = 0
+            return 0
+        self.held = HELD_BALANCE
+        return h.adp_timeout_iters - 1 - self.tick
+
+    def _ran(self, j: int) -> None:
+        """``j`` iterations of a run of decodes went by: the holding counters count them."""
+        if self.group is not None:
+            if self.held == HELD_BATCHING:
+                self.bwait += j
+            else:  # the balance's counter runs in every iteration not every rank prefills
+                self.tick = (self.tick + j) % max(self.holding.adp_timeout_iters, 1)
+        elif self.held:
+            self.bwait += j
 
     def _preempt(self) -> None:
         """Preempt the decoding request admitted last: its cache is dropped and it is
@@ -312,6 +410,8 @@ class Rank:
         if self.chunks and not self.rules.mixed and self.decoding:
             self.stall += self.dt
         self._decode_steps(self.k if not self.chunks else (1 if self.rules.mixed else 0))
+        if self.bwait >= 0 and not self.chunks:
+            self._ran(self.k)
         self._finish_due(t, gone)
         if self.chunks:
             self._prefilled(t, gone, handed)
@@ -327,6 +427,8 @@ class Rank:
         if j >= self.k:
             return False
         self._decode_steps(j)
+        if self.bwait >= 0:
+            self._ran(j)
         tb = self.t0 + j * self.dt
         self._finish_due(tb, gone)
         self.plan(tb)

@@ -91,9 +91,13 @@ def price(
     return priced
 
 
-def _ranks(priced: Sequence[PoolCosts], role: str, book: Book, start: int) -> list[Rank]:
+def _ranks(
+    deployment: Deployment, priced: Sequence[PoolCosts], role: str, book: Book, start: int
+) -> list[Rank]:
     ranks = []
-    for pc in priced:
+    # the deployment's pools hold how each is launched; their prices may have been
+    # read for the same pools launched otherwise
+    for pool, pc in zip(deployment.pools, priced, strict=True):
         if pc.pool.role != role:
             continue
         c = pc.costs
@@ -105,19 +109,27 @@ def _ranks(priced: Sequence[PoolCosts], role: str, book: Book, start: int) -> li
                 field="plan",
                 fix="give a plan that fits (shardlab evaluate shows its memory)",
             )
-        for _ in range(pc.pool.ranks):
-            ranks.append(
-                Rank(
-                    start + len(ranks),
-                    rules,
-                    pricer,
-                    book,
-                    budget=c.max_tokens,
-                    max_running=c.max_running,
-                    kv_tokens=c.kv_tokens,
-                    handoff=role == "prefill",
-                )
+        # the attention-DP ranks of one replica are consecutive and share a group
+        dp = pc.pool.plan.degrees.dp_attn
+        group: list[Rank] | None = None
+        for i in range(pc.pool.ranks):
+            if dp > 1 and i % dp == 0:
+                group = []
+            rank = Rank(
+                start + len(ranks),
+                rules,
+                pricer,
+                book,
+                budget=c.max_tokens,
+                max_running=c.max_running,
+                kv_tokens=c.kv_tokens,
+                handoff=role == "prefill",
+                holding=pool.holding,
+                group=group,
             )
+            if group is not None:
+                group.append(rank)
+            ranks.append(rank)
     return ranks
 
 
@@ -157,8 +169,8 @@ def simulate_priced(
     n = traffic.requests
     book = Book(traffic.input_len.tolist(), traffic.output_len.tolist())
     entry_role = deployment.entry
-    front = _ranks(priced, entry_role, book, 0)
-    back = _ranks(priced, "decode", book, len(front)) if entry_role == "prefill" else []
+    front = _ranks(deployment, priced, entry_role, book, 0)
+    back = _ranks(deployment, priced, "decode", book, len(front)) if entry_role == "prefill" else []
     if entry_role == "decode":  # prompts come cached
         book.done = list(book.need)
     for ranks, role in ((front, entry_role), (back, "decode")):
@@ -191,6 +203,15 @@ def simulate_priced(
                 heapq.heappush(events, (rank.end, rank.version, rank.index))
         elif rank.cut(t, gone) and rank.busy:
             heapq.heappush(events, (rank.end, rank.version, rank.index))
+        if rank.group is not None and all(q.prefilling or q.waiting for q in rank.group):
+            wake(rank, t, gone)  # every rank has a prompt: the held ones go
+
+    def wake(rank: Rank, t: float, gone: list[int]) -> None:
+        """The ranks of ``rank``'s group holding prompts back look again at ``t``."""
+        assert rank.group is not None
+        for q in rank.group:
+            if q.held and q is not rank and q.cut(t, gone) and q.busy:
+                heapq.heappush(events, (q.end, q.version, q.index))
 
     closed = traffic.arrival == "closed"
     if closed:
@@ -220,6 +241,8 @@ def simulate_priced(
             if version != rank.version or not rank.busy:
                 continue
             rank.complete(gone, handed)
+            if rank.group is not None and not rank.decoding:
+                wake(rank, t, gone)  # a rank with nothing to decode: the held ones go
             for r in handed:
                 book.done[r] = book.need[r]
                 heapq.heappush(pending, (t + fixed_s + token_s * book.input[r], r))

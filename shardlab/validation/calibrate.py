@@ -77,13 +77,8 @@ REQUEST_MS_MAX = 2000.0
 ITERATION_MS_MAX = 50.0
 LOSS_SCALE = 0.2  # soft L1 on log errors: linear beyond about 1.2x
 CLASSES = (*KERNEL_CLASSES, "other")
-NO_COSTS = ServingCosts(
-    request_ns=0,
-    iteration_ns=0,
-    simulated_request_ns=0,
-    simulated_iteration_ns=0,
-    prefill_first=False,
-)
+NO_COSTS = ServingCosts(request_ns=0, iteration_ns=0, simulated_request_ns=0,
+                        simulated_iteration_ns=0, prefill_first=False)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,13 +159,10 @@ def _linearized(m: Measurement, problem: Problem, plan: Plan, metrics: Metrics) 
     prefill_first = serving_costs(problem).prefill_first
 
     def regime(request_s: float, iteration_s: float) -> Forms:
-        costs = ServingCosts(
-            request_ns=round(request_s * 1e9),
-            iteration_ns=round(iteration_s * 1e9),
-            simulated_request_ns=round(request_s * 1e9),
-            simulated_iteration_ns=round(iteration_s * 1e9),
+        costs = dataclasses.replace(  # the forms read only the forms' costs
+            NO_COSTS, request_ns=round(request_s * 1e9), iteration_ns=round(iteration_s * 1e9),
             prefill_first=prefill_first,
-        )
+        )  # fmt: skip
         clients = clients_per_rank(problem, d, requests_per_rank)
         budget = np.array([t.engine.max_tokens])
         return forms(

@@ -25,6 +25,10 @@ Columns of a measurements CSV (all optional; a file without them reads as before
   ``2P(tp=1 dp_attn=8 ep=8) + 1D(tp=1 dp_attn=16 ep=16)``. The degree columns are then
   not read; the cluster holds both pools.
 
+A benchmark may also launch its engine other than by the engine's defaults: what
+InferenceX's TensorRT-LLM scripts launch is :func:`inferencex_trtllm_launch`, which the
+replay applies to those rows (:func:`shardlab.validation.replay.launch_of`).
+
 Each refusal names the row (``where``) and the column, in one line.
 """
 
@@ -41,6 +45,7 @@ from shardlab.errors import ShardlabError
 from shardlab.problems.disagg import DisaggPlan, decode_problem, on_one_node, prefill_problem
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
+from shardlab.simulate.schedulers import Holding
 
 POOL_KEYS = ("pp", "tp", "dp_attn", "ep", "etp")
 _PERCENTILE = re.compile(r"p(\d+(?:\.\d+)?)")
@@ -273,4 +278,61 @@ def disagg_plan(
             decode.space.megatron_plan(pools.decode), requests_per_rank=decode_requests
         ),
         decode_instances=pools.decode_instances,
+    )
+
+
+# InferenceX's runs: each row's ``source`` names its run (tests/data/percentiles/SOURCES.md)
+INFERENCEX_RUN = "InferenceX run "
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """How a benchmark launched its engine where that differs from the engine's
+    defaults in what the simulator models: the options that hold prompts back, and
+    the tokens per iteration (``max_num_tokens``; None: the engine's)."""
+
+    holding: Holding
+    max_num_tokens: int | None = None
+    source: str = ""  # the scripts it was read from
+
+
+def inferencex_trtllm_launch(
+    *, gpu: str, weights: str, dp_attn: int, input_len: int, output_len: int, clients: int
+) -> Launch | None:
+    """What InferenceX's single-node DeepSeek-R1 TensorRT-LLM scripts launch
+    (SemiAnalysisAI/InferenceX ``benchmarks/dsr1_fp8_b200_trt.sh``,
+    ``dsr1_fp4_b200_trt.sh`` and ``dsr1_fp8_h200_trt.sh``, as stored at 0a919c5,
+    111f031 and 1fc5d73), for a run of ``clients`` at nominal lengths; None for a
+    GPU and precision none of them runs. All three write ``attention_dp_config:
+    {batching_wait_iters: 0, enable_balance: true, timeout_iters: 60}`` when
+    ``DP_ATTENTION`` is true and pass ``--max_num_tokens`` = the clients, the input and
+    64 rounded up to 64, at least 8192; the B200 FP8 one also sets
+    ``batch_wait_timeout_iters: 40, batch_wait_max_tokens_ratio: 0.8`` at 1024/1024
+    with 64 to 255 clients (the engine ignores it with attention DP). Their
+    ``stream_interval: 10`` groups the tokens a client receives after the first one,
+    which goes out at once (``PyExecutor._handle_responses``): it moves neither TTFT
+    nor the end of a request, and is not modelled."""
+    scripts = {
+        ("b200", "fp8"): "dsr1_fp8_b200_trt.sh",
+        ("b200", "fp4"): "dsr1_fp4_b200_trt.sh",
+        ("h200", "fp8"): "dsr1_fp8_h200_trt.sh",
+    }
+    script = scripts.get((gpu, weights))
+    if script is None:
+        return None
+    balance = dp_attn > 1
+    delay = script == "dsr1_fp8_b200_trt.sh" and (input_len, output_len) == (1024, 1024)
+    delay = delay and 64 <= clients < 256
+    holding = Holding(
+        adp_balance=balance,
+        adp_timeout_iters=60 if balance else Holding().adp_timeout_iters,
+        adp_batching_wait_iters=0 if balance else Holding().adp_batching_wait_iters,
+        batch_wait_timeout_iters=40 if delay else 0,
+        batch_wait_max_tokens_ratio=0.8 if delay else 0.0,
+    )
+    tokens = max(8192, math.ceil((clients + input_len + 64) / 64) * 64)
+    return Launch(
+        holding=holding,
+        max_num_tokens=tokens,
+        source=f"SemiAnalysisAI/InferenceX benchmarks/{script}",
     )

@@ -13,9 +13,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
 
 from shardlab.costmodel import serving_costs
 from shardlab.errors import ShardlabError
@@ -24,7 +21,7 @@ from shardlab.problems.problem import Problem
 from shardlab.simulate import Deployment, PoolCosts, Simulation, price, simulate_priced
 from shardlab.validation.measurements import Measurement
 from shardlab.validation.predictions import measured_disagg, predict, problem_of
-from shardlab.validation.simulated_costs import Replayed0
+from shardlab.validation.protocol import INFERENCEX_RUN, Launch, inferencex_trtllm_launch
 
 # The metrics the simulator measures a distribution of.
 REPLAYED = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
@@ -49,6 +46,30 @@ class Replayed:
 def replayable(rows: Sequence[Measurement]) -> list[Measurement]:
     """The rows the simulator can replay: a latency, of a model, under a stated load."""
     return [m for m in rows if m.problem is not None and m.has_load and m.metric in REPLAYED]
+
+
+def launch_of(m: Measurement) -> Launch | None:
+    """How the row's benchmark launched its engine, where the simulator models it:
+    InferenceX's aggregated DeepSeek-R1 TensorRT-LLM runs (its own rows, and the
+    measured serving sample's InferenceX-protocol rows) as its scripts launch them
+    (:func:`shardlab.validation.protocol.inferencex_trtllm_launch`); None for any
+    other row (the engine's defaults). Its disaggregated runs go through srt-slurm's
+    recipes, not read here."""
+    inferencex = m.source.startswith(INFERENCEX_RUN) or m.protocol == "inferencex"
+    model = m.problem.model.name if m.problem is not None else ""
+    if not inferencex or m.engine != "trtllm" or (m.family or model) != "deepseek-v3":
+        return None  # the scripts read are DeepSeek-R1's (family deepseek-v3)
+    if m.disagg is not None or m.degrees is None or m.clients is None or m.problem is None:
+        return None
+    w = m.problem.workload
+    return inferencex_trtllm_launch(
+        gpu=m.gpu,
+        weights=w.weight_dtype,
+        dp_attn=m.degrees.dp_attn,
+        input_len=w.input_len,
+        output_len=w.output_len,
+        clients=m.clients,
+    )
 
 
 def _deployment(problem: Problem, m: Measurement) -> Deployment:
@@ -136,6 +157,9 @@ def _run(
     """The row's load through its deployment, or why it cannot run."""
     try:
         deployment = _deployment(problem, m)
+        launch = launch_of(m)
+        if launch is not None:
+            deployment = deployment.with_holding(launch.holding)
         traffic = m.traffic(seed)
         w = problem.workload
         # the shortest request any draw of the row's lengths can make: one set of
@@ -160,6 +184,13 @@ def _run(
                 c.simulated_iteration_ns * 1e-9))
             for pc, pool in zip(tables[key][1], deployment.pools, strict=True)
         )  # fmt: skip
+        if launch is not None and launch.max_num_tokens is not None:
+            # the tables do not depend on the token budget: the launch's replaces it
+            tokens = launch.max_num_tokens
+            priced = tuple(
+                dataclasses.replace(pc, costs=dataclasses.replace(pc.costs, max_tokens=tokens))
+                for pc in priced
+            )
         return simulate_priced(deployment, priced, traffic, seed=seed)
     except ShardlabError as exc:
         return f"not simulated: {exc}"
@@ -172,66 +203,3 @@ def _analytic_mean(
         return predict(dataclasses.replace(m, statistic="mean"), timing, engine, cal).predicted
     except ShardlabError:
         return None
-
-
-def held_out_costs(
-    grouping: str,
-    timing: str = "silicon",
-    progress: Callable[[int, int], None] | None = None,
-    sample: Sequence[Measurement] | None = None,
-    replayed: Sequence[Replayed0] | None = None,
-) -> Callable[[Measurement], Calibration]:
-    """Each row's engine costs (per request, per iteration) fitted on measured serving
-    (aiconfigurator-core's sample: aggregated InferenceX-protocol runs, the rows the
-    shipped costs were fitted on) without the row's group (``family`` or ``gpu``):
-    a replay under them saw nothing of the row's group. ``sample``: other measured
-    serving rows to fit on instead. The simulator's own costs are fitted through the
-    simulator (:mod:`shardlab.validation.simulated_costs`) on ``replayed``, the
-    sample's TTFT and TPOT rows replayed without engine costs (default: replayed
-    here)."""
-    from shardlab.validation.calibrate import GROUPINGS, Rows, fit, linearize
-    from shardlab.validation.predictions import fittable
-    from shardlab.validation.serving_sample import read_sample
-    from shardlab.validation.simulated_costs import fit_costs, replay_without_costs
-
-    if grouping not in ("family", "gpu"):
-        raise ShardlabError(
-            f"hold-out grouping {grouping!r}: a replay holds out a family or a gpu",
-            field="hold_out",
-        )
-    label = GROUPINGS[grouping]
-    if sample is None:
-        sample = read_sample(mode=["agg"], protocol=["inferencex"]).rows
-    sample = fittable(list(sample))
-    linear = []
-    for m in sample:
-        linear.append(linearize(m, timing, m.engine or "trtllm"))
-        if progress is not None:
-            progress(len(linear), len(sample))
-    priced = Rows(linear)
-    labels = [label(m) for m in sample]
-    if replayed is None:
-        replayed = replay_without_costs(sample, timing)
-    fits: dict[str, Any] = {}
-
-    def costs(m: Measurement) -> Calibration:
-        group = label(m)
-        if group not in fits:
-            keep = np.array([i for i, g in enumerate(labels) if g != group], dtype=np.int64)
-            others = [r for r in replayed if label(r.measurement) != group]
-            fits[group] = (
-                fit(priced.take(keep), factors=False, per_engine=True),
-                fit_costs(others),
-            )
-        f, (simulated, simulated_it) = fits[group]
-        engine = m.engine or "trtllm"
-        return Calibration(
-            timing=timing,
-            request_ms=f.request_ms.get(engine),
-            iteration_ms=f.iteration_ms.get(engine),
-            simulated_request_ms=simulated.get(engine, f.request_ms.get(engine)),
-            simulated_iteration_ms=simulated_it.get(engine, f.iteration_ms.get(engine)),
-            fitted_on=f"measured serving without {grouping} {group}",
-        )
-
-    return costs

@@ -14,7 +14,8 @@ import pytest
 from shardlab.problems.calibration import Calibration
 from shardlab.simulate import Deployment, simulate
 from shardlab.validation import load_measurements, predict
-from shardlab.validation.replay import held_out_costs, replay, replayable
+from shardlab.validation.held_out import held_out_costs
+from shardlab.validation.replay import replay, replayable
 from shardlab.validation.replay_report import by_statistic, goals
 from tests.cli.conftest import run
 from tests.validation.test_protocol import GOOD, _file
