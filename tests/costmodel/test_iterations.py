@@ -53,11 +53,14 @@ def priced(name: str, engine: str, timing: str = "silicon") -> tuple[Problem, Pl
     model, cluster, degrees = PLANS[name]
     problem = Problem.build(model, cluster, "chat", engine=engine, timing=timing)
     plan = problem.space.megatron_plan(degrees)
-    # under the forms' engine costs, to compare with the evaluator (the simulator's
-    # own are apart: test_the_tables_carry_the_simulators_engine_costs)
+    return problem, plan, forms_costs(problem, IterationCosts.of(problem, plan, max_requests=16))
+
+
+def forms_costs(problem: Problem, ic: IterationCosts) -> IterationCosts:
+    """The tables under the forms' engine costs, to compare with the evaluator (the
+    simulator's own are apart: test_the_tables_carry_the_simulators_engine_costs)."""
     c = serving_costs(problem)
-    ic = IterationCosts.of(problem, plan, max_requests=16)
-    return problem, plan, ic.with_engine_costs(c.request_ns * 1e-9, c.iteration_ns * 1e-9)
+    return ic.with_engine_costs(c.request_ns * 1e-9, c.iteration_ns * 1e-9)
 
 
 def at(plan: Plan, c: int) -> Plan:
@@ -148,9 +151,9 @@ def test_off_node_iterations_are_near_their_exact_price(name: str) -> None:
     problem, plan, ic = priced(name, "vllm")
     contexts = [96, 384, 1500, 6000, 20_000]
     prompts, outputs = [24, 100, 700, 3000, 20_000], [3, 48, 700]
-    exact = IterationCosts.of(
+    exact = forms_costs(problem, IterationCosts.of(
         problem, plan, max_requests=16, contexts=contexts, prompts=prompts, outputs=outputs
-    )
+    ))  # fmt: skip
     c = np.arange(1, 17)[:, None]
     ctx = np.array(contexts, dtype=float)[None, :]
     np.testing.assert_allclose(ic.decode(c, ctx), exact.decode(c, ctx), rtol=0.005)
