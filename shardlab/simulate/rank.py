@@ -245,12 +245,13 @@ class Rank:
             self._admit()
         price = self.price
         n = len(self.decoding)
+        prefills = bool(self.prefilling) and (not self.rules.mixed or n == 0 or self.budget > n)
         hold = 0
         if self.bwait >= 0:  # the engine may hold the prompts back
             self.held = 0
-            if self.prefilling and (not self.rules.mixed or n == 0 or self.budget > n):
+            if prefills:
                 hold = self._hold(n)
-        if self.prefilling and not hold and (not self.rules.mixed or n == 0 or self.budget > n):
+        if prefills and not hold:
             b = self.book
             room = self.budget - n if self.rules.mixed else self.budget
             chunks: list[tuple[int, int]] = []

@@ -54,8 +54,9 @@ class PoolCosts:
         d = pool.plan.degrees
         running = engine_limits(p, d.tp, d.pp, d.dp_attn).max_batch
         held = IterationCosts.kv_capacity(p, pool.plan) // max(shortest, 1) + 1
-        top = min(running, held, most if most is not None else running)
-        costs = IterationCosts.of(p, pool.plan, max_requests=max(1, top))
+        limit = min(running, held)
+        bound = most if most is not None and most < limit else None  # the traffic's
+        costs = IterationCosts.of(p, pool.plan, max_requests=max(1, bound or limit))
         fixed = per_token = 0.0
         if pool.role == "prefill" and p.handoff is not None:
             whole = float(handoff_seconds(p, d.pp, d.tp))
@@ -67,7 +68,7 @@ class PoolCosts:
             costs=costs,
             handoff_fixed_s=fixed,
             handoff_token_s=per_token,
-            most=most if most is not None and most < min(running, held) else None,
+            most=bound,
         )
 
 
@@ -98,10 +99,10 @@ def _ranks(
     # the deployment's pools hold how each is launched; their prices may have been
     # read for the same pools launched otherwise
     for pool, pc in zip(deployment.pools, priced, strict=True):
-        if pc.pool.role != role:
+        if pool.role != role:
             continue
         c = pc.costs
-        rules = RULES[pc.pool.problem.engine]
+        rules = RULES[pool.problem.engine]
         pricer = Pricer(c)
         if c.kv_tokens <= 0:
             raise ShardlabError(
@@ -110,9 +111,9 @@ def _ranks(
                 fix="give a plan that fits (shardlab evaluate shows its memory)",
             )
         # the attention-DP ranks of one replica are consecutive and share a group
-        dp = pc.pool.plan.degrees.dp_attn
+        dp = pool.plan.degrees.dp_attn
         group: list[Rank] | None = None
-        for i in range(pc.pool.ranks):
+        for i in range(pool.ranks):
             if dp > 1 and i % dp == 0:
                 group = []
             rank = Rank(

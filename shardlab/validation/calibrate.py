@@ -383,7 +383,7 @@ def held_out(rows: Rows, groups: Sequence[str], fitter: Callable[[Rows], Fitted]
 
 GROUPINGS: dict[str, Callable[[Measurement], str]] = {
     "row": lambda m: f"{m.id}/{m.metric}",
-    "family": lambda m: m.family or (m.problem.model.name if m.problem is not None else m.id),
+    "family": lambda m: m.model_family or m.id,
     "gpu": lambda m: m.gpu,
     "engine": lambda m: m.engine or "",
 }

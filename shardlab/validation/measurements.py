@@ -142,6 +142,11 @@ class Measurement:
         return percentile_of(self.statistic)
 
     @property
+    def model_family(self) -> str:
+        """The row's model family (the catalog name where the row names none)."""
+        return self.family or (self.problem.model.name if self.problem is not None else "")
+
+    @property
     def has_load(self) -> bool:
         """Whether the row states the load it was measured under."""
         return self.clients is not None or self.rate is not None

@@ -14,11 +14,11 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from shardlab.costmodel import serving_costs
+from shardlab.costmodel import engine_limits, serving_costs
 from shardlab.errors import ShardlabError
 from shardlab.problems.calibration import KERNEL_CLASSES, Calibration
 from shardlab.problems.problem import Problem
-from shardlab.simulate import Deployment, PoolCosts, Simulation, price, simulate_priced
+from shardlab.simulate import Deployment, Pool, PoolCosts, Simulation, price, simulate_priced
 from shardlab.validation.measurements import Measurement
 from shardlab.validation.predictions import measured_disagg, predict, problem_of
 from shardlab.validation.protocol import INFERENCEX_RUN, Launch, inferencex_trtllm_launch
@@ -56,8 +56,7 @@ def launch_of(m: Measurement) -> Launch | None:
     other row (the engine's defaults). Its disaggregated runs go through srt-slurm's
     recipes, not read here."""
     inferencex = m.source.startswith(INFERENCEX_RUN) or m.protocol == "inferencex"
-    model = m.problem.model.name if m.problem is not None else ""
-    if not inferencex or m.engine != "trtllm" or (m.family or model) != "deepseek-v3":
+    if not inferencex or m.engine != "trtllm" or m.model_family != "deepseek-v3":
         return None  # the scripts read are DeepSeek-R1's (family deepseek-v3)
     if m.disagg is not None or m.degrees is None or m.clients is None or m.problem is None:
         return None
@@ -81,7 +80,8 @@ def _deployment(problem: Problem, m: Measurement) -> Deployment:
 
 def _plain(problem: Problem) -> Problem:
     """What a plan's iteration tables depend on: not the load's batch or clients, nor
-    the engine's fixed costs (:meth:`IterationCosts.with_engine_costs` moves them)."""
+    the engine's fixed costs (:meth:`IterationCosts.with_engine_costs` moves them) or
+    token budget (:func:`_for_pool` reads it again)."""
     w = dataclasses.replace(
         problem.workload, name="", batch=1, clients=None, ttft_ms=None, tpot_ms=None
     )
@@ -97,7 +97,19 @@ def _plain(problem: Problem) -> Problem:
         )
         if all(cal.factor(k) == 1.0 for k in KERNEL_CLASSES):
             cal = None  # factors of 1 price exactly as none: the shipped costs' tables
-    return dataclasses.replace(problem, workload=w, calibration=cal)
+    return dataclasses.replace(problem, workload=w, calibration=cal, max_tokens=None)
+
+
+def _for_pool(pc: PoolCosts, pool: Pool) -> PoolCosts:
+    """Tables priced for ``pool``'s plain problem (:func:`_plain`), under its own engine
+    costs and token budget."""
+    c = serving_costs(pool.problem)
+    d = pool.plan.degrees
+    costs = pc.costs.with_engine_costs(
+        c.simulated_request_ns * 1e-9, c.simulated_iteration_ns * 1e-9
+    )
+    tokens = engine_limits(pool.problem, d.tp, d.pp, d.dp_attn).max_tokens
+    return dataclasses.replace(pc, pool=pool, costs=dataclasses.replace(costs, max_tokens=tokens))
 
 
 def replay(
@@ -156,8 +168,10 @@ def _run(
 ) -> Simulation | str:
     """The row's load through its deployment, or why it cannot run."""
     try:
-        deployment = _deployment(problem, m)
         launch = launch_of(m)
+        if launch is not None and launch.max_num_tokens is not None:
+            problem = dataclasses.replace(problem, max_tokens=launch.max_num_tokens)
+        deployment = _deployment(problem, m)
         if launch is not None:
             deployment = deployment.with_holding(launch.holding)
         traffic = m.traffic(seed)
@@ -179,18 +193,8 @@ def _run(
             )  # fmt: skip
             tables[key] = (most, price(plain, traffic, shortest=shortest, most=most))
         priced = tuple(
-            dataclasses.replace(pc, pool=pool, costs=pc.costs.with_engine_costs(
-                (c := serving_costs(pool.problem)).simulated_request_ns * 1e-9,
-                c.simulated_iteration_ns * 1e-9))
-            for pc, pool in zip(tables[key][1], deployment.pools, strict=True)
-        )  # fmt: skip
-        if launch is not None and launch.max_num_tokens is not None:
-            # the tables do not depend on the token budget: the launch's replaces it
-            tokens = launch.max_num_tokens
-            priced = tuple(
-                dataclasses.replace(pc, costs=dataclasses.replace(pc.costs, max_tokens=tokens))
-                for pc in priced
-            )
+            _for_pool(pc, pool) for pc, pool in zip(tables[key][1], deployment.pools, strict=True)
+        )
         return simulate_priced(deployment, priced, traffic, seed=seed)
     except ShardlabError as exc:
         return f"not simulated: {exc}"

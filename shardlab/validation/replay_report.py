@@ -29,8 +29,7 @@ BIAS_GOAL = 1.15  # DeepSeek-family TPOT: median predicted/measured within this 
 
 def family(r: Replayed) -> str:
     """The row's model family (the catalog name where the row names none)."""
-    m = r.measurement
-    return m.family or (m.problem.model.name if m.problem is not None else "")
+    return r.measurement.model_family
 
 
 def _order(stat: str) -> float:
