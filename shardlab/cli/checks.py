@@ -241,8 +241,8 @@ def _replay(
             progress=lambda done, total: report(done, name),
             tables=tables,
         )
-        # the sample's closed loops without a per-request cost, for every grouping's
-        # fits of the simulator's
+        # the sample's closed loops without engine costs, for every grouping's fits of
+        # the simulator's own
         engines = sorted({m.engine or engine for m in todo})
         sample = replay_without_costs(
             read_sample(mode=["agg"], protocol=["inferencex"], backend=engines).rows,

@@ -320,16 +320,11 @@ def inferencex_trtllm_launch(
     script = scripts.get((gpu, weights))
     if script is None:
         return None
-    balance = dp_attn > 1
     delay = script == "dsr1_fp8_b200_trt.sh" and (input_len, output_len) == (1024, 1024)
     delay = delay and 64 <= clients < 256
-    holding = Holding(
-        adp_balance=balance,
-        adp_timeout_iters=60 if balance else Holding().adp_timeout_iters,
-        adp_batching_wait_iters=0 if balance else Holding().adp_batching_wait_iters,
-        batch_wait_timeout_iters=40 if delay else 0,
-        batch_wait_max_tokens_ratio=0.8 if delay else 0.0,
-    )
+    balance = {"adp_balance": True, "adp_timeout_iters": 60, "adp_batching_wait_iters": 0}
+    waiting = {"batch_wait_timeout_iters": 40, "batch_wait_max_tokens_ratio": 0.8}
+    holding = Holding(**(balance if dp_attn > 1 else {}), **(waiting if delay else {}))
     tokens = max(8192, math.ceil((clients + input_len + 64) / 64) * 64)
     return Launch(
         holding=holding,
