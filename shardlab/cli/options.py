@@ -34,6 +34,10 @@ from shardlab.problems.problem import (
     DEFAULT_WORKLOAD,
     Problem,
 )
+from shardlab.problems.traces import TRACE_FORMATS
+from shardlab.problems.traffic import Traffic
+from shardlab.problems.workload import get_workload
+from shardlab.solvers.certify import CERTIFY_REQUESTS, TRIES
 from shardlab.solvers.choices import choices, field_docs, hints, listed, text_type
 
 PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
@@ -150,13 +154,82 @@ PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ),
 )
 
+# SLOs at a percentile and the traffic that checks them: the options of the commands
+# that take a traffic (problem_command(traffic=True)).
+TRAFFIC_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    (
+        "slo_percentile",
+        float | None,
+        typer.Option(
+            None,
+            "--slo-percentile",
+            help="Hold every SLO at this percentile of the requests (e.g. 90, 99), checked "
+            "by simulating the traffic; default: on the mean.",
+        ),
+    ),
+    (
+        "ttft_percentile",
+        float | None,
+        typer.Option(None, "--ttft-percentile", help="The TTFT SLO's own percentile."),
+    ),
+    (
+        "tpot_percentile",
+        float | None,
+        typer.Option(None, "--tpot-percentile", help="The TPOT SLO's own percentile."),
+    ),
+    (
+        "traffic_file",
+        str | None,
+        typer.Option(
+            None,
+            "--traffic",
+            help=f"A trace file ({listed(TRACE_FORMATS)}): its mean lengths and rate are "
+            "the workload's, and percentile SLOs are simulated under it.",
+        ),
+    ),
+    (
+        "trace_format",
+        str | None,
+        typer.Option(None, "--trace-format", help=f"The trace's format, {listed(TRACE_FORMATS)}."),
+    ),
+    (
+        "arrival",
+        str | None,
+        typer.Option(
+            None, help="poisson or gamma arrivals at --rate (default: a trace's own, or poisson)."
+        ),
+    ),
+    ("cv", float, typer.Option(1.0, help="Gamma arrivals: the CV of the gaps (1: Poisson).")),
+    (
+        "range_ratio",
+        float,
+        typer.Option(
+            1.0,
+            "--range-ratio",
+            help="Synthetic lengths uniform in [r x nominal, nominal] (e.g. 0.8; 1: fixed).",
+        ),
+    ),
+    (
+        "requests",
+        int | None,
+        typer.Option(None, help=f"Synthetic traffic: requests. [default: {CERTIFY_REQUESTS}]"),
+    ),
+    (
+        "tries",
+        int,
+        typer.Option(
+            TRIES, min=1, help="Percentile SLOs: plans the simulator may reject before giving up."
+        ),
+    ),
+)
+
 DEGREE_NAMES = ("tp", "pp", "dp_attn", "ep", "etp", "replicas")
 
 
 def _extend(
     func: Callable[..., None],
     wrapper: Callable[..., None],
-    drop: str,
+    drop: str | tuple[str, ...],
     extra: list[inspect.Parameter],
 ) -> None:
     """Give ``wrapper`` the signature of ``func`` minus ``drop`` plus ``extra``.
@@ -168,7 +241,7 @@ def _extend(
     own = [
         p.replace(annotation=hints.get(p.name, p.annotation))
         for p in inspect.signature(func).parameters.values()
-        if p.name != drop
+        if p.name not in ((drop,) if isinstance(drop, str) else drop)
     ]
     params = own + extra
     wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -180,18 +253,24 @@ def problem_command(
     *,
     without: tuple[str, ...] = (),
     cluster_from: Callable[[dict[str, Any]], Cluster] | None = None,
+    traffic: bool = False,
 ) -> Any:
     """Give a command the problem options; it receives the built ``problem``.
 
     ``without``: options the command does not take (their defaults are used);
     ``cluster_from``: builds the cluster from the command's own options instead of
-    ``--cluster`` (which it then drops).
+    ``--cluster`` (which it then drops); ``traffic``: the command also takes SLO
+    percentiles and a traffic (:data:`TRAFFIC_OPTIONS`) and receives the ``traffic``
+    they name (None: none named), the problem at its mean lengths and rate.
     """
     if func is None:
-        return functools.partial(problem_command, without=without, cluster_from=cluster_from)
+        return functools.partial(
+            problem_command, without=without, cluster_from=cluster_from, traffic=traffic
+        )
     if cluster_from is not None:
         without = (*without, "cluster")
-    taken = [opt for opt in PROBLEM_OPTIONS if opt[0] not in without]
+    own = TRAFFIC_OPTIONS if traffic else ()
+    taken = [opt for opt in PROBLEM_OPTIONS + own if opt[0] not in without]
     extra = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=typ)
         for name, typ, default in taken
@@ -205,6 +284,11 @@ def problem_command(
                 options[name] = default.default
         if cluster_from is not None:
             options["cluster"] = cluster_from(kwargs)
+        chosen = None
+        if traffic:
+            chosen = traffic_of(options, takes_rate="rate" not in without)
+            kwargs["traffic"] = chosen
+            kwargs["tries"] = options.pop("tries")
         model, cluster = options.pop("model"), options.pop("cluster")
         workload, tie = options.pop("workload"), options.pop("tie")
         timing, engine = options.pop("timing"), options.pop("engine")
@@ -225,8 +309,60 @@ def problem_command(
             err.print(f"notice: {notice}", markup=False, soft_wrap=True)
         func(problem=problem, **kwargs)
 
-    _extend(func, wrapper, "problem", extra)
+    drop = ("problem", "traffic", "tries") if traffic else ("problem",)
+    _extend(func, wrapper, drop, extra)
     return wrapper
+
+
+def traffic_of(options: dict[str, Any], *, takes_rate: bool = True) -> Traffic | None:
+    """The traffic the options name, its own options taken out of ``options`` and the
+    workload's set from it: a trace's mean lengths and (open arrivals, when the
+    command takes a rate) its rate. None when they name none (a percentile SLO is then
+    checked under the workload's own traffic)."""
+    from shardlab.cli.traffic import build_traffic
+
+    file, fmt = options.pop("traffic_file"), options.pop("trace_format")
+    arrival, cv = options.pop("arrival"), options.pop("cv")
+    range_ratio, requests = options.pop("range_ratio"), options.pop("requests")
+    synthetic = arrival is not None or cv != 1.0 or range_ratio != 1.0 or requests is not None
+    if file is None and not synthetic:
+        return None
+    if file is not None:
+        for key in ("input_len", "output_len"):
+            if options.get(key) is not None:
+                flag = "--" + key.replace("_", "-")
+                raise ShardlabError(
+                    f"{flag} {options[key]}: a trace has its own lengths",
+                    field=key,
+                    fix=f"drop {flag}, or drop --traffic for a synthetic traffic",
+                )
+    elif options.get("rate") is None and options.get("clients") is None:
+        raise ShardlabError(
+            "a synthetic traffic needs a rate (requests/s), or a closed loop's clients",
+            field="rate",
+            fix="give --rate (or --clients), or a trace with --traffic",
+        )
+    w = get_workload(options["workload"])
+    made = build_traffic(
+        traffic_file=file,
+        trace_format=fmt,
+        rate=options.get("rate"),
+        arrival=arrival,
+        cv=cv,
+        requests=requests or (None if file else CERTIFY_REQUESTS),
+        input_len=options.get("input_len") or w.input_len,
+        output_len=options.get("output_len") or w.output_len,
+        range_ratio=range_ratio,
+        clients=options.get("clients"),
+        prompts_per_client=options.get("prompts_per_client"),
+        seed=0,
+    )
+    # the analytic model prices the traffic's mean request
+    options["input_len"] = max(1, round(float(made.input_len.mean())))
+    options["output_len"] = max(2, round(float(made.output_len.mean())))
+    if file is not None and made.arrival != "closed" and takes_rate:
+        options["rate"] = made.rate
+    return made
 
 
 def plan_command(func: Callable[..., None]) -> Callable[..., None]:

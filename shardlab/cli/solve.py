@@ -24,6 +24,7 @@ from shardlab.cli.render import (
 from shardlab.errors import ShardlabError
 from shardlab.files import check_output_file, write_text
 from shardlab.problems.problem import Problem
+from shardlab.problems.traffic import Traffic
 from shardlab.solvers.registry import available_solvers
 
 if TYPE_CHECKING:
@@ -62,11 +63,13 @@ ServingOpt = Annotated[
 
 
 @app.command()
-@problem_command
+@problem_command(traffic=True)
 @solver_options_command
 def solve(
     problem: Problem,
     options: dict[str, object],
+    traffic: Traffic | None,
+    tries: int,
     method: Annotated[str, typer.Option("--method", help=f"One of: {METHODS}.")] = "cpsat",
     max_evals: MaxEvalsOpt = None,
     time_limit: TimeLimitOpt = None,
@@ -101,6 +104,8 @@ def solve(
         seed=seed,
         options=options,
         vs_free=vs_free,
+        traffic=traffic,
+        tries=tries,
     )
     with solve_progress(method, budget.max_evals, budget.seconds, budget.started) as callback:
         solution = run(request, callback)
@@ -113,7 +118,7 @@ def solve(
     if fmt is Format.json:
         emit_json({"problem": problem_json(problem), **solution.to_dict()})
     else:
-        _print(solution)
+        _print(solution, problem)
         if plot is not None and solution.front:
             out.print(f"wrote {plot}")
         if out_file is not None and solution.plan is not None:
@@ -156,9 +161,10 @@ def _plot(solution: Solution, path: str) -> None:
     )
 
 
-def _print(solution: Solution) -> None:
-    """The solution as tables, for people."""
-    out.print(problem_line(solution.problem))
+def _print(solution: Solution, problem: Problem) -> None:
+    """The solution as tables, for people (``problem``: as asked; a walk under
+    percentile SLOs solves it with the SLOs on the mean)."""
+    out.print(problem_line(problem))
     if solution.pareto is not None:
         _print_front(solution, solution.pareto)
         return
@@ -168,6 +174,33 @@ def _print(solution: Solution) -> None:
         _print_served(solution)
         _print_megatron(solution)
     _print_free(solution)
+    _print_certificate(solution)
+
+
+def _print_certificate(solution: Solution) -> None:
+    cert = solution.certificate
+    if cert is None:
+        return
+    out.print(f"[bold]certified[/]: {cert.claim}", soft_wrap=True)
+    for i, a in enumerate(cert.attempts, 1):
+        analytic = ", ".join(f"{_short(k)} {v:,.1f}" for k, v in a.analytic_ms.items())
+        if a.by_floor:
+            seen = "floor " + ", ".join(
+                f"p{cert.slos[k][1]:g} {_short(k)} >= {v:,.1f}" for k, v in a.floor_ms.items()
+            )
+        else:
+            seen = "simulated " + ", ".join(
+                f"p{cert.slos[k][1]:g} {_short(k)} {v:,.1f}" for k, v in a.simulated_ms.items()
+            )
+        verdict = "[bold]meets[/]" if a.passed else f"misses (cut: {a.cut})"
+        out.print(
+            f"  {i}. {a.label}: analytic mean {analytic} ms; {seen} ms: {verdict}",
+            soft_wrap=True,
+        )
+
+
+def _short(slo: str) -> str:
+    return slo.removesuffix("_ms").upper()
 
 
 def _status_line(label: str, r: Result, done: str) -> str:

@@ -57,6 +57,9 @@ class Problem(CachedHash):
     # tuples with these values (one pool's layout)
     handoff: Handoff | None = None
     pin: tuple[tuple[str, int], ...] = ()
+    # degree tuples left out of the space (a walk under percentile SLOs cuts the ones
+    # whose best plan failed the simulation: shardlab.solvers.certify)
+    exclude: tuple[Degrees, ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("max_batch", "max_tokens"):
@@ -161,7 +164,14 @@ class Problem(CachedHash):
     @cached_property
     def space(self) -> SearchSpace:
         engine = capability(self.engine) if self.space_kind == "engine" else None
-        return SearchSpace(self.model, self.cluster, tie=self.tie, capability=engine, pin=self.pin)
+        return SearchSpace(
+            self.model,
+            self.cluster,
+            tie=self.tie,
+            capability=engine,
+            pin=self.pin,
+            exclude=self.exclude,
+        )
 
     def with_space(self, space_kind: SpaceKind) -> Problem:
         """The same problem searched over another space (free or the engine's; an engine

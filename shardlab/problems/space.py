@@ -127,6 +127,7 @@ class SearchSpace:
         tie: Tie = "kind",
         capability: Capability | None = None,
         pin: tuple[tuple[str, int], ...] = (),
+        exclude: tuple[Degrees, ...] = (),
     ) -> None:
         if tie not in TIES:
             raise ShardlabError(f"tie {tie!r}: use 'kind' or 'layer'")
@@ -148,6 +149,13 @@ class SearchSpace:
                 pinned = ", ".join(f"{k}={v}" for k, v in pin)
                 raise ShardlabError(
                     f"cluster {cluster.name}: no degrees of {model.name} with {pinned}"
+                )
+        if exclude:
+            free = tuple(d for d in free if d not in exclude)
+            if not free:
+                raise ShardlabError(
+                    f"cluster {cluster.name}: every degree tuple of {model.name} was cut",
+                    field="exclude",
                 )
         self.configs: tuple[EngineConfig, ...] | None = None
         if capability is not None:

@@ -89,6 +89,11 @@ class Workload:
     # the offered load as a rate (requests/s) instead of requests in flight: the search
     # maximizes requests/s (objective request_rate) and the plan must cover this rate
     rate: float | None = None
+    # the SLOs at a percentile of the requests instead of the mean (None: the mean);
+    # ttft_percentile and tpot_percentile override slo_percentile for one SLO
+    slo_percentile: float | None = None
+    ttft_percentile: float | None = None
+    tpot_percentile: float | None = None
 
     def __post_init__(self) -> None:
         where = f"workload {self.preset!r}"
@@ -115,6 +120,7 @@ class Workload:
                 check_finite(value, what=f"{where}: {key}", positive=True, field=f"workload.{key}")
         self._check_speculation(where)
         self._check_rate(where)
+        self._check_percentiles(where)
         if self.weight_dtype is not None:
             check_weight_dtype(self.weight_dtype, where=where)
         if self.kv_dtype is not None:
@@ -164,6 +170,73 @@ class Workload:
                 field="workload.objective",
                 fix="drop the objective (a rate implies request_rate), or drop the rate",
             )
+
+    def _check_percentiles(self, where: str) -> None:
+        for key in ("slo_percentile", "ttft_percentile", "tpot_percentile"):
+            p = getattr(self, key)
+            if p is None:
+                continue
+            if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p < 100:
+                raise ShardlabError(
+                    f"{where}: {key} must be a percentile in (0, 100), got {p!r}",
+                    field=f"workload.{key}",
+                    fix="give e.g. 90 or 99 (50: the median)",
+                )
+            slo = "ttft_ms" if key == "ttft_percentile" else "tpot_ms"
+            if key != "slo_percentile" and getattr(self, slo) is None:
+                raise ShardlabError(
+                    f"{where}: {key} {p:g} applies to an SLO {slo} that is not given",
+                    field=f"workload.{key}",
+                    fix=f"give the SLO {slo}, or drop {key}",
+                )
+        if not self.tail:
+            if self.slo_percentile is not None:
+                raise ShardlabError(
+                    f"{where}: slo_percentile {self.slo_percentile:g} applies to SLOs, and "
+                    "none is given",
+                    field="workload.slo_percentile",
+                    fix="give ttft_ms or tpot_ms, or drop slo_percentile",
+                )
+            return
+        if self.phase != "request" or self.schedule != "inflight":
+            raise ShardlabError(
+                f"{where}: a percentile SLO is checked by simulating whole requests served "
+                f"in flight; phase {self.phase!r}, schedule {self.schedule!r} is not",
+                field="workload.slo_percentile",
+                fix="use phase 'request' and schedule 'inflight', or SLOs on the mean",
+            )
+        if self.objective in ("pareto", "latency"):
+            raise ShardlabError(
+                f"{where}: a percentile SLO is met by walking the ranking of objective "
+                f"throughput or request_rate, not {self.objective!r}",
+                field="workload.objective",
+                fix="drop the objective, or put the SLOs on the mean",
+            )
+
+    def percentile(self, slo: str) -> float | None:
+        """The percentile ``slo`` (``ttft_ms`` or ``tpot_ms``) holds at (None: the mean,
+        or no such SLO)."""
+        if getattr(self, slo) is None:
+            return None
+        own = self.ttft_percentile if slo == "ttft_ms" else self.tpot_percentile
+        return own if own is not None else self.slo_percentile
+
+    @property
+    def tail(self) -> bool:
+        """Whether any SLO holds at a percentile (checked by the simulator, not the
+        analytic model's means)."""
+        return any(self.percentile(s) is not None for s in ("ttft_ms", "tpot_ms"))
+
+    def on_the_mean(self, **limits: float | None) -> Workload:
+        """This workload with every SLO on the mean, at ``limits`` where given (the
+        problem the analytic model ranks plans of)."""
+        return replace(
+            self,
+            slo_percentile=None,
+            ttft_percentile=None,
+            tpot_percentile=None,
+            **{k: v for k, v in limits.items() if getattr(self, k) is not None},
+        )
 
     @property
     def accepted_per_step(self) -> float:
@@ -239,10 +312,11 @@ class Workload:
 
     def describe(self) -> str:
         slo = []
-        if self.ttft_ms is not None:
-            slo.append(f"TTFT <= {self.ttft_ms:g} ms")
-        if self.tpot_ms is not None:
-            slo.append(f"TPOT <= {self.tpot_ms:g} ms")
+        for key in ("ttft_ms", "tpot_ms"):
+            value, p = getattr(self, key), self.percentile(key)
+            if value is not None:
+                at = "" if p is None else f"p{p:g} "
+                slo.append(f"{at}{key.removesuffix('_ms').upper()} <= {value:g} ms")
         if self.objective == "latency":
             goal = "minimize latency"
         elif self.objective == "request_rate":

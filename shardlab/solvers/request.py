@@ -12,14 +12,18 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.disagg import Serving, check_disagg, check_serving
 from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Budget
+from shardlab.solvers.certify import TRIES
 from shardlab.solvers.options import SolverOptions
 from shardlab.solvers.registry import method_options, options_class, solver_class
+
+if TYPE_CHECKING:
+    from shardlab.problems.traffic import Traffic
 
 Mode = Literal["agg", "disagg", "best", "pareto"]
 
@@ -53,6 +57,10 @@ class SolveRequest:
     options: SolverOptions  # the method's own, built (and so checked) once: see ``of``
     baseline: bool = True  # price the Megatron rule's plan beside the result
     vs_free: bool = False  # with an engine's space: CP-SAT over the free space beside it
+    # SLOs at a percentile: the traffic the simulator certifies plans under (None: the
+    # workload's own) and the most plans the walk tries (shardlab.solvers.certify)
+    traffic: Traffic | None = None
+    tries: int = TRIES
 
     @classmethod
     def of(
@@ -67,6 +75,8 @@ class SolveRequest:
         options: dict[str, object] | None = None,
         baseline: bool = True,
         vs_free: bool = False,
+        traffic: Traffic | None = None,
+        tries: int = TRIES,
     ) -> SolveRequest:
         """The request of :func:`shardlab.solve`'s arguments: ``objective`` replaces the
         workload's, a missing budget is the method's default, and a time budget's clock
@@ -84,6 +94,8 @@ class SolveRequest:
             options=method_options(method, options),
             baseline=baseline,
             vs_free=vs_free,
+            traffic=traffic,
+            tries=tries,
         )
 
     def __post_init__(self) -> None:
@@ -122,6 +134,18 @@ class SolveRequest:
 
     def _check_mode(self) -> None:
         w, mode = self.problem.workload, self.mode
+        if self.traffic is not None and not w.tail:
+            raise ShardlabError(
+                f"traffic {self.traffic.source!r} is simulated to check SLOs at a percentile, "
+                "and the workload holds none",
+                field="traffic",
+                fix="give the SLOs a percentile (slo_percentile), or solve the workload "
+                "at the traffic's mean lengths and rate",
+            )
+        if isinstance(self.tries, bool) or not isinstance(self.tries, int) or self.tries < 1:
+            raise ShardlabError(
+                f"tries must be a positive integer, got {self.tries!r}", field="tries"
+            )
         if mode == "pareto":
             if self.serving != "agg":
                 raise ShardlabError(

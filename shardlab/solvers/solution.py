@@ -25,6 +25,7 @@ from shardlab.solvers.evaluator import HistoryPoint
 from shardlab.solvers.front import FrontPoint
 
 if TYPE_CHECKING:  # OR-Tools loads with the disaggregated search only
+    from shardlab.solvers.certify import Certificate
     from shardlab.solvers.cpsat.disagg import DisaggResult
     from shardlab.solvers.pareto import FrontResult
     from shardlab.solvers.request import Mode
@@ -110,6 +111,9 @@ class Solution:
     megatron: Baseline | None = None
     free: Baseline | None = None
     rate: RateFit | None = None  # with a rate: the plan at the load it implies
+    # with SLOs at a percentile: the walk that certified the plan in the simulator
+    # (its ``problem`` is then the ranking's: the SLOs on the mean at the limits found)
+    certificate: Certificate | None = None
 
     @property
     def mode(self) -> Mode:
@@ -191,6 +195,13 @@ class Solution:
     def unmet_error(self) -> ShardlabError | None:
         """The error of a solve that found no plan to serve (None when it found one),
         naming the input to change: the time limit when time ran out first."""
+        cert = self.certificate
+        if cert is not None and cert.certified is None:
+            return ShardlabError(
+                cert.claim,
+                field="workload.slo_percentile",
+                fix="relax the SLOs or their percentile, give more GPUs, or walk further (tries)",
+            )
         why = self.unmet()
         if why is None:
             return None
@@ -247,6 +258,8 @@ class Solution:
                     self.problem.model, cluster=self.problem.cluster.name
                 ),
             }
+        if self.certificate is not None:
+            data["certificate"] = self.certificate.to_dict()
         return data
 
 

@@ -19,9 +19,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from shardlab.costmodel import DisaggMetrics, Metrics, fit_rate
+from shardlab.errors import ShardlabError
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Budget, SolveResult, quality
+from shardlab.solvers.certify import TRIES, certify
 from shardlab.solvers.evaluator import Progress
 from shardlab.solvers.megatron import megatron_baseline
 from shardlab.solvers.options import CpSatOptions
@@ -30,6 +32,7 @@ from shardlab.solvers.request import SolveRequest
 from shardlab.solvers.solution import COMPLETE, Baseline, Result, Solution
 
 if TYPE_CHECKING:  # OR-Tools loads with the disaggregated search only
+    from shardlab.problems.traffic import Traffic
     from shardlab.solvers.cpsat.disagg import DisaggResult
 
 Callback = Callable[[Progress], None]
@@ -47,6 +50,8 @@ def solve(
     callback: Callback | None = None,
     baseline: bool = True,
     vs_free: bool = False,
+    traffic: Traffic | None = None,
+    tries: int = TRIES,
 ) -> Solution:
     """Search ``problem`` with ``method`` (see :func:`available_solvers`).
 
@@ -61,6 +66,12 @@ def solve(
     ``budget.started``): loading the method (PyTorch, for ``rl``) is part of its
     start-up. An argument the mode cannot honour is refused before any search
     (:class:`~shardlab.solvers.request.SolveRequest`).
+
+    With SLOs at a percentile (:meth:`Workload.percentile`), the method ranks plans
+    under the SLOs on the analytic mean and the simulator certifies the best one under
+    ``traffic`` (None: the workload's own), walking down the ranking for at most
+    ``tries`` plans (:mod:`shardlab.solvers.certify`), all on ``budget``; the
+    solution's ``certificate`` says what was found.
     """
     request = SolveRequest.of(
         problem,
@@ -72,12 +83,54 @@ def solve(
         options=options,
         baseline=baseline,
         vs_free=vs_free,
+        traffic=traffic,
+        tries=tries,
     )
     return run(request, callback)
 
 
+def _certified(request: SolveRequest, callback: Callback | None) -> Solution:
+    """The walk of :func:`~shardlab.solvers.certify.certify` over ``request``'s method
+    (every solve of it on the request's one clock: a time limit is the walk's), its
+    baselines priced once, on the certified plan's ranking problem."""
+    request = request.clocked()
+
+    def search(ranking: Problem) -> Solution:
+        return run(
+            dataclasses.replace(
+                request,
+                problem=ranking,
+                baseline=False,
+                vs_free=False,
+                traffic=None,
+            ),
+            callback,
+        )
+
+    found, certificate = certify(
+        request.problem, search, traffic=request.traffic, tries=request.tries, seed=request.seed
+    )
+    if found is None:  # the first ranking already served no plan (or not the rate)
+        raise ShardlabError(
+            certificate.claim,
+            field="workload.slo_percentile",
+            fix="relax the SLOs or their percentile, lower the rate, or give more GPUs",
+        )
+    if certificate.certified is not None and (request.baseline or request.vs_free):
+        last = dataclasses.replace(request, problem=found.problem, traffic=None)
+        found = dataclasses.replace(
+            found,
+            megatron=_megatron(last.problem, found.result) if request.baseline else None,
+            free=_free(last, found.result, found.chosen) if request.vs_free else None,
+        )
+    return dataclasses.replace(found, certificate=certificate)
+
+
 def run(request: SolveRequest, callback: Callback | None = None) -> Solution:
-    """Solve ``request``: its mode's searches, the better chosen, its baselines."""
+    """Solve ``request``: its mode's searches, the better chosen, its baselines (under
+    SLOs at a percentile: the walk that certifies a plan in the simulator)."""
+    if request.problem.workload.tail:
+        return _certified(request, callback)
     request = request.clocked()
     if request.mode == "pareto":
         return _front(request, callback)
