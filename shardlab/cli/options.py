@@ -279,7 +279,7 @@ def problem_command(
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> None:
         options = {name: kwargs.pop(name) for name, _, _ in taken}
-        for name, _, default in PROBLEM_OPTIONS:
+        for name, _, default in PROBLEM_OPTIONS + own:
             if name in without:
                 options[name] = default.default
         if cluster_from is not None:
@@ -336,17 +336,20 @@ def traffic_of(options: dict[str, Any], *, takes_rate: bool = True) -> Traffic |
                     field=key,
                     fix=f"drop {flag}, or drop --traffic for a synthetic traffic",
                 )
-    elif options.get("rate") is None and options.get("clients") is None:
+    elif takes_rate and options.get("rate") is None and options.get("clients") is None:
         raise ShardlabError(
             "a synthetic traffic needs a rate (requests/s), or a closed loop's clients",
             field="rate",
             fix="give --rate (or --clients), or a trace with --traffic",
         )
     w = get_workload(options["workload"])
+    # a command sizing for rates of its own takes the traffic's shape (arrivals at 1/s,
+    # rescaled to each rate) when it has no trace
+    shape_rate = None if file is not None or takes_rate else 1.0
     made = build_traffic(
         traffic_file=file,
         trace_format=fmt,
-        rate=options.get("rate"),
+        rate=options.get("rate") or shape_rate,
         arrival=arrival,
         cv=cv,
         requests=requests or (None if file else CERTIFY_REQUESTS),

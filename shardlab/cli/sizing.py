@@ -15,6 +15,7 @@ from shardlab.files import check_output_file, write_text
 from shardlab.problems.cluster import Cluster, parse_accelerators
 from shardlab.problems.limits import MAX_GPUS
 from shardlab.problems.problem import Problem
+from shardlab.problems.traffic import Traffic
 
 if TYPE_CHECKING:
     from shardlab.sizing.size import Sizer, Sizing, SizingProgress
@@ -29,13 +30,17 @@ def _cluster(options: dict[str, Any]) -> Cluster:
 
 
 # Options that describe one plan's load or cluster: a sizing sets them itself.
-_NOT_TAKEN = ("batch", "rate", "objective", "phase", "schedule", "clients", "prompts_per_client")
+_NOT_TAKEN = (
+    "batch", "rate", "objective", "phase", "schedule", "clients", "prompts_per_client", "tries",
+)  # fmt: skip
 
 
 @app.command()
-@problem_command(without=_NOT_TAKEN, cluster_from=_cluster)
+@problem_command(without=_NOT_TAKEN, cluster_from=_cluster, traffic=True)
 def size(
     problem: Problem,
+    traffic: Traffic | None,
+    tries: int,
     rate: Annotated[
         float | None, typer.Option(help="Requests/s to serve (or --rates for a curve).")
     ] = None,
@@ -98,6 +103,8 @@ def size(
     from shardlab.sizing.inputs import parse_prices, parse_rates
     from shardlab.sizing.size import Sizer
 
+    if rate is None and rates is None and traffic is not None and traffic.rate is not None:
+        rate = traffic.rate  # a trace replayed at its own rate
     if (rate is None) == (rates is None):
         raise ShardlabError("give --rate R (requests/s) or --rates for a curve", field="rate")
     values = parse_rates(rates) if rates is not None else parse_rates(str(rate), name="rate")
@@ -129,6 +136,7 @@ def size(
             time_limit=time_limit,
             started=STARTED,
             progress=progress,
+            traffic=traffic,
         )
         results = sizer.curve(values)
     if all(s.best is None for s in results):
@@ -175,8 +183,8 @@ def _print(sizer: Sizer, results: list[Sizing]) -> None:
     out.print(
         f"[bold]{problem.model.name}[/]: {w.input_len} in / {w.output_len} out"
         + "".join(
-            f", {name} <= {value:g} ms"
-            for name, value in (("TTFT", w.ttft_ms), ("TPOT", w.tpot_ms))
+            f", {'' if (p := w.percentile(key)) is None else f'p{p:g} '}{name} <= {value:g} ms"
+            for key, name, value in (("ttft_ms", "TTFT", w.ttft_ms), ("tpot_ms", "TPOT", w.tpot_ms))
             if value is not None
         )
         + f"; {problem.engine}"
@@ -188,6 +196,14 @@ def _print(sizer: Sizer, results: list[Sizing]) -> None:
         g + (f" ${prices[g]:g}/GPU-h" if g in prices else "") for g in sizer.accelerators
     )
     out.print(f"GPUs {gpus}; serving {sizer.serving}; up to {sizer.max_gpus} GPUs")
+    if sizer.caps.slos:
+        source = "Poisson arrivals" if sizer.traffic is None else sizer.traffic.source
+        out.print(
+            f"percentile SLOs: each aggregated instance's capacity is the largest rate, up to "
+            f"its mean-model capacity, at which its simulated percentiles meet them under "
+            f"{source} rescaled to that rate (shardlab.sizing.tail)",
+            soft_wrap=True,
+        )
     if len(results) == 1:
         _print_one(sizer, results[0])
     else:
@@ -251,11 +267,13 @@ def _print_one(sizer: Sizer, s: Sizing) -> None:
         f"capacity {best.capacity:.3f}/s"
     )
     table = Table(title="pools")
+    tail = bool(sizer.caps.slos)
     for col in ("pool", "GPU", "instances", "GPUs each", "nodes", "plan", "per rank", "TTFT ms",
-                "TPOT ms", "requests/s"):  # fmt: skip
+                "TPOT ms", "requests/s", *(["mean-model requests/s"] if tail else [])):  # fmt: skip
         table.add_column(col)
     for p in best.pools:
         c = p.capacity
+        mean = [f"{p.instances * (c.mean_rate or 0):.3f}"] if tail else []
         table.add_row(
             p.role,
             p.gpu,
@@ -267,8 +285,21 @@ def _print_one(sizer: Sizer, s: Sizing) -> None:
             f"{c.metrics.ttft_ms:,.0f}" if c.metrics and p.role != "decode" else "-",
             f"{c.metrics.tpot_ms:.1f}" if c.metrics and p.role != "prefill" else "-",
             f"{p.rate:.3f}",
+            *mean,
         )
     out.print(table)
+    if s.simulated is not None:
+        slos = sizer.caps.slos
+        seen = ", ".join(
+            f"p{slos[k][1]:g} {k.removesuffix('_ms').upper()} {v:,.1f} ms (SLO {slos[k][0]:g})"
+            for k, v in s.simulated.items()
+        )
+        met = all(v <= slos[k][0] for k, v in s.simulated.items())
+        out.print(
+            f"simulated whole at {s.rate:g} requests/s: {seen}: "
+            + ("[bold]meets[/]" if met else "[bold]misses[/] (instances pooled behind one router)"),
+            soft_wrap=True,
+        )
     table = Table(title="each GPU type alone")
     for col in ("GPU", "cost" if sizer.priced else "GPUs", "deployment"):
         table.add_column(col)

@@ -20,13 +20,21 @@ Role = Literal["agg", "prefill", "decode"]
 @dataclass(frozen=True, kw_only=True)
 class Pool:
     """``instances`` copies of ``plan`` (each its replicas and attention-DP ranks);
-    ``holding``: the engine's launch options that hold prompts back (default none)."""
+    ``holding``: the engine's launch options that hold prompts back (default none);
+    ``weight``: what the least-loaded router counts one of its ranks as (a deployment
+    of unequal instances weighs each rank by what it serves: the router then sends it
+    requests in proportion, as the sizing's covering assumes)."""
 
     role: Role
     problem: Problem
     plan: Plan
     instances: int = 1
     holding: Holding = HOLD_NOTHING
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.weight > 0:
+            raise ShardlabError(f"a pool's weight must be > 0, got {self.weight!r}", field="weight")
 
     @property
     def ranks(self) -> int:

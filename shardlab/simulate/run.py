@@ -186,6 +186,17 @@ def simulate_priced(
     arrival = [math.nan] * n
     events: list[tuple[float, int, int]] = []  # (time, version, rank)
     ranks = front + back
+    # the least-loaded router counts a rank's requests over its pool's weight
+    roles = (entry_role, "decode") if entry_role == "prefill" else (entry_role,)
+    weight = [
+        pool.weight
+        for role in roles
+        for pool in deployment.pools
+        if pool.role == role
+        for _ in range(pool.ranks)
+    ]
+    assert len(weight) == len(ranks)
+    weighted = any(w != 1.0 for w in weight)
     pending: list[tuple[float, int]] = []  # (time, request): caches on their way to decode
     pools = (front, back)
 
@@ -194,6 +205,8 @@ def simulate_priced(
         if router == "round-robin":
             rank = pool[turn[p] % len(pool)]
             turn[p] += 1
+        elif weighted:
+            rank = min(pool, key=lambda q: (q.outstanding / weight[q.index], q.index))
         else:
             rank = min(pool, key=_load)
         book.rank_of[r] = rank.index

@@ -22,6 +22,19 @@ def sizing_json(sizer: Sizer, results: Sequence[Sizing]) -> dict[str, Any]:
             return None
         return {"serving": d.mode, "label": d.label(), "cost": d.cost, "gpus": d.gpus}
 
+    slos = sizer.caps.slos
+
+    def deployment(s: Sizing) -> dict[str, Any] | None:
+        if s.best is None:
+            return None
+        data = s.best.to_dict(problem, sizer.priced, s.rate)
+        if slos:  # the capacity each instance was searched under, and the rates probed
+            for pool, out in zip(s.best.pools, data["pools"], strict=True):
+                c = pool.capacity
+                out["instance_mean_model_rps"] = c.mean_rate
+                out["probes"] = [dataclasses.asdict(p) for p in c.probes]
+        return data
+
     return {
         "schema": SIZING_SCHEMA,
         "model": problem.model.name,
@@ -34,7 +47,10 @@ def sizing_json(sizer: Sizer, results: Sequence[Sizing]) -> dict[str, Any]:
             "weight_dtype": problem.workload.weight_dtype,
             "kv_dtype": problem.workload.kv_dtype,
             "draft_tokens": problem.workload.draft_tokens,
+            # SLO -> the percentile it holds at (none: every SLO on the mean)
+            "slo_percentiles": {k: p for k, (_, p) in slos.items()},
         },
+        "traffic": None if sizer.traffic is None else sizer.traffic.source,
         "space": problem.space_kind,
         "timing": problem.timing,
         "max_batch": problem.max_batch,
@@ -67,7 +83,9 @@ def sizing_json(sizer: Sizer, results: Sequence[Sizing]) -> dict[str, Any]:
         "rates": [
             {
                 "rate_rps": s.rate,
-                "deployment": s.best.to_dict(problem, sizer.priced, s.rate) if s.best else None,
+                "deployment": deployment(s),
+                # percentile SLOs: the whole deployment simulated at the rate
+                "simulated_ms": s.simulated,
                 "by_gpu": {g: brief(d) for g, d in s.by_gpu.items()},
                 "carried": s.carried,
                 # proven: least-cost under the cost model; partial: the cheapest found

@@ -33,7 +33,10 @@ from shardlab.problems.cluster import Accelerator, Cluster
 from shardlab.problems.disagg import decode_problem, prefill_problem
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
+from shardlab.problems.traffic import Traffic
+from shardlab.sizing.tail import Probe, percentile_capacity
 from shardlab.solvers.base import Budget
+from shardlab.solvers.certify import tail_slos
 
 Role = Literal["agg", "prefill", "decode"]
 # Seconds under which a solve is not started before the deadline (it could prove nothing).
@@ -56,6 +59,10 @@ class Capacity:
     problem: Problem | None  # the instance's problem (None: skipped)
     why: str = ""
     seconds: float = 0.0
+    # SLOs at a percentile: ``rate`` is the simulated capacity (shardlab.sizing.tail),
+    # this the mean-model capacity it was searched under, with the rates probed
+    mean_rate: float | None = None
+    probes: tuple[Probe, ...] = ()
 
     @property
     def proven(self) -> bool:
@@ -107,8 +114,13 @@ class Capacities:
         accelerators: dict[str, Accelerator],
         seed: int = 0,
         deadline: float | None = None,
+        traffic: Traffic | None = None,
     ):
         self.problem = problem
+        # SLOs at a percentile: each aggregated instance's capacity is simulated under
+        # ``traffic`` (None: Poisson arrivals of the workload's lengths) at each rate
+        self.slos = tail_slos(problem)
+        self.traffic = traffic
         self.accelerators = accelerators
         self.seed = seed
         # time.perf_counter() past which no solve starts and a running one stops (None:
@@ -122,7 +134,7 @@ class Capacities:
         # capacities asked for since the last clear that are not proven (the time limit
         # stopped or prevented their solve): what a partial answer names
         self.unproven: dict[tuple, Capacity] = {}
-        w = problem.workload
+        w = problem.workload.on_the_mean()  # the analytic model's: every SLO on the mean
         # an instance's capacity: the most requests/s, no rate to fit
         self._agg_base = dataclasses.replace(
             problem, workload=dataclasses.replace(w, rate=None, objective="request_rate")
@@ -153,7 +165,11 @@ class Capacities:
     def gaps(self) -> list[Capacity]:
         """Instances whose servable capacity is below their CP-SAT optimum: an SLO
         fails at a load below the optimum's (the cost model's latencies dip there)."""
-        return [c for c in self._kept.values() if c.rate < c.bound * (1 - 1e-6)]
+        return [
+            c
+            for c in self._kept.values()
+            if (c.rate if c.mean_rate is None else c.mean_rate) < c.bound * (1 - 1e-6)
+        ]
 
     def decode_layouts(self, gpu: str, gpus: int) -> tuple[tuple[int, int], ...]:
         """The (pp, tp) layouts a decode instance may take (what its prefill hands
@@ -255,6 +271,13 @@ class Capacities:
                     return instance_rate(self._pool_base, problem, b.throughput_tok_s)
 
             rate, _ = prefix_capacity(problem, plan, m.requests_per_rank, rate_of)
+        mean_rate, probes = None, ()
+        if self.slos and role == "agg":
+            mean_rate = rate
+            if rate > 0 and isinstance(plan, Plan):
+                rate, probes = percentile_capacity(
+                    problem, plan, rate, self.slos, self.traffic, seed=self.seed
+                )
         found = Capacity(
             gpu=acc.key,
             gpus=gpus,
@@ -266,7 +289,9 @@ class Capacities:
             metrics=m if feasible else None,
             problem=problem,
             why="" if feasible else s.message,
-            seconds=seconds,
+            seconds=time.perf_counter() - start,
+            mean_rate=mean_rate,
+            probes=probes,
         )
         if self.on_solved is not None:
             self.on_solved(found)

@@ -58,8 +58,10 @@ from shardlab.problems.cluster import Accelerator, Cluster
 from shardlab.problems.disagg import SERVINGS
 from shardlab.problems.limits import check_finite
 from shardlab.problems.problem import Problem
+from shardlab.problems.traffic import Traffic
 from shardlab.sizing.capacity import Capacities, Capacity, instance_sizes, least_gpus
 from shardlab.sizing.cover import Kind, cover
+from shardlab.sizing.tail import check_tail, simulate_deployment
 
 Mode = Literal["agg", "disagg"]
 DEFAULT_MAX_GPUS = 256
@@ -211,6 +213,8 @@ class Sizing:
     # capacities the proof asked for and the time limit left unproven: when any, the
     # answer is the cheapest found, not proven least-cost
     unproven: tuple[Capacity, ...] = ()
+    # SLOs at a percentile: the whole deployment's simulated percentiles at the rate
+    simulated: dict[str, float] | None = None
 
     @property
     def partial(self) -> bool:
@@ -259,6 +263,9 @@ class Sizer:
     time_limit: float | None = None
     started: float | None = None
     progress: Callable[[SizingProgress], None] | None = None
+    # SLOs at a percentile: the traffic instances are simulated under, rescaled to each
+    # rate (None: Poisson arrivals of the workload's lengths; shardlab.sizing.tail)
+    traffic: Traffic | None = None
     caps: Capacities = field(init=False)
     _at: tuple[float, int, int] = field(init=False, default=(0.0, 0, 1))
 
@@ -277,7 +284,10 @@ class Sizer:
                 )
             start = time.perf_counter() if self.started is None else self.started
             deadline = start + self.time_limit - min(_RESERVE_S, self.time_limit / 4)
-        self.caps = Capacities(self.problem, self.accelerators, seed=self.seed, deadline=deadline)
+        check_tail(self.problem, self.serving, self.traffic)
+        self.caps = Capacities(
+            self.problem, self.accelerators, seed=self.seed, deadline=deadline, traffic=self.traffic
+        )
         self.caps.on_solved = self._report
 
     @property
@@ -420,6 +430,8 @@ class Sizer:
     # -- one rate, a curve ---------------------------------------------------------------
 
     def _modes(self) -> tuple[Mode, ...]:
+        if self.caps.slos:  # percentile capacities are aggregated instances' (tail.py)
+            return ("agg",)
         return ("agg", "disagg") if self.serving == "best" else (self.serving,)  # type: ignore[return-value]
 
     def _best(self, rate: float, gpus: Sequence[str], bound: float = math.inf) -> Deployment | None:
@@ -465,7 +477,15 @@ class Sizer:
             f"{time.perf_counter() - start:.1f} s",
         )
         unproven = tuple(self.caps.unproven.values())
-        return Sizing(rate=rate, best=best, by_gpu=by_gpu, proof=proof, unproven=unproven)
+        simulated = None
+        if best is not None and self.caps.slos:
+            pools = [(p.capacity.problem, p.capacity.plan, p.instances, p.capacity.rate)
+                     for p in best.pools]  # fmt: skip
+            simulated = simulate_deployment(pools, self.caps.slos, self.traffic, rate, self.seed)  # type: ignore[arg-type]
+        return Sizing(
+            rate=rate, best=best, by_gpu=by_gpu, proof=proof, unproven=unproven,
+            simulated=simulated,
+        )  # fmt: skip
 
     def curve(self, rates: Sequence[float]) -> list[Sizing]:
         """Each rate's answer, lowest first; a type (or the mix) that serves no rate

@@ -1,0 +1,167 @@
+"""Sizing under SLOs at a percentile: an instance's capacity is the largest rate at
+which its simulated percentiles meet the SLOs, and the sized deployment is simulated
+whole at the rate it serves.
+
+**The capacity.** An instance runs the plan CP-SAT proves best for it with the SLOs on
+the analytic mean (its *mean-model capacity* ``C``: the most requests/s by Little's
+law). The percentile capacity is searched over rates up to ``C`` (the claim: the
+largest rate up to the mean-model capacity, to within :data:`RATE_TOLERANCE`, at which
+the instance's simulated percentiles meet the SLOs under the traffic rescaled to that
+rate). The search assumes a percentile grows with the rate (more requests queue for
+the same plan), so it bisects between the highest rate seen to meet and the lowest
+seen to miss; the simulator draws the same requests at every rate (one seed, the
+arrivals scaled), so a percentile moves with the rate alone.
+
+**The deployment.** Capacities add over instances as in the mean model; the covering
+is unchanged. When the router splits the rate in proportion to capacity, each instance
+sees at most its capacity, so each meets the percentiles, and so does the mixture of
+their requests (a share P of each instance's requests is under the SLO, so a share P of
+all of them is). The deployment is also simulated whole at the rate
+(:func:`simulate_deployment`: one least-loaded router, each rank's load counted over its
+instance's capacity), and the answer reports its percentiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shardlab.errors import ShardlabError
+from shardlab.problems.plan import Plan
+from shardlab.problems.problem import Problem
+from shardlab.problems.traffic import Arrivals, Lengths, Traffic, synthetic_traffic
+from shardlab.simulate import Deployment, Pool, price, simulate, simulate_priced
+from shardlab.solvers.certify import CERTIFY_REQUESTS, check_simulable, statistic
+
+# The bisection stops when the rates that meet and miss are within this of each other.
+RATE_TOLERANCE = 0.02
+# Probes at most (a bisection from C to 2% takes six).
+_PROBES = 12
+
+
+@dataclass(frozen=True, kw_only=True)
+class Probe:
+    """One simulated rate: each SLO's percentile there and whether all met."""
+
+    rate: float
+    percentiles_ms: dict[str, float]
+    met: bool
+
+
+def traffic_at(shape: Traffic | None, problem: Problem, rate: float, seed: int) -> Traffic:
+    """The traffic at ``rate`` requests/s: ``shape``'s requests with their arrivals
+    rescaled (a trace keeps its burstiness), or, without one, Poisson arrivals of the
+    workload's lengths."""
+    if shape is None:
+        w = problem.workload
+        return synthetic_traffic(
+            requests=CERTIFY_REQUESTS,
+            lengths=Lengths(kind="fixed", input_len=w.input_len, output_len=w.output_len),
+            arrivals=Arrivals(kind="poisson", rate=rate),
+            seed=seed,
+        )
+    return shape.at_rate(rate)
+
+
+def check_tail(problem: Problem, serving: str, shape: Traffic | None) -> None:
+    """Refuse what a sizing under percentile SLOs cannot simulate: disaggregated pools
+    (their capacities are each pool's alone, and the simulator needs both), or a
+    traffic with no rate (a closed loop)."""
+    if not problem.workload.tail:
+        if shape is not None:
+            raise ShardlabError(
+                f"traffic {shape.source!r} is simulated to check SLOs at a percentile, and "
+                "the workload holds none",
+                field="traffic",
+                fix="give the SLOs a percentile (slo_percentile), or size the traffic's "
+                "mean lengths",
+            )
+        return
+    check_simulable(problem, shape)
+    if serving == "disagg":
+        raise ShardlabError(
+            "serving disagg: percentile capacities are simulated for aggregated instances "
+            "only (a pool's simulated capacity needs the other pool)",
+            field="serving",
+            fix="size with serving agg (or best, which then sizes aggregated instances), or "
+            "put the SLOs on the mean",
+        )
+    if shape is not None and shape.arrival == "closed":
+        raise ShardlabError(
+            f"traffic {shape.source!r}: a closed loop has no rate to size for",
+            field="traffic",
+            fix="give a trace with timestamps, or arrivals at a rate",
+        )
+
+
+def _percentiles(sim: object, slos: dict[str, tuple[float, float]]) -> dict[str, float]:
+    return {k: sim.latency(k, statistic(p)) for k, (_, p) in slos.items()}  # type: ignore[attr-defined]
+
+
+def _met(found: dict[str, float], slos: dict[str, tuple[float, float]]) -> bool:
+    return all(found[k] <= v for k, (v, _) in slos.items())
+
+
+def percentile_capacity(
+    problem: Problem,
+    plan: Plan,
+    mean_rate: float,
+    slos: dict[str, tuple[float, float]],
+    shape: Traffic | None,
+    *,
+    seed: int = 0,
+    tolerance: float = RATE_TOLERANCE,
+) -> tuple[float, tuple[Probe, ...]]:
+    """The largest rate up to ``mean_rate`` found to meet ``slos`` (SLO -> limit,
+    percentile) with one instance of ``plan`` on ``problem`` (see the module
+    docstring), and the rates probed."""
+    dep = Deployment(pools=(Pool(role="agg", problem=problem, plan=plan),))
+    priced = price(dep, traffic_at(shape, problem, mean_rate, seed))
+    probes: list[Probe] = []
+
+    def probe(rate: float) -> bool:
+        sim = simulate_priced(dep, priced, traffic_at(shape, problem, rate, seed), seed=seed)
+        found = _percentiles(sim, slos)
+        probes.append(Probe(rate=rate, percentiles_ms=found, met=_met(found, slos)))
+        return probes[-1].met
+
+    if probe(mean_rate):
+        return mean_rate, tuple(probes)
+    low, high = 0.0, mean_rate
+    rate = mean_rate / 2
+    while len(probes) < _PROBES and high - low > tolerance * high:
+        if probe(rate):
+            low = rate
+        else:
+            high = rate
+        rate = (low + high) / 2
+    return low, tuple(probes)
+
+
+def simulate_deployment(
+    pools: Sequence[tuple[Problem, Plan, int, float]],
+    slos: dict[str, tuple[float, float]],
+    shape: Traffic | None,
+    rate: float,
+    seed: int,
+) -> dict[str, float]:
+    """Each percentile SLO's simulated value for ``pools`` (an instance's problem,
+    plan, how many, and one instance's capacity) serving the traffic at ``rate``, one
+    router over them all that weighs each rank by its instance's capacity (the covering
+    splits the rate in proportion to capacity)."""
+    problem = pools[0][0]
+    dep = Deployment(
+        pools=tuple(
+            Pool(
+                role="agg",
+                problem=p,
+                plan=plan,
+                instances=n,
+                weight=capacity / (plan.degrees.replicas * plan.degrees.dp_attn),
+            )
+            for p, plan, n, capacity in pools
+            if n
+        )
+    )
+    sim = simulate(dep, traffic_at(shape, problem, rate, seed), seed=seed)
+    return _percentiles(sim, slos)
