@@ -175,7 +175,7 @@ AiconfiguratorOpt = Annotated[
 
 
 @app.command()
-@problem_command
+@problem_command(percentiles=True)
 def compare(
     problem: Problem,
     methods: MethodsOpt = None,
@@ -203,6 +203,13 @@ def compare(
     with ``--aiconfigurator``."""
     from shardlab.compare import comparison, run_comparison, summarize, write_results
 
+    if suite is not None and problem.workload.tail:
+        raise ShardlabError(
+            f"--slo-percentile applies to the given problem; suite {suite!r} states its own "
+            "problems and SLOs",
+            field="slo_percentile",
+            fix="drop --suite to compare the methods on this problem, or drop the percentile",
+        )
     if suite == "sizing":
         _compare_sizing(
             Path(results_dir),

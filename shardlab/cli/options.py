@@ -223,6 +223,8 @@ TRAFFIC_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ),
 )
 
+PERCENTILE_OPTIONS = TRAFFIC_OPTIONS[:3]
+
 DEGREE_NAMES = ("tp", "pp", "dp_attn", "ep", "etp", "replicas")
 
 
@@ -254,6 +256,7 @@ def problem_command(
     without: tuple[str, ...] = (),
     cluster_from: Callable[[dict[str, Any]], Cluster] | None = None,
     traffic: bool = False,
+    percentiles: bool = False,
 ) -> Any:
     """Give a command the problem options; it receives the built ``problem``.
 
@@ -261,15 +264,21 @@ def problem_command(
     ``cluster_from``: builds the cluster from the command's own options instead of
     ``--cluster`` (which it then drops); ``traffic``: the command also takes SLO
     percentiles and a traffic (:data:`TRAFFIC_OPTIONS`) and receives the ``traffic``
-    they name (None: none named), the problem at its mean lengths and rate.
+    they name (None: none named), the problem at its mean lengths and rate;
+    ``percentiles``: the SLO percentiles alone (checked under the workload's own
+    traffic).
     """
     if func is None:
         return functools.partial(
-            problem_command, without=without, cluster_from=cluster_from, traffic=traffic
+            problem_command,
+            without=without,
+            cluster_from=cluster_from,
+            traffic=traffic,
+            percentiles=percentiles,
         )
     if cluster_from is not None:
         without = (*without, "cluster")
-    own = TRAFFIC_OPTIONS if traffic else ()
+    own = TRAFFIC_OPTIONS if traffic else PERCENTILE_OPTIONS if percentiles else ()
     taken = [opt for opt in PROBLEM_OPTIONS + own if opt[0] not in without]
     extra = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=typ)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -34,6 +34,7 @@ from shardlab.problems.dtypes import KV_DTYPES
 from shardlab.problems.engines import ENGINES
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
+from shardlab.problems.traffic import Traffic
 from shardlab.solvers.choices import listed
 
 if TYPE_CHECKING:
@@ -41,25 +42,50 @@ if TYPE_CHECKING:
     from shardlab.launch.servers import Launch
 
 
-def _report(problem: Problem, plan: Plan | DisaggPlan, fmt: Format, *, top: int | None) -> None:
-    """A plan's metrics (and, with ``top``, its breakdown) as tables or JSON."""
+def _report(
+    problem: Problem,
+    plan: Plan | DisaggPlan,
+    fmt: Format,
+    *,
+    top: int | None,
+    traffic: Traffic | None = None,
+) -> None:
+    """A plan's metrics (and, with ``top``, its breakdown) as tables or JSON; with SLOs
+    at a percentile, the analytic means without a verdict, and the simulator's."""
+    asked = problem
+    if problem.workload.tail:
+        from shardlab.solvers.certify import check_simulable
+
+        check_simulable(problem, traffic)
+        # the means are the analytic model's; the SLOs are the simulator's to judge
+        bare = problem.workload.on_the_mean(ttft_ms=None, tpot_ms=None)
+        problem = dataclasses.replace(problem, workload=bare)
+    elif traffic is not None:
+        raise ShardlabError(
+            f"traffic {traffic.source!r} is simulated to check SLOs at a percentile, and "
+            "none is given",
+            field="traffic",
+            fix="give --slo-percentile, or drop --traffic",
+        )
     if isinstance(plan, DisaggPlan):
-        _report_disagg(problem, plan, fmt, top=top)
+        _report_disagg(problem, plan, fmt, top=top, asked=asked, traffic=traffic)
         return
     metrics = cost_evaluate(problem, plan, breakdown=top is not None)
     chosen = problem.workload.schedule == "inflight" and plan.requests_per_rank is None
     plan = with_concurrency(problem, plan, metrics)
+    tail = _tail(asked, problem, plan, metrics, traffic)
     if fmt is Format.json:
         emit_json(
             {
-                "problem": problem_json(problem),
+                "problem": problem_json(asked),
                 "plan": plan_json(problem, plan),
                 "concurrency_chosen": chosen,
                 **metrics.to_dict(breakdown=top is not None),
+                **({"percentiles": tail} if tail is not None else {}),
             }
         )
         return
-    out.print(problem_line(problem))
+    out.print(problem_line(asked))
     print_plan(problem, plan)
     print_metrics(metrics)
     if chosen:
@@ -68,48 +94,105 @@ def _report(problem: Problem, plan: Plan | DisaggPlan, fmt: Format, *, top: int 
             "rank, the best under the SLOs (give --requests-per-rank or the plan's "
             "'requests_per_rank' to fix it)"
         )
+    _print_tail(tail)
     if top is not None:
         print_breakdown(metrics, top=top)
 
 
-def _report_disagg(problem: Problem, plan: DisaggPlan, fmt: Format, *, top: int | None) -> None:
+def _tail(
+    asked: Problem, problem: Problem, plan: Any, metrics: Any, traffic: Traffic | None
+) -> dict[str, Any] | None:
+    """The plan under ``asked``'s percentile SLOs, simulated (None: SLOs on the mean)."""
+    if not asked.workload.tail:
+        return None
+    from shardlab.solvers.certify import check, tail_slos
+
+    attempt, described = check(asked, problem, plan, metrics, traffic, seed=0)
+    return {
+        "traffic": described,
+        "slos": {k: {"limit_ms": v, "percentile": p} for k, (v, p) in tail_slos(asked).items()},
+        "analytic_mean_ms": attempt.analytic_ms,
+        "simulated_ms": attempt.simulated_ms,
+        "floor_ms": attempt.floor_ms,
+        "meets": attempt.passed,
+    }
+
+
+def _print_tail(tail: dict[str, Any] | None) -> None:
+    if tail is None:
+        return
+    parts = []
+    for k, slo in tail["slos"].items():
+        name, p = k.removesuffix("_ms").upper(), f"p{slo['percentile']:g}"
+        got = tail["simulated_ms"].get(k)
+        seen = f"{got:,.1f}" if got is not None else f">= {tail['floor_ms'][k]:,.1f} (floor)"
+        parts.append(f"{p} {name} {seen} ms (SLO {slo['limit_ms']:g})")
+    verdict = "[bold]meets[/]" if tail["meets"] else "[bold]misses[/]"
+    out.print(
+        f"simulated under {tail['traffic']}: " + ", ".join(parts) + f": {verdict}",
+        soft_wrap=True,
+    )
+
+
+def _report_disagg(
+    problem: Problem,
+    plan: DisaggPlan,
+    fmt: Format,
+    *,
+    top: int | None,
+    asked: Problem,
+    traffic: Traffic | None,
+) -> None:
     from shardlab.costmodel import evaluate_disagg, with_concurrencies
 
     metrics = evaluate_disagg(problem, plan, breakdown=top is not None)
     plan = with_concurrencies(problem, plan, metrics)
+    tail = _tail(asked, problem, plan, metrics, traffic)
     if fmt is Format.json:
         emit_json(
             {
-                "problem": problem_json(problem),
+                "problem": problem_json(asked),
                 "serving": "disagg",
                 "plan": plan_json(problem, plan),
                 **metrics.to_dict(breakdown=top is not None),
+                **({"percentiles": tail} if tail is not None else {}),
             }
         )
         return
-    out.print(problem_line(problem))
+    out.print(problem_line(asked))
     print_disagg(problem, plan, metrics, top=top)
+    _print_tail(tail)
 
 
 @app.command()
-@problem_command
+@problem_command(traffic=True)
 @plan_command
-def evaluate(problem: Problem, plan: Plan, fmt: FormatOpt = Format.table) -> None:
-    """Score one plan: throughput, latency, memory, feasibility."""
-    _report(problem, plan, fmt, top=None)
+def evaluate(
+    problem: Problem,
+    plan: Plan,
+    traffic: Traffic | None,
+    tries: int,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Score one plan: throughput, latency, memory, feasibility (with SLOs at a
+    percentile: the analytic means, and the percentiles the simulator gives)."""
+    _report(problem, plan, fmt, top=None, traffic=traffic)
 
 
 @app.command()
-@problem_command
+@problem_command(traffic=True)
 @plan_command
 def explain(
     problem: Problem,
     plan: Plan,
+    traffic: Traffic | None,
+    tries: int,
     fmt: FormatOpt = Format.table,
     top: Annotated[int, typer.Option(help="Rows per table.")] = 15,
 ) -> None:
-    """Where one plan's time and memory go, operator by operator, largest first."""
-    _report(problem, plan, fmt, top=top)
+    """Where one plan's time and memory go, operator by operator, largest first (with
+    SLOs at a percentile: and the percentiles the simulator gives)."""
+    _report(problem, plan, fmt, top=top, traffic=traffic)
 
 
 ModelPathOpt = Annotated[

@@ -123,6 +123,9 @@ def _run(task: Task) -> dict[str, Any]:
     except Exception as exc:  # a failing run is recorded; the comparison goes on
         return _failed(task, exc)
     feasible = s.metrics is not None and s.status in ("optimal", "feasible")
+    cert = s.certificate  # SLOs at a percentile: the plan is the walk's certified one
+    if cert is not None and cert.certified is None:
+        feasible = False
     facts = s.facts
     if task.serving == "disagg":
         facts = {**facts, "label": s.plan.label() if s.plan else None}
@@ -137,6 +140,7 @@ def _run(task: Task) -> dict[str, Any]:
         "history": [list(h) for h in s.history],
         "plan": s.to_dict()["plan"],
         "facts": _jsonable(facts),
+        **({"certificate": _jsonable(cert.to_dict())} if cert is not None else {}),
     }
 
 

@@ -308,13 +308,10 @@ def certify(
     percentiles meet ``problem``'s percentile SLOs under ``traffic`` (None: the
     workload's own, :func:`default_traffic`). Returns the last solution (the
     certified plan's, when one was) and the certificate."""
-    from shardlab.simulate import price, simulate_priced
-
     slos = tail_slos(problem)
     if not slos:
         raise ShardlabError("certify: the workload holds no SLO at a percentile")
     check_simulable(problem, traffic)
-    percentile = {k: p for k, (_, p) in slos.items()}
     limits = {k: v for k, (v, _) in slos.items()}
     attempts: list[Attempt] = []
     described = stopped = ""
@@ -347,36 +344,25 @@ def certify(
                 stopped = ""
                 continue
             break
-        in_flight = _in_flight(plan, m)
-        run = traffic or default_traffic(problem, in_flight, seed)
-        described = describe_traffic(run, problem if traffic is None else None)
-        dep = deployment(ranking, plan)
-        priced = price(dep, run, most=run.most_in_system)
-        floor = floors(priced, dep, run, percentile)
-        analytic = {k: float(getattr(m, k)) for k in slos}
-        simulated: dict[str, float] = {}
-        missed = {k: floor[k] for k in slos if floor[k] > slos[k][0]}
-        if not missed:
-            sim = simulate_priced(dep, priced, run, seed=seed)
-            simulated = {k: sim.latency(k, statistic(percentile[k])) for k in slos}
-            missed = {k: v for k, v in simulated.items() if not v <= slos[k][0]}
+        attempt, described = check(problem, ranking, plan, m, traffic, seed)
+        missed = {
+            k: attempt.simulated_ms.get(k, attempt.floor_ms[k])
+            for k in slos
+            if not attempt.simulated_ms.get(k, attempt.floor_ms[k]) <= slos[k][0]
+        }
         # the load does not move with the plan's concurrency: a failed plan fails at
         # every concurrency of its degrees, which are cut; otherwise its latencies are
         by_degrees = isinstance(plan, Plan) and not (
             traffic is None and problem.workload.rate is None and problem.workload.clients is None
         )
         attempts.append(
-            Attempt(
-                label=plan_label(plan),
-                objective=float(m.objective),
-                analytic_ms=analytic,
-                simulated_ms=simulated,
-                floor_ms=floor,
-                passed=not missed,
+            dataclasses.replace(
+                attempt,
                 limits_ms=dict(limits),
                 cut="" if not missed else "degrees" if by_degrees else "limits",
             )
         )
+        analytic = attempt.analytic_ms
         if not missed:
             break
         if by_degrees:
@@ -397,6 +383,43 @@ def certify(
         stopped=stopped,
     )
     return solution, certificate
+
+
+def check(
+    problem: Problem,
+    ranking: Problem,
+    plan: Plan | DisaggPlan,
+    metrics: Metrics | DisaggMetrics,
+    traffic: Traffic | None,
+    seed: int,
+) -> tuple[Attempt, str]:
+    """``plan`` (priced ``metrics`` on ``ranking``) under ``problem``'s percentile SLOs:
+    its floors, and its simulated percentiles unless a floor already misses; and the
+    traffic it ran, in a phrase."""
+    from shardlab.simulate import price, simulate_priced
+
+    slos = tail_slos(problem)
+    percentile = {k: p for k, (_, p) in slos.items()}
+    run = traffic or default_traffic(problem, _in_flight(plan, metrics), seed)
+    described = describe_traffic(run, problem if traffic is None else None)
+    dep = deployment(ranking, plan)
+    priced = price(dep, run, most=run.most_in_system)
+    floor = floors(priced, dep, run, percentile)
+    simulated: dict[str, float] = {}
+    if all(floor[k] <= v for k, (v, _) in slos.items()):
+        sim = simulate_priced(dep, priced, run, seed=seed)
+        simulated = {k: sim.latency(k, statistic(percentile[k])) for k in slos}
+    passed = bool(simulated) and all(simulated[k] <= v for k, (v, _) in slos.items())
+    attempt = Attempt(
+        label=plan_label(plan),
+        objective=float(metrics.objective),
+        analytic_ms={k: float(getattr(metrics, k)) for k in slos},
+        simulated_ms=simulated,
+        floor_ms=floor,
+        passed=passed,
+        limits_ms={k: getattr(ranking.workload, k) or math.inf for k in slos},
+    )
+    return attempt, described
 
 
 def _or_none(limit: float) -> float | None:

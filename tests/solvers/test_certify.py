@@ -279,3 +279,50 @@ def test_a_trace_the_plan_cannot_hold_is_refused(
     with pytest.raises(ShardlabError, match=said) as e:
         solve(problem, "cpsat", traffic=long)
     assert e.value.field == "traffic"
+
+
+def test_explain_gives_the_simulated_percentiles_beside_the_means(
+    capsys: pytest.CaptureFixture[str], monkeypatch, tmp_path
+) -> None:
+    plan = str(tmp_path / "plan.json")
+    base = ["--model", "llama-3.1-8b", "--cluster", "h100x2", "--engine", "vllm"]
+    code, _, err = run_cli(
+        ["solve", *base, "--space", "engine", "--out", plan], capsys, monkeypatch
+    )
+    assert code == 0, err
+    tail = ["--rate", "8", "--ttft-ms", "400", "--tpot-ms", "25", "--slo-percentile", "90"]
+    code, out, err = run_cli(["explain", *base, "--plan", plan, *tail], capsys, monkeypatch)
+    assert code == 0, err
+    assert "simulated under the workload" in out and "p90 TTFT" in out
+    assert "p90 TTFT <= 400 ms" in out  # the problem as asked
+    code, out, err = run_cli(
+        ["evaluate", *base, "--plan", plan, *tail, "--format", "json"], capsys, monkeypatch
+    )
+    assert code == 0, err
+    import json
+
+    got = json.loads(out)["percentiles"]
+    assert set(got["simulated_ms"]) == {"ttft_ms", "tpot_ms"}
+    assert got["floor_ms"]["tpot_ms"] <= got["simulated_ms"]["tpot_ms"]
+
+
+def test_compare_records_each_methods_certificate(
+    capsys: pytest.CaptureFixture[str], monkeypatch, tmp_path
+) -> None:
+    import json
+
+    code, _, err = run_cli(
+        [
+            "compare", "--model", "llama-3.1-8b", "--cluster", "h100x2", "--engine", "vllm",
+            "--space", "engine", "--rate", "8", "--ttft-ms", "400", "--tpot-ms", "25",
+            "--slo-percentile", "90", "--methods", "cpsat,random", "--seeds", "1",
+            "--max-evals", "50", "--jobs", "1", "--results-dir", str(tmp_path),
+        ],
+        capsys,
+        monkeypatch,
+    )  # fmt: skip
+    assert code == 0, err
+    (runs,) = tmp_path.glob("*/runs.jsonl")
+    records = [json.loads(line)["run"] for line in runs.read_text().splitlines()]
+    assert {"cpsat", "random"} <= {r["method"] for r in records}
+    assert all(r["certificate"]["certified"] for r in records)
