@@ -199,9 +199,10 @@ def _print(sizer: Sizer, results: list[Sizing]) -> None:
     if sizer.caps.slos:
         source = "Poisson arrivals" if sizer.traffic is None else sizer.traffic.source
         out.print(
-            f"percentile SLOs: each aggregated instance's capacity is the largest rate, up to "
-            f"its mean-model capacity, at which its simulated percentiles meet them under "
-            f"{source} rescaled to that rate (shardlab.sizing.tail)",
+            f"percentile SLOs: each instance's capacity is the largest rate, up to its "
+            f"mean-model capacity, at which its simulated percentiles meet them (a prefill "
+            f"pool's TTFT, a decode pool's TPOT) under {source} rescaled to that rate "
+            "(shardlab.sizing.tail)",
             soft_wrap=True,
         )
     if len(results) == 1:

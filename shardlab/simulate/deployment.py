@@ -52,10 +52,11 @@ class Deployment:
         roles = sorted(p.role for p in self.pools)
         if not roles:
             raise ShardlabError("a deployment needs at least one pool", field="pools")
-        if roles not in (["decode", "prefill"], ["decode"]) and set(roles) != {"agg"}:
+        if roles not in (["decode", "prefill"], ["decode"], ["prefill"]) and set(roles) != {"agg"}:
             raise ShardlabError(
                 f"pools {', '.join(roles)}: a deployment is aggregated pools, one "
-                "prefill and one decode pool, or a decode pool alone (prompts cached)",
+                "prefill and one decode pool, a decode pool alone (prompts cached), or a "
+                "prefill pool alone (each request ends when its cache is handed off)",
                 field="pools",
             )
 

@@ -39,10 +39,11 @@ class Pricer:
         "_ratio_context",
         "_ratios",
         "iteration_s",
+        "stages",
         "top",
     )  # fmt: skip
 
-    def __init__(self, costs: IterationCosts) -> None:
+    def __init__(self, costs: IterationCosts, stages: int = 1) -> None:
         self._contexts = costs.contexts.tolist()
         self._decode = costs.decode_s.tolist()  # a row per count of decoding requests
         self._ratios = costs.ratios.tolist()
@@ -52,6 +53,7 @@ class Pricer:
         self._prompt = costs.prompt_s.tolist()
         self.iteration_s = costs.iteration_s
         self.top = costs.max_requests
+        self.stages = stages  # the plan's pipeline stages: prompts of one iteration overlap
 
     def decode(self, c: int, context: float) -> float:
         """``c`` requests decoding at mean ``context``, nothing else (``R + i``)."""
@@ -62,6 +64,16 @@ class Pricer:
         return _along(self._lengths, self._prompt, done + tokens) - _along(
             self._lengths, self._prompt, done
         )
+
+    def prompts(self, alone: float, longest: float) -> float:
+        """Several prompt chunks in one iteration with nothing decoding (no ``i``):
+        ``alone`` seconds one after the other, the longest chunk ``longest``; on a
+        pipeline each chunk is a micro-batch, so the round is ``max(S, m * S / pp)``
+        of :mod:`shardlab.costmodel.iterations` with stages of equal time: the
+        longest chunk through every stage, or the stages' share of all of them."""
+        if self.stages == 1:
+            return alone
+        return max(longest, alone / self.stages)
 
     def mixed(self, c: int, context: float, prompt_tokens: float) -> float:
         """``c`` requests decoding at mean ``context`` beside ``prompt_tokens`` prompt

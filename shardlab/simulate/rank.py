@@ -256,7 +256,7 @@ class Rank:
             room = self.budget - n if self.rules.mixed else self.budget
             chunks: list[tuple[int, int]] = []
             tokens = 0
-            alone = 0.0
+            alone = longest = 0.0
             for r in self.prefilling:
                 if room <= 0:
                     break
@@ -264,12 +264,14 @@ class Rank:
                 chunks.append((r, take))
                 room -= take
                 tokens += take
-                alone += price.prompt(take, b.done[r])
+                one = price.prompt(take, b.done[r])
+                alone += one
+                longest = one if one > longest else longest
             self.chunks = chunks
             if n:
                 self.dt = price.mixed(n, (self.ctx0 + n * self.step) / n, tokens)
             else:
-                self.dt = alone + price.iteration_s
+                self.dt = price.prompts(alone, longest) + price.iteration_s
             self.k = 1
         elif n:
             self.chunks = []

@@ -103,7 +103,7 @@ def _ranks(
             continue
         c = pc.costs
         rules = RULES[pool.problem.engine]
-        pricer = Pricer(c)
+        pricer = Pricer(c, stages=pool.plan.degrees.pp)
         if c.kv_tokens <= 0:
             raise ShardlabError(
                 f"{role} pool: no request's KV cache fits the plan's memory",
@@ -263,7 +263,11 @@ def simulate_priced(
             handed.clear()
         elif t_handoff == t:
             _, r = heapq.heappop(pending)
-            route(1, r, t, gone)
+            if back:
+                route(1, r, t, gone)
+            else:  # a prefill pool alone: a request ends as its cache arrives
+                book.first[r] = book.finish[r] = t
+                gone.append(r)
             rank = None
         else:
             arrival[sent] = t

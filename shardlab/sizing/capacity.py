@@ -34,7 +34,7 @@ from shardlab.problems.disagg import decode_problem, prefill_problem
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.problems.traffic import Traffic
-from shardlab.sizing.tail import Probe, percentile_capacity
+from shardlab.sizing.tail import Probe, percentile_capacity, role_slos
 from shardlab.solvers.base import Budget
 from shardlab.solvers.certify import tail_slos
 
@@ -59,8 +59,8 @@ class Capacity:
     problem: Problem | None  # the instance's problem (None: skipped)
     why: str = ""
     seconds: float = 0.0
-    # SLOs at a percentile: ``rate`` is the simulated capacity (shardlab.sizing.tail),
-    # this the mean-model capacity it was searched under, with the rates probed
+    # SLOs at a percentile: the mean-model capacity (``rate`` is the same until the
+    # simulated capacity is searched, Capacities.served, with the rates probed)
     mean_rate: float | None = None
     probes: tuple[Probe, ...] = ()
 
@@ -157,6 +157,36 @@ class Capacities:
         """A prefill instance handing off to decode ranks ``(decode GPU, (pp, tp))``;
         None: no handoff (an upper bound on any)."""
         return self._get(("prefill", gpu, gpus, decode), lambda: self._prefill(gpu, gpus, decode))
+
+    def served(self, c: Capacity) -> Capacity:
+        """``c`` under the percentile SLOs: its rate the simulated capacity
+        (:func:`~shardlab.sizing.tail.percentile_capacity`), searched once, when a
+        deployment first counts on it (bounds need only the mean model's); ``c`` as it
+        is without percentile SLOs."""
+        own = role_slos(self.slos, c.role)
+        if c.mean_rate is None or c.probes or c.rate <= 0 or not own:
+            return c
+        assert c.plan is not None and c.problem is not None
+        start = time.perf_counter()
+        rate, probes = percentile_capacity(
+            c.problem,
+            c.plan,
+            c.rate,
+            own,
+            self.traffic,
+            role=c.role,
+            sized=self._agg_base,
+            seed=self.seed,
+        )
+        found = dataclasses.replace(
+            c, rate=rate, probes=probes, seconds=c.seconds + time.perf_counter() - start
+        )
+        for key, kept in self._kept.items():
+            if kept is c:
+                self._kept[key] = found
+                if key in self.unproven:
+                    self.unproven[key] = found
+        return found
 
     def expired(self) -> bool:
         """Whether the time limit has run out (no solve starts any more)."""
@@ -271,13 +301,9 @@ class Capacities:
                     return instance_rate(self._pool_base, problem, b.throughput_tok_s)
 
             rate, _ = prefix_capacity(problem, plan, m.requests_per_rank, rate_of)
-        mean_rate, probes = None, ()
-        if self.slos and role == "agg":
-            mean_rate = rate
-            if rate > 0 and isinstance(plan, Plan):
-                rate, probes = percentile_capacity(
-                    problem, plan, rate, self.slos, self.traffic, seed=self.seed
-                )
+        # SLOs at a percentile: the mean-model capacity until a deployment counts on it
+        # (served); a prefill instance with no handoff is a bound only
+        tail = bool(self.slos) and (role != "prefill" or problem.handoff is not None)
         found = Capacity(
             gpu=acc.key,
             gpus=gpus,
@@ -290,8 +316,7 @@ class Capacities:
             problem=problem,
             why="" if feasible else s.message,
             seconds=time.perf_counter() - start,
-            mean_rate=mean_rate,
-            probes=probes,
+            mean_rate=rate if tail else None,
         )
         if self.on_solved is not None:
             self.on_solved(found)

@@ -284,7 +284,7 @@ class Sizer:
                 )
             start = time.perf_counter() if self.started is None else self.started
             deadline = start + self.time_limit - min(_RESERVE_S, self.time_limit / 4)
-        check_tail(self.problem, self.serving, self.traffic)
+        check_tail(self.problem, self.traffic)
         self.caps = Capacities(
             self.problem, self.accelerators, seed=self.seed, deadline=deadline, traffic=self.traffic
         )
@@ -334,7 +334,7 @@ class Sizer:
         for unit, gpu, n in self._kinds(gpus):
             if unit >= bound * (1 - _SAME):
                 break  # it and every kind after it cost the bound alone
-            c = self.caps.agg(gpu, n)
+            c = self.caps.served(self.caps.agg(gpu, n))
             if c.rate <= 0:
                 continue
             solved.append(c)
@@ -414,9 +414,10 @@ class Sizer:
         dec_free: Capacity,
     ) -> Deployment | None:
         dcap = dec_free if layout == dec_free.layout else self.caps.decode(*dec, layout)
+        dcap = self.caps.served(dcap)
         if dcap.rate <= 0:
             return None
-        pcap = self.caps.prefill(*pre, (dec[0], layout))
+        pcap = self.caps.served(self.caps.prefill(*pre, (dec[0], layout)))
         if pcap.rate <= 0:
             return None
         x = math.ceil(rate / pcap.rate * (1 - 1e-9))
@@ -430,8 +431,6 @@ class Sizer:
     # -- one rate, a curve ---------------------------------------------------------------
 
     def _modes(self) -> tuple[Mode, ...]:
-        if self.caps.slos:  # percentile capacities are aggregated instances' (tail.py)
-            return ("agg",)
         return ("agg", "disagg") if self.serving == "best" else (self.serving,)  # type: ignore[return-value]
 
     def _best(self, rate: float, gpus: Sequence[str], bound: float = math.inf) -> Deployment | None:
@@ -479,9 +478,10 @@ class Sizer:
         unproven = tuple(self.caps.unproven.values())
         simulated = None
         if best is not None and self.caps.slos:
-            pools = [(p.capacity.problem, p.capacity.plan, p.instances, p.capacity.rate)
+            pools = [(p.role, p.capacity.problem, p.capacity.plan, p.instances, p.capacity.rate)
                      for p in best.pools]  # fmt: skip
-            simulated = simulate_deployment(pools, self.caps.slos, self.traffic, rate, self.seed)  # type: ignore[arg-type]
+            at = (self.traffic, self.problem, rate, self.seed)
+            simulated = simulate_deployment(pools, self.caps.slos, *at)  # type: ignore[arg-type]
         return Sizing(
             rate=rate, best=best, by_gpu=by_gpu, proof=proof, unproven=unproven,
             simulated=simulated,

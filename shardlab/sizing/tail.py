@@ -31,6 +31,7 @@ from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.problems.traffic import Arrivals, Lengths, Traffic, synthetic_traffic
 from shardlab.simulate import Deployment, Pool, price, simulate, simulate_priced
+from shardlab.simulate.deployment import Role
 from shardlab.solvers.certify import CERTIFY_REQUESTS, check_simulable, statistic
 
 # The bisection stops when the rates that meet and miss are within this of each other.
@@ -63,10 +64,9 @@ def traffic_at(shape: Traffic | None, problem: Problem, rate: float, seed: int) 
     return shape.at_rate(rate)
 
 
-def check_tail(problem: Problem, serving: str, shape: Traffic | None) -> None:
-    """Refuse what a sizing under percentile SLOs cannot simulate: disaggregated pools
-    (their capacities are each pool's alone, and the simulator needs both), or a
-    traffic with no rate (a closed loop)."""
+def check_tail(problem: Problem, shape: Traffic | None) -> None:
+    """Refuse what a sizing under percentile SLOs cannot simulate: a traffic with no
+    rate (a closed loop), or what :func:`check_simulable` refuses."""
     if not problem.workload.tail:
         if shape is not None:
             raise ShardlabError(
@@ -78,14 +78,6 @@ def check_tail(problem: Problem, serving: str, shape: Traffic | None) -> None:
             )
         return
     check_simulable(problem, shape)
-    if serving == "disagg":
-        raise ShardlabError(
-            "serving disagg: percentile capacities are simulated for aggregated instances "
-            "only (a pool's simulated capacity needs the other pool)",
-            field="serving",
-            fix="size with serving agg (or best, which then sizes aggregated instances), or "
-            "put the SLOs on the mean",
-        )
     if shape is not None and shape.arrival == "closed":
         raise ShardlabError(
             f"traffic {shape.source!r}: a closed loop has no rate to size for",
@@ -109,18 +101,22 @@ def percentile_capacity(
     slos: dict[str, tuple[float, float]],
     shape: Traffic | None,
     *,
+    role: Role = "agg",
+    sized: Problem | None = None,
     seed: int = 0,
     tolerance: float = RATE_TOLERANCE,
 ) -> tuple[float, tuple[Probe, ...]]:
     """The largest rate up to ``mean_rate`` found to meet ``slos`` (SLO -> limit,
-    percentile) with one instance of ``plan`` on ``problem`` (see the module
-    docstring), and the rates probed."""
-    dep = Deployment(pools=(Pool(role="agg", problem=problem, plan=plan),))
-    priced = price(dep, traffic_at(shape, problem, mean_rate, seed))
+    percentile) with one instance of ``plan`` on ``problem`` in ``role`` (see the module
+    docstring), and the rates probed; ``sized``: the problem whose lengths a traffic
+    without ``shape`` takes (default ``problem``)."""
+    lengths = sized or problem
+    dep = Deployment(pools=(Pool(role=role, problem=problem, plan=plan),))
+    priced = price(dep, traffic_at(shape, lengths, mean_rate, seed))
     probes: list[Probe] = []
 
     def probe(rate: float) -> bool:
-        sim = simulate_priced(dep, priced, traffic_at(shape, problem, rate, seed), seed=seed)
+        sim = simulate_priced(dep, priced, traffic_at(shape, lengths, rate, seed), seed=seed)
         found = _percentiles(sim, slos)
         probes.append(Probe(rate=rate, percentiles_ms=found, met=_met(found, slos)))
         return probes[-1].met
@@ -138,30 +134,38 @@ def percentile_capacity(
     return low, tuple(probes)
 
 
+def role_slos(slos: dict[str, tuple[float, float]], role: Role) -> dict[str, tuple[float, float]]:
+    """The SLOs one pool answers for: a prefill pool TTFT, a decode pool TPOT (the
+    deployment, simulated whole, answers for both)."""
+    own = {"agg": ("ttft_ms", "tpot_ms"), "prefill": ("ttft_ms",), "decode": ("tpot_ms",)}
+    return {k: v for k, v in slos.items() if k in own[role]}
+
+
 def simulate_deployment(
-    pools: Sequence[tuple[Problem, Plan, int, float]],
+    pools: Sequence[tuple[Role, Problem, Plan, int, float]],
     slos: dict[str, tuple[float, float]],
     shape: Traffic | None,
+    sized: Problem,
     rate: float,
     seed: int,
 ) -> dict[str, float]:
-    """Each percentile SLO's simulated value for ``pools`` (an instance's problem,
-    plan, how many, and one instance's capacity) serving the traffic at ``rate``, one
-    router over them all that weighs each rank by its instance's capacity (the covering
-    splits the rate in proportion to capacity)."""
-    problem = pools[0][0]
+    """Each percentile SLO's simulated value for ``pools`` (a role, an instance's
+    problem, plan, how many, and one instance's capacity) serving the traffic at
+    ``rate`` (without ``shape``: of ``sized``'s lengths), one router per pool that
+    weighs each rank by its instance's capacity (the covering splits the rate in
+    proportion to capacity)."""
     dep = Deployment(
         pools=tuple(
             Pool(
-                role="agg",
+                role=role,
                 problem=p,
                 plan=plan,
                 instances=n,
                 weight=capacity / (plan.degrees.replicas * plan.degrees.dp_attn),
             )
-            for p, plan, n, capacity in pools
+            for role, p, plan, n, capacity in pools
             if n
         )
     )
-    sim = simulate(dep, traffic_at(shape, problem, rate, seed), seed=seed)
+    sim = simulate(dep, traffic_at(shape, sized, rate, seed), seed=seed)
     return _percentiles(sim, slos)

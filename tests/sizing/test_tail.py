@@ -42,7 +42,7 @@ def _sized(rate: float = 8.0) -> tuple[Sizer, object]:
 
 def test_the_tail_capacity_is_below_the_mean_models_and_met_there() -> None:
     sizer, _ = _sized()
-    c = sizer.caps.agg("h100", 4)
+    c = sizer.caps.served(sizer.caps.agg("h100", 4))
     assert c.mean_rate is not None and 0 < c.rate <= c.mean_rate
     assert c.probes and all(p.met == (p.rate <= c.rate) for p in c.probes), (
         "one percentile grows with the rate: every rate up to the capacity met, above missed"
@@ -54,7 +54,7 @@ def test_the_tail_capacity_is_below_the_mean_models_and_met_there() -> None:
 
 def test_the_capacity_is_bisected_again_the_same() -> None:
     sizer, _ = _sized()
-    c = sizer.caps.agg("h100", 4)
+    c = sizer.caps.served(sizer.caps.agg("h100", 4))
     assert c.plan is not None and c.problem is not None and c.mean_rate is not None
     again, probes = percentile_capacity(
         c.problem, c.plan, c.mean_rate, tail_slos(sizer.problem), None, seed=0
@@ -68,9 +68,9 @@ def test_every_answer_meets_its_percentiles_under_a_fresh_seed(seed: int) -> Non
     assert s.best is not None and s.simulated is not None
     slos = sizer.caps.slos
     assert all(v <= slos[k][0] for k, v in s.simulated.items())
-    pools = [(p.capacity.problem, p.capacity.plan, p.instances, p.capacity.rate)
+    pools = [(p.role, p.capacity.problem, p.capacity.plan, p.instances, p.capacity.rate)
              for p in s.best.pools]  # fmt: skip
-    fresh = simulate_deployment(pools, slos, None, s.rate, seed)
+    fresh = simulate_deployment(pools, slos, None, sizer.problem, s.rate, seed)
     assert all(v <= slos[k][0] for k, v in fresh.items()), fresh
 
 
@@ -86,17 +86,37 @@ def test_a_trace_is_rescaled_to_each_rate() -> None:
     trace = read_trace(str(DATA_DIR / "traces" / "AzureLLMInferenceTrace_code_head500.csv"), None)
     problem = _problem(ttft_ms=3000, tpot_ms=100, slo_percentile=99)
     sizer = Sizer(problem, H100, serving="agg", max_gpus=64, traffic=trace)
-    c = sizer.caps.agg("h100", 8)
+    c = sizer.caps.served(sizer.caps.agg("h100", 8))
     assert c.probes and c.probes[0].rate == c.mean_rate
 
 
 # -- refusals ----------------------------------------------------------------------------
 
 
-def test_disaggregated_pools_are_refused_under_a_percentile() -> None:
-    with pytest.raises(ShardlabError) as e:
-        Sizer(_problem(**TIGHT), H100, serving="disagg")
-    assert e.value.field == "serving"
+@cache
+def _disagg() -> tuple[Sizer, object]:
+    problem = _problem(ttft_ms=1500, tpot_ms=40, slo_percentile=90)
+    sizer = Sizer(problem, H100, serving="disagg", max_gpus=64, seed=0)
+    return sizer, sizer.size(12.0)
+
+
+def test_disaggregated_pools_are_sized_by_their_own_percentiles() -> None:
+    """A prefill pool answers for TTFT (simulated alone: each request ends as its cache
+    arrives), a decode pool for TPOT (prompts cached); the deployment, simulated whole,
+    for both, under a fresh seed too."""
+    sizer, s = _disagg()
+    assert s.best is not None and s.best.mode == "disagg" and s.simulated is not None
+    pre, dec = s.best.pools
+    for pool, slo in ((pre, "ttft_ms"), (dec, "tpot_ms")):
+        c = pool.capacity
+        assert c.mean_rate is not None and c.rate <= c.mean_rate
+        assert c.probes and all(set(p.percentiles_ms) == {slo} for p in c.probes)
+    slos = sizer.caps.slos
+    assert all(v <= slos[k][0] for k, v in s.simulated.items()), s.simulated
+    pools = [(p.role, p.capacity.problem, p.capacity.plan, p.instances, p.capacity.rate)
+             for p in s.best.pools]  # fmt: skip
+    fresh = simulate_deployment(pools, slos, None, sizer.problem, s.rate, 3)
+    assert all(v <= slos[k][0] for k, v in fresh.items()), fresh
 
 
 def test_a_closed_loop_has_no_rate_to_size() -> None:
@@ -138,13 +158,12 @@ def test_cli_sizes_a_trace_at_its_own_rate(capsys: pytest.CaptureFixture[str], m
     assert pool["instance_capacity_rps"] <= pool["instance_mean_model_rps"]
 
 
-def test_cli_refuses_a_percentile_with_disagg(
-    capsys: pytest.CaptureFixture[str], monkeypatch
-) -> None:
+def test_cli_refuses_a_closed_loop_to_size(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    trace = str(DATA_DIR / "traces" / "AzureLLMInferenceTrace_code_head500.csv")
     code, _, err = run_cli(
         ["size", "--model", "llama-3.1-8b", "--gpus", "h100", "--rate", "5", "--ttft-ms", "500",
-         "--slo-percentile", "90", "--serving", "disagg"],
+         "--slo-percentile", "90", "--traffic", trace, "--arrival", "poisson", "--cv", "0"],
         capsys,
         monkeypatch,
     )  # fmt: skip
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "serving disagg" in err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "coefficient" in err
