@@ -45,18 +45,26 @@ class PoolCosts:
     most: int | None = None  # priced only up to this many requests in the system
 
     @classmethod
-    def of(cls, pool: Pool, shortest: int, most: int | None = None) -> PoolCosts:
+    def of(
+        cls,
+        pool: Pool,
+        shortest: int,
+        most: int | None = None,
+        costs: IterationCosts | None = None,
+    ) -> PoolCosts:
         """Priced up to the requests of ``shortest`` tokens (prompt and output) the
         KV cache holds, the engine runs, or ``most`` (the requests the traffic can
         have in the system at once), whichever is fewer: a table's time grows with its
-        requests."""
+        requests. ``costs``: the tables, priced already for the same plan on a
+        problem that differs in its handoff only (the handoff is no iteration's)."""
         p = pool.problem
         d = pool.plan.degrees
         running = engine_limits(p, d.tp, d.pp, d.dp_attn).max_batch
         held = IterationCosts.kv_capacity(p, pool.plan) // max(shortest, 1) + 1
         limit = min(running, held)
         bound = most if most is not None and most < limit else None  # the traffic's
-        costs = IterationCosts.of(p, pool.plan, max_requests=max(1, bound or limit))
+        if costs is None or costs.max_requests != max(1, bound or limit):
+            costs = IterationCosts.of(p, pool.plan, max_requests=max(1, bound or limit))
         fixed = per_token = 0.0
         if pool.role == "prefill" and p.handoff is not None:
             whole = float(handoff_seconds(p, d.pp, d.tp))

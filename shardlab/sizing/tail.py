@@ -23,14 +23,16 @@ instance's capacity), and the answer reports its percentiles.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shardlab.costmodel import IterationCosts, forget_tables
 from shardlab.errors import ShardlabError
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.problems.traffic import Arrivals, Lengths, Traffic, synthetic_traffic
-from shardlab.simulate import Deployment, Pool, price, simulate, simulate_priced
+from shardlab.simulate import Deployment, Pool, PoolCosts, simulate, simulate_priced
 from shardlab.simulate.deployment import Role
 from shardlab.solvers.certify import CERTIFY_REQUESTS, check_simulable, statistic
 
@@ -38,6 +40,9 @@ from shardlab.solvers.certify import CERTIFY_REQUESTS, check_simulable, statisti
 RATE_TOLERANCE = 0.02
 # Probes at most (a bisection from C to 2% takes six).
 _PROBES = 12
+# Iteration tables kept for the prefill instances that share a plan (a few MB each).
+_KEPT_TABLES = 16
+_TABLES: dict[tuple, IterationCosts] = {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,8 +116,18 @@ def percentile_capacity(
     docstring), and the rates probed; ``sized``: the problem whose lengths a traffic
     without ``shape`` takes (default ``problem``)."""
     lengths = sized or problem
-    dep = Deployment(pools=(Pool(role=role, problem=problem, plan=plan),))
-    priced = price(dep, traffic_at(shape, lengths, mean_rate, seed))
+    pool = Pool(role=role, problem=problem, plan=plan)
+    dep = Deployment(pools=(pool,))
+    first = traffic_at(shape, lengths, mean_rate, seed)
+    shortest = int((first.input_len + first.output_len).min())
+    # a prefill instance is solved once per decode layout it hands off to: the same
+    # plan, the same iteration tables
+    key = (dataclasses.replace(problem, handoff=None), plan, role, shortest)
+    priced = (PoolCosts.of(pool, shortest, costs=_TABLES.get(key)),)
+    forget_tables()  # as price() does: the derived problems' tables are gigabytes
+    _TABLES[key] = priced[0].costs
+    while len(_TABLES) > _KEPT_TABLES:
+        del _TABLES[next(iter(_TABLES))]
     probes: list[Probe] = []
 
     def probe(rate: float) -> bool:
