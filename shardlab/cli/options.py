@@ -178,6 +178,20 @@ TRAFFIC_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
         typer.Option(None, "--tpot-percentile", help="The TPOT SLO's own percentile."),
     ),
     (
+        "itl_ms",
+        float | None,
+        typer.Option(
+            None,
+            "--itl-ms",
+            help="SLO on every gap between two tokens (Vidur's TBT), at a percentile only.",
+        ),
+    ),
+    (
+        "itl_percentile",
+        float | None,
+        typer.Option(None, "--itl-percentile", help="The ITL SLO's own percentile."),
+    ),
+    (
         "traffic_file",
         str | None,
         typer.Option(
@@ -223,7 +237,7 @@ TRAFFIC_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ),
 )
 
-PERCENTILE_OPTIONS = TRAFFIC_OPTIONS[:3]
+PERCENTILE_OPTIONS = TRAFFIC_OPTIONS[:5]
 
 DEGREE_NAMES = ("tp", "pp", "dp_attn", "ep", "etp", "replicas")
 

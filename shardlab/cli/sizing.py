@@ -184,7 +184,11 @@ def _print(sizer: Sizer, results: list[Sizing]) -> None:
         f"[bold]{problem.model.name}[/]: {w.input_len} in / {w.output_len} out"
         + "".join(
             f", {'' if (p := w.percentile(key)) is None else f'p{p:g} '}{name} <= {value:g} ms"
-            for key, name, value in (("ttft_ms", "TTFT", w.ttft_ms), ("tpot_ms", "TPOT", w.tpot_ms))
+            for key, name, value in (
+                ("ttft_ms", "TTFT", w.ttft_ms),
+                ("tpot_ms", "TPOT", w.tpot_ms),
+                ("itl_ms", "ITL", w.itl_ms),
+            )
             if value is not None
         )
         + f"; {problem.engine}"

@@ -94,6 +94,10 @@ class Workload:
     slo_percentile: float | None = None
     ttft_percentile: float | None = None
     tpot_percentile: float | None = None
+    # SLO on the gap between two tokens of a request (Vidur's TBT), over every token:
+    # a percentile only (the analytic model's mean gap is its TPOT)
+    itl_ms: float | None = None
+    itl_percentile: float | None = None
 
     def __post_init__(self) -> None:
         where = f"workload {self.preset!r}"
@@ -114,7 +118,7 @@ class Workload:
             counts.append(("clients", MAX_BATCH))
         for key, limit in counts:
             check_count(getattr(self, key), limit, what=f"{where}: {key}", field=f"workload.{key}")
-        for key in ("ttft_ms", "tpot_ms"):
+        for key in ("ttft_ms", "tpot_ms", "itl_ms"):
             value = getattr(self, key)
             if value is not None:
                 check_finite(value, what=f"{where}: {key}", positive=True, field=f"workload.{key}")
@@ -172,7 +176,7 @@ class Workload:
             )
 
     def _check_percentiles(self, where: str) -> None:
-        for key in ("slo_percentile", "ttft_percentile", "tpot_percentile"):
+        for key in ("slo_percentile", "ttft_percentile", "tpot_percentile", "itl_percentile"):
             p = getattr(self, key)
             if p is None:
                 continue
@@ -182,13 +186,20 @@ class Workload:
                     field=f"workload.{key}",
                     fix="give e.g. 90 or 99 (50: the median)",
                 )
-            slo = "ttft_ms" if key == "ttft_percentile" else "tpot_ms"
+            slo = key.replace("_percentile", "_ms")
             if key != "slo_percentile" and getattr(self, slo) is None:
                 raise ShardlabError(
                     f"{where}: {key} {p:g} applies to an SLO {slo} that is not given",
                     field=f"workload.{key}",
                     fix=f"give the SLO {slo}, or drop {key}",
                 )
+        if self.itl_ms is not None and self.percentile("itl_ms") is None:
+            raise ShardlabError(
+                f"{where}: itl_ms {self.itl_ms:g} is a gap between tokens at a percentile; on "
+                "the mean it is the TPOT",
+                field="workload.itl_ms",
+                fix="give itl_percentile (or slo_percentile), or use tpot_ms on the mean",
+            )
         if not self.tail:
             if self.slo_percentile is not None:
                 raise ShardlabError(
@@ -214,28 +225,36 @@ class Workload:
             )
 
     def percentile(self, slo: str) -> float | None:
-        """The percentile ``slo`` (``ttft_ms`` or ``tpot_ms``) holds at (None: the mean,
-        or no such SLO)."""
+        """The percentile ``slo`` (``ttft_ms``, ``tpot_ms`` or ``itl_ms``) holds at
+        (None: the mean, or no such SLO)."""
         if getattr(self, slo) is None:
             return None
-        own = self.ttft_percentile if slo == "ttft_ms" else self.tpot_percentile
+        own = getattr(self, slo.replace("_ms", "_percentile"))
         return own if own is not None else self.slo_percentile
 
     @property
     def tail(self) -> bool:
         """Whether any SLO holds at a percentile (checked by the simulator, not the
         analytic model's means)."""
-        return any(self.percentile(s) is not None for s in ("ttft_ms", "tpot_ms"))
+        return any(self.percentile(s) is not None for s in ("ttft_ms", "tpot_ms", "itl_ms"))
 
     def on_the_mean(self, **limits: float | None) -> Workload:
         """This workload with every SLO on the mean, at ``limits`` where given (the
-        problem the analytic model ranks plans of)."""
+        problem the analytic model ranks plans of). An ITL limit bounds the mean TPOT
+        (the analytic model's mean gap between tokens)."""
+        given = {k: v for k, v in limits.items() if getattr(self, k) is not None}
+        itl = given.pop("itl_ms", self.itl_ms if "itl_ms" not in limits else None)
+        if itl is not None:
+            tpot = given.get("tpot_ms", self.tpot_ms)
+            given["tpot_ms"] = itl if tpot is None else min(tpot, itl)
         return replace(
             self,
             slo_percentile=None,
             ttft_percentile=None,
             tpot_percentile=None,
-            **{k: v for k, v in limits.items() if getattr(self, k) is not None},
+            itl_percentile=None,
+            itl_ms=None,
+            **given,
         )
 
     @property
@@ -312,7 +331,7 @@ class Workload:
 
     def describe(self) -> str:
         slo = []
-        for key in ("ttft_ms", "tpot_ms"):
+        for key in ("ttft_ms", "tpot_ms", "itl_ms"):
             value, p = getattr(self, key), self.percentile(key)
             if value is not None:
                 at = "" if p is None else f"p{p:g} "

@@ -150,9 +150,13 @@ def percentile_capacity(
 
 
 def role_slos(slos: dict[str, tuple[float, float]], role: Role) -> dict[str, tuple[float, float]]:
-    """The SLOs one pool answers for: a prefill pool TTFT, a decode pool TPOT (the
-    deployment, simulated whole, answers for both)."""
-    own = {"agg": ("ttft_ms", "tpot_ms"), "prefill": ("ttft_ms",), "decode": ("tpot_ms",)}
+    """The SLOs one pool answers for: a prefill pool TTFT, a decode pool TPOT and ITL
+    (the deployment, simulated whole, answers for all)."""
+    own = {
+        "agg": ("ttft_ms", "tpot_ms", "itl_ms"),
+        "prefill": ("ttft_ms",),
+        "decode": ("tpot_ms", "itl_ms"),
+    }
     return {k: v for k, v in slos.items() if k in own[role]}
 
 

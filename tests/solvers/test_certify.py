@@ -326,3 +326,23 @@ def test_compare_records_each_methods_certificate(
     records = [json.loads(line)["run"] for line in runs.read_text().splitlines()]
     assert {"cpsat", "random"} <= {r["method"] for r in records}
     assert all(r["certificate"]["certified"] for r in records)
+
+
+def test_a_gap_between_tokens_is_an_slo_at_a_percentile_only() -> None:
+    """Vidur's TBT: every gap between two tokens. On the mean it is the TPOT; at a
+    percentile the simulator's token gaps judge it, and the ranking bounds the mean
+    TPOT by it."""
+    with pytest.raises(ShardlabError) as e:
+        _problem(itl_ms=200)
+    assert e.value.field == "workload.itl_ms"
+    w = _problem(ttft_ms=2000, ttft_percentile=90, itl_ms=200, itl_percentile=99).workload
+    assert w.tail and w.percentile("itl_ms") == 99 and w.percentile("tpot_ms") is None
+    assert w.on_the_mean().tpot_ms == 200 and w.on_the_mean(itl_ms=150.0).tpot_ms == 150
+    problem = _problem(rate=8, ttft_ms=2000, ttft_percentile=90, itl_ms=200, itl_percentile=99)
+    s = solve(problem, "cpsat", seed=0)
+    cert = s.certificate
+    assert cert is not None and cert.certified is not None
+    assert set(cert.slos) == {"ttft_ms", "itl_ms"}
+    won = cert.certified
+    assert won.floor_ms["itl_ms"] <= won.simulated_ms["itl_ms"] <= 200
+    assert "simulated p99 ITL <= 200 ms" in cert.claim and "mean TPOT <= 200 ms" in cert.claim
