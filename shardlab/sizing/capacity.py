@@ -14,12 +14,20 @@ that no plan meets the SLOs there):
 
 Shapes are powers of two within a node, then powers of two of whole nodes. Solves are
 kept by instance: a curve over rates re-uses every one.
+
+Before any solve, an instance's capacity is bounded by the largest CP-SAT subproblem
+bound of its problem (:meth:`Capacities.ceiling`): every plan of the instance lies in
+one (degrees, requests per rank) subproblem and serves at most its bound, so the
+optimum does, and the servable capacity is at most the optimum. A decode instance
+pinned to a layout is a subset of the unpinned one, and a prefill handing off its
+caches is slower than one without: the unpinned, handoff-free ceilings bound them all.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,8 +42,15 @@ from shardlab.problems.disagg import decode_problem, prefill_problem
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Budget
+from shardlab.solvers.cpsat.bounds import ROUNDING, subproblems
 
 Role = Literal["agg", "prefill", "decode"]
+
+
+class _OutOfTime(Exception):
+    """The time limit ran out while an instance was being bounded."""
+
+
 # Seconds under which a solve is not started before the deadline (it could prove nothing).
 _LEAST_S = 0.05
 
@@ -119,6 +134,7 @@ class Capacities:
         # called with each capacity as it is solved (the CLI's progress display)
         self.on_solved: Callable[[Capacity], None] | None = None
         self._kept: dict[tuple, Capacity] = {}
+        self._ceilings: dict[tuple[Role, str, int], float] = {}
         # capacities asked for since the last clear that are not proven (the time limit
         # stopped or prevented their solve): what a partial answer names
         self.unproven: dict[tuple, Capacity] = {}
@@ -164,6 +180,45 @@ class Capacities:
 
     # -- solves ---------------------------------------------------------------------------
 
+    def ceiling(self, role: Role, gpu: str, gpus: int) -> float:
+        """Requests/s no instance of ``gpus`` GPUs of ``gpu`` in ``role`` serves more
+        than, in any decode layout or handoff, from bounds alone (no solve): the largest
+        subproblem bound of its problem (0: no subproblem can hold a plan meeting the
+        SLOs; inf: the time limit ran out before it was bounded)."""
+        key = (role, gpu, gpus)
+        if key not in self._ceilings:
+            self._ceilings[key] = self._ceiling(role, gpu, gpus)
+        return self._ceilings[key]
+
+    def _ceiling(self, role: Role, gpu: str, gpus: int) -> float:
+        acc = self.accelerators[gpu]
+        if gpus < least_gpus(self.problem, acc):
+            return 0.0
+        if self.expired():
+            return math.inf
+        try:
+            problem = self._build(role, acc, gpus)
+            problem.space  # noqa: B018 -- no degrees (the model's shape)
+        except ShardlabError:
+            return 0.0
+
+        def check() -> None:
+            if self.expired():
+                raise _OutOfTime
+
+        try:
+            # as many workers as a CP-SAT solve bounds its subproblems with
+            subs, _ = subproblems(problem, check, workers=os.cpu_count() or 1)
+        except _OutOfTime:
+            return math.inf
+        if not subs:
+            return 0.0
+        # the plans CP-SAT prices may sit a table rounding above a bound (its cutoff)
+        top = subs[0].bound * (1 + ROUNDING)
+        return top if role == "agg" else float(instance_rate(self._pool_base, problem, top))
+
+    # -- solves ---------------------------------------------------------------------------
+
     def _get(self, key: tuple, make: object) -> Capacity:
         if key not in self._kept:
             self._kept[key] = make()  # type: ignore[operator]
@@ -172,38 +227,50 @@ class Capacities:
             self.unproven[key] = found
         return found
 
+    def _build(
+        self,
+        role: Role,
+        acc: Accelerator,
+        gpus: int,
+        layout: tuple[int, int] | None = None,
+        decode: tuple[str, tuple[int, int]] | None = None,
+    ) -> Problem:
+        """The problem of one instance: aggregated; a decode instance (``layout``: its
+        pinned (pp, tp)); a prefill instance handing off to ``decode`` (None: no
+        handoff, an upper bound on any)."""
+        if role == "agg":
+            return on(self._agg_base, acc, gpus)
+        base = on(self._pool_base, acc, gpus)
+        if role == "decode":
+            return decode_problem(base, gpus, 1, layout=layout)
+        if decode is None:  # no handoff: the pool problem's prefill alone
+            pool = prefill_problem(base, gpus, 1, decode_pp=1, decode_tp=1, one_node=False)
+            return dataclasses.replace(pool, handoff=None)
+        decode_gpu, (pp, tp) = decode
+        other = self.accelerators[decode_gpu]
+        return prefill_problem(
+            base,
+            gpus,
+            1,
+            decode_pp=pp,
+            decode_tp=tp,
+            one_node=False,  # the pools own separate nodes
+            decode_gpu=None if other == acc else other,
+        )
+
     def _agg(self, gpu: str, gpus: int) -> Capacity:
         acc = self.accelerators[gpu]
-        return self._solve("agg", acc, gpus, lambda: on(self._agg_base, acc, gpus))
+        return self._solve("agg", acc, gpus, lambda: self._build("agg", acc, gpus))
 
     def _decode(self, gpu: str, gpus: int, layout: tuple[int, int] | None) -> Capacity:
         acc = self.accelerators[gpu]
-
-        def build() -> Problem:
-            base = on(self._pool_base, acc, gpus)
-            return decode_problem(base, gpus, 1, layout=layout)
-
-        return self._solve("decode", acc, gpus, build)
+        return self._solve("decode", acc, gpus, lambda: self._build("decode", acc, gpus, layout))
 
     def _prefill(self, gpu: str, gpus: int, decode: tuple[str, tuple[int, int]] | None) -> Capacity:
         acc = self.accelerators[gpu]
 
         def build() -> Problem:
-            base = on(self._pool_base, acc, gpus)
-            if decode is None:  # no handoff: the pool problem's prefill alone
-                pool = prefill_problem(base, gpus, 1, decode_pp=1, decode_tp=1, one_node=False)
-                return dataclasses.replace(pool, handoff=None)
-            decode_gpu, (pp, tp) = decode
-            other = self.accelerators[decode_gpu]
-            return prefill_problem(
-                base,
-                gpus,
-                1,
-                decode_pp=pp,
-                decode_tp=tp,
-                one_node=False,  # the pools own separate nodes
-                decode_gpu=None if other == acc else other,
-            )
+            return self._build("prefill", acc, gpus, decode=decode)
 
         return self._solve("prefill", acc, gpus, build)
 

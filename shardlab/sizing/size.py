@@ -33,8 +33,17 @@ plan that CP-SAT proves best for it (:mod:`shardlab.sizing.capacity`). Cost is
    up to ``max_gpus`` serves refuses every higher rate of a curve unsolved.
 4. *A compute ceiling.* No deployment of ``max_gpus`` GPUs serves more requests/s
    than they compute at their peak (:meth:`Sizer.rate_ceiling`); a rate above it is
-   refused before any solve. Between the ceiling and what the GPUs really serve, the
-   proof of "none" solves every shape (minutes for large models at 256 GPUs).
+   refused before any solve.
+5. *Instance ceilings.* No instance serves more than its largest CP-SAT subproblem
+   bound (:meth:`~shardlab.sizing.capacity.Capacities.ceiling`, no solve). A rate that
+   no deployment reaches even at those ceilings is refused before any solve
+   (:mod:`shardlab.sizing.reach`), for each GPU type and serving mode as for all of
+   them. When the ceilings do reach it, they prune what is solved: aggregated, the
+   kinds left are not solved once the cheapest cover of the solved kinds' capacities
+   and the others' ceilings cannot beat the best found; disaggregated, a pair of kinds
+   is not solved when the instances its ceilings need already cost as much as the
+   best found or exceed ``max_gpus``. Each pruning only skips solves that could not
+   have changed the answer, so the answer is the one solving them would give.
 
 **A time limit** (``time_limit``, wall seconds from ``started``) ends the proof early:
 each solve gets what is left, none starts after it, and an answer that needed a
@@ -50,9 +59,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
 
-from shardlab.costmodel import fit_rate
 from shardlab.errors import ShardlabError
 from shardlab.problems.cluster import Accelerator, Cluster
 from shardlab.problems.disagg import SERVINGS
@@ -60,142 +67,16 @@ from shardlab.problems.limits import check_finite
 from shardlab.problems.problem import Problem
 from shardlab.sizing.capacity import Capacities, Capacity, instance_sizes, least_gpus
 from shardlab.sizing.cover import Kind, cover
+from shardlab.sizing.deployment import SAME as _SAME
+from shardlab.sizing.deployment import Deployment, Mode, Pool, better
+from shardlab.sizing.reach import Reach, reach, why_unserved
 
-Mode = Literal["agg", "disagg"]
 DEFAULT_MAX_GPUS = 256
-# Costs within this relative distance are equal (prices are given to the cent).
-_SAME = 1e-12
 # Seconds of a time limit kept for what follows the last solve: a stopped CP-SAT solve
 # ends within a second of its limit, then the answer is priced and printed and the
 # process exits (measured: about 1.5 s in all with the interpreter's start before the
 # command's clock starts, on a loaded machine).
 _RESERVE_S = 3.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pool:
-    """``instances`` identical instances of one kind."""
-
-    role: str  # agg, prefill, decode
-    capacity: Capacity  # one instance's
-    instances: int
-    price: float | None  # $/GPU-hour
-    gpus_per_node: int
-
-    @property
-    def gpu(self) -> str:
-        return self.capacity.gpu
-
-    @property
-    def gpus(self) -> int:
-        return self.instances * self.capacity.gpus
-
-    @property
-    def nodes(self) -> int:
-        """Nodes it fills (instances within a node pack them, power-of-two sizes)."""
-        return -(-self.gpus // self.gpus_per_node)
-
-    @property
-    def rate(self) -> float:
-        return self.instances * self.capacity.rate
-
-    @property
-    def cost(self) -> float:
-        return self.gpus * (self.price if self.price is not None else 1.0)
-
-    def label(self) -> str:
-        return f"{self.instances} x {self.capacity.gpus} {self.gpu}"
-
-    def to_dict(self, problem: Problem, routed: float) -> dict[str, Any]:
-        """As JSON; ``routed``: the requests/s the router sends this pool."""
-        c = self.capacity
-        plan = c.plan
-        at_rate = None
-        if self.role == "agg" and plan is not None and c.problem is not None:
-            # where each instance settles at its share of the rate
-            at_rate = fit_rate(c.problem, plan, routed / self.instances).to_dict()
-        return {
-            "role": self.role,
-            "gpu": self.gpu,
-            "instances": self.instances,
-            "gpus_per_instance": c.gpus,
-            "gpus": self.gpus,
-            "nodes": self.nodes,
-            "capacity_rps": self.rate,
-            "instance_capacity_rps": c.rate,
-            "instance_cpsat_optimum_rps": c.bound,
-            "routed_rps": routed,
-            "at_rate": at_rate,
-            "price_per_gpu_hour": self.price,
-            "degrees": plan.degrees.short() if plan else None,
-            "requests_per_rank": plan.requests_per_rank if plan else None,
-            "ttft_ms": c.metrics.ttft_ms if c.metrics else None,
-            "tpot_ms": c.metrics.tpot_ms if c.metrics else None,
-            "plan": plan.to_dict(problem.model, cluster=f"{self.gpu}x{c.gpus}") if plan else None,
-        }
-
-
-@dataclass(frozen=True, kw_only=True)
-class Deployment:
-    mode: Mode
-    pools: tuple[Pool, ...]
-
-    @property
-    def cost(self) -> float:
-        return sum(p.cost for p in self.pools)
-
-    @property
-    def gpus(self) -> int:
-        return sum(p.gpus for p in self.pools)
-
-    @property
-    def nodes(self) -> int:
-        return sum(p.nodes for p in self.pools)
-
-    @property
-    def capacity(self) -> float:
-        if self.mode == "agg":
-            return sum(p.rate for p in self.pools)
-        return min(p.rate for p in self.pools)
-
-    @property
-    def gpu_types(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(p.gpu for p in self.pools))
-
-    def key(self) -> tuple[float, int, float]:
-        return (self.cost, self.gpus, -self.capacity)
-
-    def label(self) -> str:
-        if self.mode == "agg":
-            return " + ".join(p.label() for p in self.pools)
-        pre, dec = self.pools
-        return f"prefill {pre.label()}; decode {dec.label()}"
-
-    def routed(self, rate: float, pool: Pool) -> float:
-        """Requests/s the router sends ``pool`` at ``rate``: aggregated, a share in
-        proportion to capacity; disaggregated, every request passes both pools."""
-        return rate * pool.rate / self.capacity if self.mode == "agg" else rate
-
-    def to_dict(self, problem: Problem, priced: bool, rate: float) -> dict[str, Any]:
-        return {
-            "serving": self.mode,
-            "label": self.label(),
-            "cost_per_hour" if priced else "cost_gpus": self.cost,
-            "gpus": self.gpus,
-            "nodes": self.nodes,
-            "capacity_rps": self.capacity,
-            "utilization": rate / self.capacity,
-            "pools": [p.to_dict(problem, self.routed(rate, p)) for p in self.pools],
-        }
-
-
-def better(a: Deployment | None, b: Deployment | None) -> Deployment | None:
-    """The cheaper (then fewer GPUs, then more capacity) of two deployments."""
-    if a is None or b is None:
-        return a or b
-    if not math.isclose(a.cost, b.cost, rel_tol=_SAME):
-        return a if a.cost < b.cost else b
-    return a if a.key() <= b.key() else b
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,6 +140,9 @@ class Sizer:
     time_limit: float | None = None
     started: float | None = None
     progress: Callable[[SizingProgress], None] | None = None
+    # prune and refuse by the instances' CP-SAT bounds before solving them (False: by
+    # solves alone, the reference the tests hold the pruning to)
+    bounds: bool = True
     caps: Capacities = field(init=False)
     _at: tuple[float, int, int] = field(init=False, default=(0.0, 0, 1))
 
@@ -321,9 +205,12 @@ class Sizer:
         costs less than ``bound`` (None: none)."""
         solved: list[Capacity] = []
         best: Deployment | None = None
-        for unit, gpu, n in self._kinds(gpus):
+        kinds = self._kinds(gpus)
+        for j, (unit, gpu, n) in enumerate(kinds):
             if unit >= bound * (1 - _SAME):
                 break  # it and every kind after it cost the bound alone
+            if math.isfinite(bound) and not self._may_beat(rate, solved, kinds[j:], bound):
+                break
             c = self.caps.agg(gpu, n)
             if c.rate <= 0:
                 continue
@@ -342,6 +229,39 @@ class Sizer:
             bound = best.cost
         return best
 
+    def _may_beat(
+        self, rate: float, solved: list[Capacity], rest: list[tuple[float, str, int]], bound: float
+    ) -> bool:
+        """Whether a mix of the ``solved`` instances and the ``rest`` at their ceilings
+        could serve ``rate`` for less than ``bound`` (False: solving the rest cannot
+        improve on it: their capacities are at most their ceilings)."""
+        if not self.bounds:
+            return True
+        kinds = [Kind(cost=c.gpus * self._price(c.gpu), gpus=c.gpus, capacity=c.rate)
+                 for c in solved if c.rate > 0]  # fmt: skip
+        added = False
+        for unit, gpu, n in rest:
+            if unit >= bound * (1 - _SAME):
+                break
+            ceiling = self.caps.ceiling("agg", gpu, n)
+            if math.isinf(ceiling):
+                return True  # not bounded in time: nothing to prune with
+            if ceiling > 0:
+                kinds.append(Kind(cost=unit, gpus=n, capacity=ceiling))
+                added = True
+        found = cover(kinds, rate, self.max_gpus) if added else None
+        return found is not None and found.cost < bound * (1 - _SAME)
+
+    def _needs(self, role: str, gpu: str, gpus: int, rate: float) -> int | None:
+        """Instances of the kind ``rate`` needs at the least by its ceiling (None: it
+        serves nothing; 1 without bounds, prunes nothing)."""
+        if not self.bounds:
+            return 1
+        ceiling = self.caps.ceiling(role, gpu, gpus)  # type: ignore[arg-type]
+        if ceiling <= 0:
+            return None
+        return 1 if math.isinf(ceiling) else math.ceil(rate / ceiling * (1 - 1e-9))
+
     # -- disaggregated -----------------------------------------------------------------
 
     def disagg(
@@ -358,10 +278,19 @@ class Sizer:
         if not pre_kinds or not dec_kinds:
             return None
         least_pre = pre_kinds[0][0]
+        least_pre_gpus = min(n for _, _, n in pre_kinds)
         best: Deployment | None = None
         for d_unit, dgpu, dn in dec_kinds:
             if d_unit + least_pre >= bound * (1 - _SAME):
                 break
+            # the kind's ceiling: as many instances as it needs at the least, before a solve
+            y_ceil = self._needs("decode", dgpu, dn, rate)
+            if (
+                y_ceil is None
+                or y_ceil * d_unit + least_pre >= bound * (1 - _SAME)
+                or y_ceil * dn + least_pre_gpus > self.max_gpus
+            ):
+                continue
             dec = self.caps.decode(dgpu, dn)
             if dec.bound <= 0:
                 continue
@@ -371,6 +300,13 @@ class Sizer:
             for p_unit, pgpu, pn in pre_kinds:
                 if d_least + p_unit >= bound * (1 - _SAME):
                     break
+                x_ceil = self._needs("prefill", pgpu, pn, rate)
+                if (
+                    x_ceil is None
+                    or d_least + x_ceil * p_unit >= bound * (1 - _SAME)
+                    or x_ceil * pn + y_least * dn > self.max_gpus
+                ):
+                    continue
                 free = self.caps.prefill(pgpu, pn, None)
                 if free.bound <= 0:
                     continue
@@ -419,12 +355,14 @@ class Sizer:
 
     # -- one rate, a curve ---------------------------------------------------------------
 
-    def _modes(self) -> tuple[Mode, ...]:
+    def modes(self) -> tuple[Mode, ...]:
         return ("agg", "disagg") if self.serving == "best" else (self.serving,)  # type: ignore[return-value]
 
     def _best(self, rate: float, gpus: Sequence[str], bound: float = math.inf) -> Deployment | None:
         best: Deployment | None = None
-        for mode in self._modes():
+        for mode in self.modes():
+            if not self.reach(gpus, (mode,), rate).serves(rate):
+                continue  # the bounds prove no deployment of the mode serves it
             limit = min(bound, best.cost if best is not None else math.inf)
             found = (
                 self.agg(rate, gpus, limit)
@@ -451,6 +389,18 @@ class Sizer:
         solves, seconds = self.caps.solves, self.caps.seconds
         start = time.perf_counter()
         self.caps.unproven.clear()
+        bounded = self.reach(gpus, self.modes(), rate)
+        if not bounded.serves(rate):
+            return Sizing(
+                rate=rate,
+                best=None,
+                by_gpu=dict.fromkeys(gpus),
+                proof=(
+                    f"at most {bounded.most:.4g}/s by CP-SAT's bounds on each of "
+                    f"{bounded.shapes} instance shapes: no solve "
+                    f"({time.perf_counter() - start:.1f} s)",
+                ),
+            )
         by_gpu: dict[str, Deployment | None] = {}
         for g in gpus:
             by_gpu[g] = None if unserved and unserved.get(g) else self._best(rate, [g])
@@ -512,58 +462,15 @@ class Sizer:
         return self.max_gpus * peak * 1e12 / flops
 
     def why_unserved(self, rate: float) -> ShardlabError:
-        """Why no deployment serves ``rate``: past what ``max_gpus`` GPUs compute, an
-        SLO no instance meets, or a rate past what they serve."""
-        if rate > (ceiling := self.rate_ceiling()):
-            return ShardlabError(
-                f"rate {rate:g} requests/s: {self.max_gpus} GPUs of "
-                f"{', '.join(self.accelerators)} compute at most {ceiling:.4g} "
-                f"requests/s of {self.problem.model.name} at their peak",
-                field="rate",
-                fix="give a lower rate or allow more GPUs (max_gpus)",
-            )
-        kinds = [
-            c for g in self.accelerators for n in self.shapes(g) for c in self._role_caps(g, n)
-        ]
-        w = self.problem.workload
-        slos = ", ".join(
-            f"{name} <= {value:g} ms"
-            for name, value in (("TTFT", w.ttft_ms), ("TPOT", w.tpot_ms))
-            if value is not None
-        )
-        types = ", ".join(self.accelerators)
+        """Why no deployment serves ``rate`` (:func:`shardlab.sizing.reach.why_unserved`)."""
+        return why_unserved(self, rate)
 
-        def serves(role: str) -> bool:
-            return any(c.rate > 0 for c in kinds if c.role == role)
-
-        if not (serves("agg") or (serves("prefill") and serves("decode"))):
-            return ShardlabError(
-                f"no instance of {types} up to {self.max_gpus} GPUs meets the SLOs "
-                f"({slos or 'none'}) for {self.problem.model.name} at "
-                f"{w.input_len}/{w.output_len}",
-                field="slo",
-                fix="relax the TTFT/TPOT SLOs, or allow faster GPUs or more of them (max_gpus)",
-            )
-        agg = [(self.max_gpus // c.gpus) * c.rate for c in kinds if c.role == "agg"]
-        most = (
-            f" (aggregated instances of one kind serve at most {max(agg):.3g}/s there)"
-            if agg and max(agg) > 0
-            else ""
-        )
-        return ShardlabError(
-            f"rate {rate:g} requests/s: no deployment of {types} up to {self.max_gpus} GPUs "
-            f"serves it under the SLOs{most}",
-            field="rate",
-            fix="give a lower rate or allow more GPUs (max_gpus)",
-        )
-
-    def _role_caps(self, gpu: str, n: int) -> list[Capacity]:
-        roles = []
-        if self.serving in ("agg", "best"):
-            roles.append(self.caps.agg(gpu, n))
-        if self.serving in ("disagg", "best"):
-            roles += [self.caps.decode(gpu, n), self.caps.prefill(gpu, n, None)]
-        return roles
+    def reach(self, gpus: Sequence[str], modes: Sequence[str], enough: float) -> Reach:
+        """What deployments of ``gpus`` in ``modes`` could serve by the instances'
+        bounds, up to ``enough`` (without bounds: unlimited)."""
+        if not self.bounds:
+            return Reach(agg=math.inf, disagg=math.inf, per_gpu=math.inf)
+        return reach(self, gpus, modes, enough)
 
 
 def sizing_cluster(accelerators: Mapping[str, Accelerator], max_gpus: int) -> Cluster:

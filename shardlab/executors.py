@@ -1,4 +1,5 @@
-"""Where a comparison's runs run: in-process, local worker processes, or a Ray cluster.
+"""Where independent tasks run: in-process, local worker processes, or a Ray cluster
+(a comparison's runs, a sizing's capacity searches).
 
 Every executor takes the runs as ``(index, task)`` pairs and calls ``done(index,
 record)`` in the parent as each finishes (in completion order), so that the caller can
