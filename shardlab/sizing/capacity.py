@@ -29,9 +29,9 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -44,7 +44,12 @@ from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Budget
 from shardlab.solvers.cpsat.bounds import ROUNDING, subproblems
 
+if TYPE_CHECKING:
+    from shardlab.sizing.parallel import Parallel
+
 Role = Literal["agg", "prefill", "decode"]
+# what :meth:`Capacities.compute` computes: a capacity's key, or ("ceiling", role, ...)
+Key = tuple[Any, ...]
 
 
 class _OutOfTime(Exception):
@@ -135,6 +140,8 @@ class Capacities:
         self.on_solved: Callable[[Capacity], None] | None = None
         self._kept: dict[tuple, Capacity] = {}
         self._ceilings: dict[tuple[Role, str, int], float] = {}
+        # where :meth:`prefetch` computes side by side (None: one at a time, here)
+        self.parallel: Parallel | None = None
         # capacities asked for since the last clear that are not proven (the time limit
         # stopped or prevented their solve): what a partial answer names
         self.unproven: dict[tuple, Capacity] = {}
@@ -150,17 +157,62 @@ class Capacities:
         )
 
     def agg(self, gpu: str, gpus: int) -> Capacity:
-        return self._get(("agg", gpu, gpus), lambda: self._agg(gpu, gpus))
+        return self._get(("agg", gpu, gpus))
 
     def decode(self, gpu: str, gpus: int, layout: tuple[int, int] | None = None) -> Capacity:
-        return self._get(("decode", gpu, gpus, layout), lambda: self._decode(gpu, gpus, layout))
+        return self._get(("decode", gpu, gpus, layout))
 
     def prefill(
         self, gpu: str, gpus: int, decode: tuple[str, tuple[int, int]] | None = None
     ) -> Capacity:
         """A prefill instance handing off to decode ranks ``(decode GPU, (pp, tp))``;
         None: no handoff (an upper bound on any)."""
-        return self._get(("prefill", gpu, gpus, decode), lambda: self._prefill(gpu, gpus, decode))
+        return self._get(("prefill", gpu, gpus, decode))
+
+    # -- what is known, and computing it ---------------------------------------------------
+
+    def known(self, key: Key) -> bool:
+        return (key[1:] in self._ceilings) if key[0] == "ceiling" else key in self._kept
+
+    def compute(self, key: Key) -> Capacity | float:
+        """The value of ``key``, computed here and not kept: a capacity
+        (``("agg", gpu, gpus)``, ``("decode", gpu, gpus, layout)``, ``("prefill", gpu,
+        gpus, decode)``) or a ceiling (``("ceiling", role, gpu, gpus)``)."""
+        what, *rest = key
+        if what == "ceiling":
+            return self._ceiling(*rest)
+        acc = self.accelerators[rest[0]]
+        if what == "agg":
+            return self._solve("agg", acc, rest[1], lambda: self._build("agg", acc, rest[1]))
+        if what == "decode":
+            layout = rest[2]
+            return self._solve(
+                "decode", acc, rest[1], lambda: self._build("decode", acc, rest[1], layout)
+            )
+        decode = rest[2]
+        return self._solve(
+            "prefill", acc, rest[1], lambda: self._build("prefill", acc, rest[1], decode=decode)
+        )
+
+    def keep(self, key: Key, value: Capacity | float) -> None:
+        """Keep what :meth:`compute` found for ``key`` (here or in a worker)."""
+        if isinstance(value, Capacity):
+            self._kept[key] = value
+            if value.status not in ("skipped", "unsolved"):
+                self.solves += 1
+                self.seconds += value.seconds
+                if self.on_solved is not None:
+                    self.on_solved(value)
+        else:
+            self._ceilings[key[1:]] = value  # type: ignore[index]
+
+    def prefetch(self, keys: Iterable[Key]) -> None:
+        """Compute the ``keys`` not known yet side by side, on :attr:`parallel` (one
+        key, or no executor: left to the search's own call)."""
+        todo = [k for k in dict.fromkeys(keys) if not self.known(k)]
+        if self.parallel is None or len(todo) < 2 or self.expired():
+            return
+        self.parallel.run(self, todo)
 
     def expired(self) -> bool:
         """Whether the time limit has run out (no solve starts any more)."""
@@ -185,10 +237,10 @@ class Capacities:
         than, in any decode layout or handoff, from bounds alone (no solve): the largest
         subproblem bound of its problem (0: no subproblem can hold a plan meeting the
         SLOs; inf: the time limit ran out before it was bounded)."""
-        key = (role, gpu, gpus)
-        if key not in self._ceilings:
-            self._ceilings[key] = self._ceiling(role, gpu, gpus)
-        return self._ceilings[key]
+        key = ("ceiling", role, gpu, gpus)
+        if not self.known(key):
+            self.keep(key, self.compute(key))
+        return self._ceilings[key[1:]]  # type: ignore[index]
 
     def _ceiling(self, role: Role, gpu: str, gpus: int) -> float:
         acc = self.accelerators[gpu]
@@ -219,9 +271,9 @@ class Capacities:
 
     # -- solves ---------------------------------------------------------------------------
 
-    def _get(self, key: tuple, make: object) -> Capacity:
-        if key not in self._kept:
-            self._kept[key] = make()  # type: ignore[operator]
+    def _get(self, key: Key) -> Capacity:
+        if not self.known(key):
+            self.keep(key, self.compute(key))
         found = self._kept[key]
         if not found.proven:
             self.unproven[key] = found
@@ -258,22 +310,6 @@ class Capacities:
             decode_gpu=None if other == acc else other,
         )
 
-    def _agg(self, gpu: str, gpus: int) -> Capacity:
-        acc = self.accelerators[gpu]
-        return self._solve("agg", acc, gpus, lambda: self._build("agg", acc, gpus))
-
-    def _decode(self, gpu: str, gpus: int, layout: tuple[int, int] | None) -> Capacity:
-        acc = self.accelerators[gpu]
-        return self._solve("decode", acc, gpus, lambda: self._build("decode", acc, gpus, layout))
-
-    def _prefill(self, gpu: str, gpus: int, decode: tuple[str, tuple[int, int]] | None) -> Capacity:
-        acc = self.accelerators[gpu]
-
-        def build() -> Problem:
-            return self._build("prefill", acc, gpus, decode=decode)
-
-        return self._solve("prefill", acc, gpus, build)
-
     def _solve(self, role: Role, acc: Accelerator, gpus: int, build: object) -> Capacity:
         from shardlab.solvers.solve import solve
 
@@ -306,8 +342,6 @@ class Capacities:
             budget = Budget(max_evals=None, seconds=min(budget.seconds, self.deadline - start))
         s = solve(problem, "cpsat", budget=budget, seed=self.seed, baseline=False)
         seconds = time.perf_counter() - start
-        self.solves += 1
-        self.seconds += seconds
         m = s.agg.metrics if s.agg is not None else None
         feasible = m is not None and m.feasible
         rate = bound = 0.0
@@ -322,7 +356,7 @@ class Capacities:
                     return instance_rate(self._pool_base, problem, b.throughput_tok_s)
 
             rate, _ = prefix_capacity(problem, plan, m.requests_per_rank, rate_of)
-        found = Capacity(
+        return Capacity(
             gpu=acc.key,
             gpus=gpus,
             role=role,
@@ -335,6 +369,3 @@ class Capacities:
             why="" if feasible else s.message,
             seconds=seconds,
         )
-        if self.on_solved is not None:
-            self.on_solved(found)
-        return found

@@ -215,9 +215,9 @@ class Sizer:
             if c.rate <= 0:
                 continue
             solved.append(c)
-            kinds = [Kind(cost=k.gpus * self._price(k.gpu), gpus=k.gpus, capacity=k.rate)
-                     for k in solved]  # fmt: skip
-            found = cover(kinds, rate, self.max_gpus)
+            have = [Kind(cost=k.gpus * self._price(k.gpu), gpus=k.gpus, capacity=k.rate)
+                    for k in solved]  # fmt: skip
+            found = cover(have, rate, self.max_gpus)
             if found is None or found.cost >= bound * (1 - _SAME):
                 continue
             pools = tuple(

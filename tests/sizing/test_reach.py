@@ -105,9 +105,11 @@ def test_an_instance_ceiling_bounds_what_it_serves_in_every_role(problem, shapes
     assert checked >= len(shapes) * 2  # pools that serve something were compared
 
 
-def _sizer(bounds: bool = True, prices: dict[str, float] | None = None) -> Sizer:
+def _sizer(
+    bounds: bool = True, prices: dict[str, float] | None = None, serving: str = "best"
+) -> Sizer:
     accs = {g: ACC[g] for g in ("h100", "h200")}
-    return Sizer(small_problem(), accs, max_gpus=4, bounds=bounds, prices=prices)
+    return Sizer(small_problem(), accs, max_gpus=4, bounds=bounds, prices=prices, serving=serving)
 
 
 def test_a_rate_past_every_bound_is_refused_without_a_solve() -> None:
@@ -123,10 +125,15 @@ def test_a_rate_past_every_bound_is_refused_without_a_solve() -> None:
     assert sizer.caps.solves == 0
 
 
+@pytest.mark.parametrize("serving", ["agg", "best"])
 @pytest.mark.parametrize("prices", [None, {"h100": 2.0, "h200": 3.5}])
-def test_pruning_by_the_bounds_changes_no_answer(prices: dict[str, float] | None) -> None:
-    rates = [2.0, 9.0, 25.0, 40.0, 60.0, 70.0, 90.0]
-    pruned, solved = _sizer(True, prices), _sizer(False, prices)
+def test_pruning_by_the_bounds_changes_no_answer(
+    prices: dict[str, float] | None, serving: str
+) -> None:
+    """Mixes that beat the first cover found (33, 47/s priced), disaggregated pairs, a
+    rate the bounds leave open and the solves refuse (70/s aggregated), refusals."""
+    rates = [2.0, 9.0, 25.0, 33.0, 40.0, 47.0, 60.0, 70.0, 90.0]
+    pruned, solved = _sizer(True, prices, serving), _sizer(False, prices, serving)
     for a, b in zip(pruned.curve(rates), solved.curve(rates), strict=True):
         assert not a.partial and not b.partial
         for x, y in [(a.best, b.best), *((a.by_gpu[g], b.by_gpu[g]) for g in b.by_gpu)]:
