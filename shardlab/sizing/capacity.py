@@ -29,7 +29,7 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -173,6 +173,12 @@ class Capacities:
 
     def known(self, key: Key) -> bool:
         return (key[1:] in self._ceilings) if key[0] == "ceiling" else key in self._kept
+
+    def items(self) -> Iterator[tuple[Key, Capacity | float]]:
+        """Every key known, with its value (ceilings' keys as ``("ceiling", ...)``)."""
+        yield from self._kept.items()
+        for key, ceiling in self._ceilings.items():
+            yield ("ceiling", *key), ceiling
 
     def compute(self, key: Key) -> Capacity | float:
         """The value of ``key``, computed here and not kept: a capacity

@@ -140,7 +140,10 @@ def reach(
     bounds do not refuse that rate)."""
     caps = sizer.caps
     b = _Bounds(sizer.max_gpus)
-    for n, g in sorted((n, gpu) for gpu in gpus for n in sizer.shapes(gpu)):
+    roles = ["agg"] * ("agg" in modes) + ["prefill", "decode"] * ("disagg" in modes)
+    shapes = sorted((n, gpu) for gpu in gpus for n in sizer.shapes(gpu))
+    for i, (n, g) in enumerate(shapes):
+        sizer.ahead(("ceiling", role, gpu, m) for m, gpu in shapes[i:] for role in roles)
         b.shapes += 1
         if "agg" in modes:
             b.add_agg(n, caps.ceiling("agg", g, n))

@@ -55,6 +55,7 @@ Unproven capacities prove no infeasibility either: nothing is carried upward fro
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -65,10 +66,11 @@ from shardlab.problems.cluster import Accelerator, Cluster
 from shardlab.problems.disagg import SERVINGS
 from shardlab.problems.limits import check_finite
 from shardlab.problems.problem import Problem
-from shardlab.sizing.capacity import Capacities, Capacity, instance_sizes, least_gpus
+from shardlab.sizing.capacity import Capacities, Capacity, Key, instance_sizes, least_gpus
 from shardlab.sizing.cover import Kind, cover
 from shardlab.sizing.deployment import SAME as _SAME
 from shardlab.sizing.deployment import Deployment, Mode, Pool, better
+from shardlab.sizing.parallel import Parallel
 from shardlab.sizing.reach import Reach, reach, why_unserved
 
 DEFAULT_MAX_GPUS = 256
@@ -143,6 +145,11 @@ class Sizer:
     # prune and refuse by the instances' CP-SAT bounds before solving them (False: by
     # solves alone, the reference the tests hold the pruning to)
     bounds: bool = True
+    # capacity searches at once, on ``executor`` (local processes or Ray at
+    # ``address``): waves of what the search asks for next (:mod:`.parallel`)
+    jobs: int = 1
+    executor: str = "local"
+    address: str | None = None
     caps: Capacities = field(init=False)
     _at: tuple[float, int, int] = field(init=False, default=(0.0, 0, 1))
 
@@ -163,6 +170,15 @@ class Sizer:
             deadline = start + self.time_limit - min(_RESERVE_S, self.time_limit / 4)
         self.caps = Capacities(self.problem, self.accelerators, seed=self.seed, deadline=deadline)
         self.caps.on_solved = self._report
+        parallel = Parallel(executor=self.executor, jobs=self.jobs, address=self.address)
+        self.caps.parallel = parallel if parallel.side_by_side else None
+
+    def ahead(self, keys: Iterable[Key]) -> None:
+        """Start the next wave: the first ``jobs`` of ``keys`` not known yet, side by
+        side (nothing without an executor)."""
+        if self.caps.parallel is not None:
+            todo = (k for k in keys if not self.caps.known(k))
+            self.caps.prefetch(itertools.islice(todo, self.jobs))
 
     @property
     def priced(self) -> bool:
@@ -239,8 +255,10 @@ class Sizer:
             return True
         kinds = [Kind(cost=c.gpus * self._price(c.gpu), gpus=c.gpus, capacity=c.rate)
                  for c in solved if c.rate > 0]  # fmt: skip
+        open_ = [(u, g, n) for u, g, n in rest if u < bound * (1 - _SAME)]
+        self.ahead(("ceiling", "agg", g, n) for _, g, n in open_)
         added = False
-        for unit, gpu, n in rest:
+        for unit, gpu, n in open_:
             if unit >= bound * (1 - _SAME):
                 break
             ceiling = self.caps.ceiling("agg", gpu, n)
@@ -252,15 +270,32 @@ class Sizer:
         found = cover(kinds, rate, self.max_gpus) if added else None
         return found is not None and found.cost < bound * (1 - _SAME)
 
-    def _needs(self, role: str, gpu: str, gpus: int, rate: float) -> int | None:
-        """Instances of the kind ``rate`` needs at the least by its ceiling (None: it
-        serves nothing; 1 without bounds, prunes nothing)."""
-        if not self.bounds:
-            return 1
+    def _open(
+        self,
+        role: str,
+        kind: tuple[float, str, int],
+        rate: float,
+        bound: float,
+        other: tuple[float, int],
+    ) -> bool:
+        """Whether a pool of ``kind`` (one instance's cost, GPU type, GPUs) may serve
+        ``rate`` beside a pool costing at least ``other`` (cost, GPUs) for less than
+        ``bound`` within ``max_gpus``, by its ceiling: no solve (without bounds: one
+        instance each)."""
+        unit, gpu, gpus = kind
+
+        def fits(need: int) -> bool:
+            return (
+                other[0] + need * unit < bound * (1 - _SAME)
+                and other[1] + need * gpus <= self.max_gpus
+            )
+
+        if not fits(1) or not self.bounds:  # one instance already too many, or no bounds
+            return fits(1)
         ceiling = self.caps.ceiling(role, gpu, gpus)  # type: ignore[arg-type]
         if ceiling <= 0:
-            return None
-        return 1 if math.isinf(ceiling) else math.ceil(rate / ceiling * (1 - 1e-9))
+            return False
+        return math.isinf(ceiling) or fits(math.ceil(rate / ceiling * (1 - 1e-9)))
 
     # -- disaggregated -----------------------------------------------------------------
 
@@ -283,13 +318,8 @@ class Sizer:
         for d_unit, dgpu, dn in dec_kinds:
             if d_unit + least_pre >= bound * (1 - _SAME):
                 break
-            # the kind's ceiling: as many instances as it needs at the least, before a solve
-            y_ceil = self._needs("decode", dgpu, dn, rate)
-            if (
-                y_ceil is None
-                or y_ceil * d_unit + least_pre >= bound * (1 - _SAME)
-                or y_ceil * dn + least_pre_gpus > self.max_gpus
-            ):
+            least = (least_pre, least_pre_gpus)  # the prefill pool's, at the least
+            if not self._open("decode", (d_unit, dgpu, dn), rate, bound, least):
                 continue
             dec = self.caps.decode(dgpu, dn)
             if dec.bound <= 0:
@@ -300,12 +330,8 @@ class Sizer:
             for p_unit, pgpu, pn in pre_kinds:
                 if d_least + p_unit >= bound * (1 - _SAME):
                     break
-                x_ceil = self._needs("prefill", pgpu, pn, rate)
-                if (
-                    x_ceil is None
-                    or d_least + x_ceil * p_unit >= bound * (1 - _SAME)
-                    or x_ceil * pn + y_least * dn > self.max_gpus
-                ):
+                least = (d_least, y_least * dn)  # the decode pool's, at the least
+                if not self._open("prefill", (p_unit, pgpu, pn), rate, bound, least):
                     continue
                 free = self.caps.prefill(pgpu, pn, None)
                 if free.bound <= 0:
@@ -358,6 +384,13 @@ class Sizer:
     def modes(self) -> tuple[Mode, ...]:
         return ("agg", "disagg") if self.serving == "best" else (self.serving,)  # type: ignore[return-value]
 
+    def _alone(self, rate: float, gpus: list[str]) -> dict[str, Deployment | None]:
+        """Each GPU type's own cheapest deployment: independent searches, side by side
+        on the executor when there is one (:meth:`.parallel.Parallel.search`)."""
+        if self.caps.parallel is not None and len(gpus) > 1:
+            return self.caps.parallel.search(self, rate, gpus)
+        return {g: self._best(rate, [g]) for g in gpus}
+
     def _best(self, rate: float, gpus: Sequence[str], bound: float = math.inf) -> Deployment | None:
         best: Deployment | None = None
         for mode in self.modes():
@@ -375,6 +408,13 @@ class Sizer:
     def size(self, rate: float, unserved: Mapping[str, bool] | None = None) -> Sizing:
         """The answer at ``rate`` (``unserved``: types a lower rate found no
         deployment of, skipped: infeasibility carries upward)."""
+        try:
+            return self._size(rate, unserved)
+        finally:
+            if self.caps.parallel is not None:
+                self.caps.parallel.close()
+
+    def _size(self, rate: float, unserved: Mapping[str, bool] | None) -> Sizing:
         check_finite(rate, what="rate (requests/s)", positive=True)
         self._at = (rate, *self._at[1:])  # what the progress reports (curve: which of them)
         gpus = list(self.accelerators)
@@ -401,9 +441,8 @@ class Sizer:
                     f"({time.perf_counter() - start:.1f} s)",
                 ),
             )
-        by_gpu: dict[str, Deployment | None] = {}
-        for g in gpus:
-            by_gpu[g] = None if unserved and unserved.get(g) else self._best(rate, [g])
+        by_gpu: dict[str, Deployment | None] = dict.fromkeys(gpus)
+        by_gpu |= self._alone(rate, [g for g in gpus if not (unserved and unserved.get(g))])
         best: Deployment | None = None
         for d in by_gpu.values():
             best = better(d, best)
