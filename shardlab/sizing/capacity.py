@@ -42,7 +42,7 @@ from shardlab.problems.disagg import decode_problem, prefill_problem
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Budget
-from shardlab.solvers.cpsat.bounds import ROUNDING, subproblems
+from shardlab.solvers.cpsat.bounds import ROUNDING, largest_bound
 
 if TYPE_CHECKING:
     from shardlab.sizing.parallel import Parallel
@@ -142,6 +142,9 @@ class Capacities:
         self._ceilings: dict[tuple[Role, str, int], float] = {}
         # where :meth:`prefetch` computes side by side (None: one at a time, here)
         self.parallel: Parallel | None = None
+        # processes bounding one instance's subproblems (as many as a CP-SAT solve
+        # bounds them with; one in a sizing's worker, its siblings share the cores)
+        self.bound_workers = os.cpu_count() or 1
         # capacities asked for since the last clear that are not proven (the time limit
         # stopped or prevented their solve): what a partial answer names
         self.unproven: dict[tuple, Capacity] = {}
@@ -265,14 +268,13 @@ class Capacities:
                 raise _OutOfTime
 
         try:
-            # as many workers as a CP-SAT solve bounds its subproblems with
-            subs, _ = subproblems(problem, check, workers=os.cpu_count() or 1)
+            top = largest_bound(problem, check, workers=self.bound_workers)
         except _OutOfTime:
             return math.inf
-        if not subs:
+        if not math.isfinite(top) or top <= 0:
             return 0.0
         # the plans CP-SAT prices may sit a table rounding above a bound (its cutoff)
-        top = subs[0].bound * (1 + ROUNDING)
+        top *= 1 + ROUNDING
         return top if role == "agg" else float(instance_rate(self._pool_base, problem, top))
 
     # -- solves ---------------------------------------------------------------------------

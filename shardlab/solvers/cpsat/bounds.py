@@ -310,11 +310,7 @@ def subproblems(
     that many forked processes (the tables and bounds are pure Python-heavy numpy:
     threads would share one core); the answer is the same.
     """
-    n = len(problem.space.degree_tuples)
-    if workers > 1 and n >= PARALLEL_FROM and "fork" in mp.get_all_start_methods():
-        rows = _bound_in_processes(problem, check, workers)
-    else:
-        rows = [_bound_degrees(problem, di, check) for di in range(n)]
+    rows = _rows(problem, check, workers)
     out = [
         Subproblem(
             degree_index=di,
@@ -328,6 +324,26 @@ def subproblems(
     ]
     out.sort(key=lambda s: (-s.bound, s.degree_index, -s.requests_per_rank))
     return out, sum(discarded for _, discarded in rows)
+
+
+def largest_bound(
+    problem: Problem, check: Callable[[], None] = lambda: None, workers: int = 1
+) -> float:
+    """The bound of :func:`subproblems`' first (-inf: none may hold a plan), without
+    building and sorting them all."""
+    tops = [float(kept[:, 1].max()) for kept, _ in _rows(problem, check, workers) if len(kept)]
+    return max(tops, default=-math.inf)
+
+
+def _rows(
+    problem: Problem, check: Callable[[], None], workers: int
+) -> list[tuple[np.ndarray, int]]:
+    """:func:`_bound_degrees` of every degree tuple, in ``workers`` forked processes
+    when there are enough of them."""
+    n = len(problem.space.degree_tuples)
+    if workers > 1 and n >= PARALLEL_FROM and "fork" in mp.get_all_start_methods():
+        return _bound_in_processes(problem, check, workers)
+    return [_bound_degrees(problem, di, check) for di in range(n)]
 
 
 def _bound_degrees(
