@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import multiprocessing as mp
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -288,6 +289,13 @@ def _misses_slo(
     return miss
 
 
+# The problems bounded last, with their subproblems and how many were discarded: a
+# problem bounded again (a sizing's instance, bounded for its ceiling, then solved)
+# reads them here. Problems are frozen values: an equal problem has equal bounds.
+_BOUNDED: OrderedDict[Problem, tuple[list[Subproblem], int]] = OrderedDict()
+_BOUNDED_KEPT = 8
+
+
 # Concurrencies bounded in one numpy pass: keeps the tables of a pass to tens of MB,
 # and is how often the enumeration reads the clock inside one degree tuple.
 BOUND_CHUNK = 256
@@ -310,6 +318,10 @@ def subproblems(
     that many forked processes (the tables and bounds are pure Python-heavy numpy:
     threads would share one core); the answer is the same.
     """
+    check()
+    if (kept := _BOUNDED.get(problem)) is not None:
+        _BOUNDED.move_to_end(problem)
+        return list(kept[0]), kept[1]
     rows = _rows(problem, check, workers)
     out = [
         Subproblem(
@@ -323,16 +335,21 @@ def subproblems(
         for c, bound, a, b in kept.tolist()
     ]
     out.sort(key=lambda s: (-s.bound, s.degree_index, -s.requests_per_rank))
-    return out, sum(discarded for _, discarded in rows)
+    discarded = sum(n for _, n in rows)
+    _BOUNDED[problem] = (out, discarded)
+    if len(_BOUNDED) > _BOUNDED_KEPT:
+        _BOUNDED.popitem(last=False)
+    return list(out), discarded
 
 
 def largest_bound(
     problem: Problem, check: Callable[[], None] = lambda: None, workers: int = 1
 ) -> float:
-    """The bound of :func:`subproblems`' first (-inf: none may hold a plan), without
-    building and sorting them all."""
-    tops = [float(kept[:, 1].max()) for kept, _ in _rows(problem, check, workers) if len(kept)]
-    return max(tops, default=-math.inf)
+    """The bound of :func:`subproblems`' first (-inf: none may hold a plan). They are
+    kept for a solve of the same problem that may follow (a sizing bounds an instance
+    before it decides to solve it)."""
+    subs, _ = subproblems(problem, check, workers)
+    return subs[0].bound if subs else -math.inf
 
 
 def _rows(
