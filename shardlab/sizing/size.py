@@ -256,19 +256,17 @@ class Sizer:
         kinds = [Kind(cost=c.gpus * self._price(c.gpu), gpus=c.gpus, capacity=c.rate)
                  for c in solved if c.rate > 0]  # fmt: skip
         open_ = [(u, g, n) for u, g, n in rest if u < bound * (1 - _SAME)]
-        self.ahead(("ceiling", "agg", g, n) for _, g, n in open_)
-        added = False
-        for unit, gpu, n in open_:
-            if unit >= bound * (1 - _SAME):
-                break
+        for i, (unit, gpu, n) in enumerate(open_):
+            self.ahead(("ceiling", "agg", g, m) for _, g, m in open_[i:])
             ceiling = self.caps.ceiling("agg", gpu, n)
             if math.isinf(ceiling):
                 return True  # not bounded in time: nothing to prune with
             if ceiling > 0:
                 kinds.append(Kind(cost=unit, gpus=n, capacity=ceiling))
-                added = True
-        found = cover(kinds, rate, self.max_gpus) if added else None
-        return found is not None and found.cost < bound * (1 - _SAME)
+                found = cover(kinds, rate, self.max_gpus)
+                if found is not None and found.cost < bound * (1 - _SAME):
+                    return True  # more kinds would only make it cheaper: stop bounding
+        return False
 
     def _open(
         self,
