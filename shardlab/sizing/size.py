@@ -146,7 +146,8 @@ class Sizer:
     # solves alone, the reference the tests hold the pruning to)
     bounds: bool = True
     # capacity searches at once, on ``executor`` (local processes or Ray at
-    # ``address``): waves of what the search asks for next (:mod:`.parallel`)
+    # ``address``): each GPU type's own search, and waves of instance bounds
+    # (:mod:`shardlab.sizing.parallel`); the answer is one job's
     jobs: int = 1
     executor: str = "local"
     address: str | None = None
