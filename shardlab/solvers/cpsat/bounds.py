@@ -289,11 +289,12 @@ def _misses_slo(
     return miss
 
 
-# The problems bounded last, with their subproblems and how many were discarded: a
-# problem bounded again (a sizing's instance, bounded for its ceiling, then solved)
-# reads them here. Problems are frozen values: an equal problem has equal bounds.
-_BOUNDED: OrderedDict[Problem, tuple[list[Subproblem], int]] = OrderedDict()
-_BOUNDED_KEPT = 8
+# The problems bounded last, with each degree tuple's bounds (rows of requests per rank,
+# bound, TTFT low, TPOT low) and how many it discarded: a problem bounded again (a
+# sizing's instance, bounded for its ceiling, then solved) reads them here. Problems
+# are frozen values: an equal problem has equal bounds. A few MB each at most.
+_BOUNDED: OrderedDict[Problem, list[tuple[np.ndarray, int]]] = OrderedDict()
+_BOUNDED_KEPT = 32
 
 
 # Concurrencies bounded in one numpy pass: keeps the tables of a pass to tens of MB,
@@ -318,10 +319,6 @@ def subproblems(
     that many forked processes (the tables and bounds are pure Python-heavy numpy:
     threads would share one core); the answer is the same.
     """
-    check()
-    if (kept := _BOUNDED.get(problem)) is not None:
-        _BOUNDED.move_to_end(problem)
-        return list(kept[0]), kept[1]
     rows = _rows(problem, check, workers)
     out = [
         Subproblem(
@@ -335,32 +332,37 @@ def subproblems(
         for c, bound, a, b in kept.tolist()
     ]
     out.sort(key=lambda s: (-s.bound, s.degree_index, -s.requests_per_rank))
-    discarded = sum(n for _, n in rows)
-    _BOUNDED[problem] = (out, discarded)
-    if len(_BOUNDED) > _BOUNDED_KEPT:
-        _BOUNDED.popitem(last=False)
-    return list(out), discarded
+    return out, sum(discarded for _, discarded in rows)
 
 
 def largest_bound(
     problem: Problem, check: Callable[[], None] = lambda: None, workers: int = 1
 ) -> float:
-    """The bound of :func:`subproblems`' first (-inf: none may hold a plan). They are
-    kept for a solve of the same problem that may follow (a sizing bounds an instance
-    before it decides to solve it)."""
-    subs, _ = subproblems(problem, check, workers)
-    return subs[0].bound if subs else -math.inf
+    """The bound of :func:`subproblems`' first (-inf: none may hold a plan), without
+    building them; the bounds are kept for a solve of the same problem that may follow
+    (a sizing bounds an instance before it decides to solve it)."""
+    tops = [float(kept[:, 1].max()) for kept, _ in _rows(problem, check, workers) if len(kept)]
+    return max(tops, default=-math.inf)
 
 
 def _rows(
     problem: Problem, check: Callable[[], None], workers: int
 ) -> list[tuple[np.ndarray, int]]:
     """:func:`_bound_degrees` of every degree tuple, in ``workers`` forked processes
-    when there are enough of them."""
+    when there are enough of them; those of a problem bounded lately are read back."""
+    check()
+    if (kept := _BOUNDED.get(problem)) is not None:
+        _BOUNDED.move_to_end(problem)
+        return kept
     n = len(problem.space.degree_tuples)
     if workers > 1 and n >= PARALLEL_FROM and "fork" in mp.get_all_start_methods():
-        return _bound_in_processes(problem, check, workers)
-    return [_bound_degrees(problem, di, check) for di in range(n)]
+        rows = _bound_in_processes(problem, check, workers)
+    else:
+        rows = [_bound_degrees(problem, di, check) for di in range(n)]
+    _BOUNDED[problem] = rows
+    if len(_BOUNDED) > _BOUNDED_KEPT:
+        _BOUNDED.popitem(last=False)
+    return rows
 
 
 def _bound_degrees(
