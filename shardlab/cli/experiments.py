@@ -19,9 +19,9 @@ from shardlab.cli.render import (
     task_progress,
     timing_label,
 )
-from shardlab.compare.executors import check_executor
 from shardlab.compare.journal import JOURNAL, Journal
 from shardlab.errors import ShardlabError
+from shardlab.executors import check_executor
 from shardlab.files import check_output_dir, check_output_file, folder_name, make_dir, write_text
 from shardlab.problems.problem import Problem
 from shardlab.problems.suite import SUITES

@@ -75,6 +75,25 @@ def size(
         typer.Option("--max-gpus", min=1, max=MAX_GPUS, help="Most GPUs a deployment may use."),
     ] = 256,
     seed: Annotated[int, typer.Option(min=0, help="CP-SAT's seed.")] = 0,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Capacity searches at once: each GPU type's own search, and the instance "
+            "bounds, in this many worker processes (or Ray tasks). Same answer as one.",
+        ),
+    ] = 1,
+    executor: Annotated[
+        str,
+        typer.Option(
+            help="Where the searches run: local (--jobs worker processes) or ray (tasks "
+            "on the Ray cluster at --address; pip install -e '.[ray]')."
+        ),
+    ] = "local",
+    address: Annotated[
+        str | None,
+        typer.Option(help="The Ray cluster's address (e.g. 10.0.0.1:6379), with --executor ray."),
+    ] = None,
     time_limit: Annotated[
         float | None,
         typer.Option(
@@ -133,6 +152,9 @@ def size(
             serving=serving,
             max_gpus=max_gpus,
             seed=seed,
+            jobs=jobs,
+            executor=executor,
+            address=address,
             time_limit=time_limit,
             started=STARTED,
             progress=progress,

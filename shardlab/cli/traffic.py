@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -21,6 +21,8 @@ from shardlab.problems.traffic import (
     summarize,
     synthetic_traffic,
 )
+from shardlab.problems.workload import get_workload
+from shardlab.solvers.certify import CERTIFY_REQUESTS, TRIES
 from shardlab.solvers.choices import listed
 
 # How many refused rows the table lists (the JSON lists them all).
@@ -234,3 +236,141 @@ def _print(s: TrafficSummary) -> None:
             out.print(f"  {r.reason}", markup=False, soft_wrap=True)
         if len(s.refused) > SHOWN_REFUSALS:
             out.print(f"  ... and {len(s.refused) - SHOWN_REFUSALS:,} more", markup=False)
+
+
+# SLOs at a percentile and the traffic that checks them: the options of the commands
+# that take a traffic (problem_command(traffic=True)).
+TRAFFIC_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    (
+        "slo_percentile",
+        float | None,
+        typer.Option(
+            None,
+            "--slo-percentile",
+            help="Hold every SLO at this percentile of the requests (e.g. 90, 99), checked "
+            "by simulating the traffic; default: on the mean.",
+        ),
+    ),
+    (
+        "ttft_percentile",
+        float | None,
+        typer.Option(None, "--ttft-percentile", help="The TTFT SLO's own percentile."),
+    ),
+    (
+        "tpot_percentile",
+        float | None,
+        typer.Option(None, "--tpot-percentile", help="The TPOT SLO's own percentile."),
+    ),
+    (
+        "itl_ms",
+        float | None,
+        typer.Option(
+            None,
+            "--itl-ms",
+            help="SLO on every gap between two tokens (Vidur's TBT), at a percentile only.",
+        ),
+    ),
+    (
+        "itl_percentile",
+        float | None,
+        typer.Option(None, "--itl-percentile", help="The ITL SLO's own percentile."),
+    ),
+    (
+        "traffic_file",
+        str | None,
+        typer.Option(
+            None,
+            "--traffic",
+            help=f"A trace file ({listed(TRACE_FORMATS)}): its mean lengths and rate are "
+            "the workload's, and percentile SLOs are simulated under it.",
+        ),
+    ),
+    (
+        "trace_format",
+        str | None,
+        typer.Option(None, "--trace-format", help=f"The trace's format, {listed(TRACE_FORMATS)}."),
+    ),
+    (
+        "arrival",
+        str | None,
+        typer.Option(
+            None, help="poisson or gamma arrivals at --rate (default: a trace's own, or poisson)."
+        ),
+    ),
+    ("cv", float, typer.Option(1.0, help="Gamma arrivals: the CV of the gaps (1: Poisson).")),
+    (
+        "range_ratio",
+        float,
+        typer.Option(
+            1.0,
+            "--range-ratio",
+            help="Synthetic lengths uniform in [r x nominal, nominal] (e.g. 0.8; 1: fixed).",
+        ),
+    ),
+    (
+        "requests",
+        int | None,
+        typer.Option(None, help=f"Synthetic traffic: requests. [default: {CERTIFY_REQUESTS}]"),
+    ),
+    (
+        "tries",
+        int,
+        typer.Option(
+            TRIES, min=1, help="Percentile SLOs: plans the simulator may reject before giving up."
+        ),
+    ),
+)
+
+PERCENTILE_OPTIONS = TRAFFIC_OPTIONS[:5]
+
+
+def traffic_of(options: dict[str, Any], *, takes_rate: bool = True) -> Traffic | None:
+    """The traffic the options name, its own options taken out of ``options`` and the
+    workload's set from it: a trace's mean lengths and (open arrivals, when the
+    command takes a rate) its rate. None when they name none (a percentile SLO is then
+    checked under the workload's own traffic)."""
+    file, fmt = options.pop("traffic_file"), options.pop("trace_format")
+    arrival, cv = options.pop("arrival"), options.pop("cv")
+    range_ratio, requests = options.pop("range_ratio"), options.pop("requests")
+    synthetic = arrival is not None or cv != 1.0 or range_ratio != 1.0 or requests is not None
+    if file is None and not synthetic:
+        return None
+    if file is not None:
+        for key in ("input_len", "output_len"):
+            if options.get(key) is not None:
+                flag = "--" + key.replace("_", "-")
+                raise ShardlabError(
+                    f"{flag} {options[key]}: a trace has its own lengths",
+                    field=key,
+                    fix=f"drop {flag}, or drop --traffic for a synthetic traffic",
+                )
+    elif takes_rate and options.get("rate") is None and options.get("clients") is None:
+        raise ShardlabError(
+            "a synthetic traffic needs a rate (requests/s), or a closed loop's clients",
+            field="rate",
+            fix="give --rate (or --clients), or a trace with --traffic",
+        )
+    w = get_workload(options["workload"])
+    # a command sizing for rates of its own takes the traffic's shape (arrivals at 1/s,
+    # rescaled to each rate) when it has no trace
+    shape_rate = None if file is not None or takes_rate else 1.0
+    made = build_traffic(
+        traffic_file=file,
+        trace_format=fmt,
+        rate=options.get("rate") or shape_rate,
+        arrival=arrival,
+        cv=cv,
+        requests=requests or (None if file else CERTIFY_REQUESTS),
+        input_len=options.get("input_len") or w.input_len,
+        output_len=options.get("output_len") or w.output_len,
+        range_ratio=range_ratio,
+        clients=options.get("clients"),
+        prompts_per_client=options.get("prompts_per_client"),
+        seed=0,
+    )
+    # the analytic model prices the traffic's mean request
+    options["input_len"] = max(1, round(float(made.input_len.mean())))
+    options["output_len"] = max(2, round(float(made.output_len.mean())))
+    if file is not None and made.arrival != "closed" and takes_rate:
+        options["rate"] = made.rate
+    return made

@@ -1,7 +1,7 @@
 """Run several methods on several instances and seeds, and write the comparison.
 
 Every (instance, method, seed, budget) run goes to a worker (a local process or a Ray
-task, :mod:`shardlab.compare.executors`) and, as it finishes, to ``results/<name>/runs.jsonl``
+task, :mod:`shardlab.executors`) and, as it finishes, to ``results/<name>/runs.jsonl``
 (:mod:`shardlab.compare.journal`): a comparison stopped part-way (Ctrl-C, a kill) loses only
 the runs in flight, and re-running the same command runs only the ones missing.
 Every record carries its run's key, so a clone that has ``results.json`` (committed)

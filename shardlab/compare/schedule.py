@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shardlab.compare.executors import Executor, run_all
 from shardlab.compare.journal import Journal
 from shardlab.compare.runs import DISAGG_OPTIMUM, FREE_OPTIMUM, Case, Task, run_task, task_key
+from shardlab.executors import Executor, run_all
 from shardlab.problems.problem import Problem
 from shardlab.problems.suite import Instance
 from shardlab.solvers.registry import solver_class
@@ -53,7 +53,7 @@ def run_comparison(
     ``instance/engine``), every method searching ``space_kind``; ``vs_free`` adds CP-SAT
     over the free space (``cpsat@free``), whose optimum the others are then a fraction of.
 
-    Runs go to ``executor`` (:mod:`shardlab.compare.executors`: ``jobs`` local processes, or
+    Runs go to ``executor`` (:mod:`shardlab.executors`: ``jobs`` local processes, or
     the Ray cluster at ``address``). With a ``journal`` every run is put on disk as it
     finishes and runs already there are not run again; ``on_resume(reused, total)``
     hears how many. ``serving`` ``disagg`` runs CP-SAT's disaggregated optimum

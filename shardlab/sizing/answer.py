@@ -7,7 +7,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from shardlab.sizing.size import Deployment, Sizer, Sizing
+from shardlab.sizing.deployment import Deployment
+from shardlab.sizing.size import Sizer, Sizing
 
 SIZING_SCHEMA = "shardlab.sizing/1"
 

@@ -14,16 +14,24 @@ that no plan meets the SLOs there):
 
 Shapes are powers of two within a node, then powers of two of whole nodes. Solves are
 kept by instance: a curve over rates re-uses every one.
+
+Before any solve, an instance's capacity is bounded by the largest CP-SAT subproblem
+bound of its problem (:meth:`Capacities.ceiling`): every plan of the instance lies in
+one (degrees, requests per rank) subproblem and serves at most its bound, so the
+optimum does, and the servable capacity is at most the optimum. A decode instance
+pinned to a layout is a subset of the unpinned one, and a prefill handing off its
+caches is slower than one without: the unpinned, handoff-free ceilings bound them all.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -37,8 +45,20 @@ from shardlab.problems.traffic import Traffic
 from shardlab.sizing.tail import Probe, percentile_capacity, role_slos
 from shardlab.solvers.base import Budget
 from shardlab.solvers.certify import tail_slos
+from shardlab.solvers.cpsat.bounds import ROUNDING, largest_bound
+
+if TYPE_CHECKING:
+    from shardlab.sizing.parallel import Parallel
 
 Role = Literal["agg", "prefill", "decode"]
+# what :meth:`Capacities.compute` computes: a capacity's key, or ("ceiling", role, ...)
+Key = tuple[Any, ...]
+
+
+class _OutOfTime(Exception):
+    """The time limit ran out while an instance was being bounded."""
+
+
 # Seconds under which a solve is not started before the deadline (it could prove nothing).
 _LEAST_S = 0.05
 
@@ -117,7 +137,7 @@ class Capacities:
         traffic: Traffic | None = None,
     ):
         self.problem = problem
-        # SLOs at a percentile: each aggregated instance's capacity is simulated under
+        # SLOs at a percentile: each instance's capacity is simulated (served) under
         # ``traffic`` (None: Poisson arrivals of the workload's lengths) at each rate
         self.slos = tail_slos(problem)
         self.traffic = traffic
@@ -131,6 +151,12 @@ class Capacities:
         # called with each capacity as it is solved (the CLI's progress display)
         self.on_solved: Callable[[Capacity], None] | None = None
         self._kept: dict[tuple, Capacity] = {}
+        self._ceilings: dict[tuple[Role, str, int], float] = {}
+        # where :meth:`prefetch` computes side by side (None: one at a time, here)
+        self.parallel: Parallel | None = None
+        # processes bounding one instance's subproblems (as many as a CP-SAT solve
+        # bounds them with; one in a sizing's worker, its siblings share the cores)
+        self.bound_workers = os.cpu_count() or 1
         # capacities asked for since the last clear that are not proven (the time limit
         # stopped or prevented their solve): what a partial answer names
         self.unproven: dict[tuple, Capacity] = {}
@@ -146,17 +172,68 @@ class Capacities:
         )
 
     def agg(self, gpu: str, gpus: int) -> Capacity:
-        return self._get(("agg", gpu, gpus), lambda: self._agg(gpu, gpus))
+        return self._get(("agg", gpu, gpus))
 
     def decode(self, gpu: str, gpus: int, layout: tuple[int, int] | None = None) -> Capacity:
-        return self._get(("decode", gpu, gpus, layout), lambda: self._decode(gpu, gpus, layout))
+        return self._get(("decode", gpu, gpus, layout))
 
     def prefill(
         self, gpu: str, gpus: int, decode: tuple[str, tuple[int, int]] | None = None
     ) -> Capacity:
         """A prefill instance handing off to decode ranks ``(decode GPU, (pp, tp))``;
         None: no handoff (an upper bound on any)."""
-        return self._get(("prefill", gpu, gpus, decode), lambda: self._prefill(gpu, gpus, decode))
+        return self._get(("prefill", gpu, gpus, decode))
+
+    # -- what is known, and computing it ---------------------------------------------------
+
+    def known(self, key: Key) -> bool:
+        return (key[1:] in self._ceilings) if key[0] == "ceiling" else key in self._kept
+
+    def items(self) -> Iterator[tuple[Key, Capacity | float]]:
+        """Every key known, with its value (ceilings' keys as ``("ceiling", ...)``)."""
+        yield from self._kept.items()
+        for key, ceiling in self._ceilings.items():
+            yield ("ceiling", *key), ceiling
+
+    def compute(self, key: Key) -> Capacity | float:
+        """The value of ``key``, computed here and not kept: a capacity
+        (``("agg", gpu, gpus)``, ``("decode", gpu, gpus, layout)``, ``("prefill", gpu,
+        gpus, decode)``) or a ceiling (``("ceiling", role, gpu, gpus)``)."""
+        what, *rest = key
+        if what == "ceiling":
+            return self._ceiling(*rest)
+        acc = self.accelerators[rest[0]]
+        if what == "agg":
+            return self._solve("agg", acc, rest[1], lambda: self._build("agg", acc, rest[1]))
+        if what == "decode":
+            layout = rest[2]
+            return self._solve(
+                "decode", acc, rest[1], lambda: self._build("decode", acc, rest[1], layout)
+            )
+        decode = rest[2]
+        return self._solve(
+            "prefill", acc, rest[1], lambda: self._build("prefill", acc, rest[1], decode=decode)
+        )
+
+    def keep(self, key: Key, value: Capacity | float) -> None:
+        """Keep what :meth:`compute` found for ``key`` (here or in a worker)."""
+        if isinstance(value, Capacity):
+            self._kept[key] = value
+            if value.status not in ("skipped", "unsolved"):
+                self.solves += 1
+                self.seconds += value.seconds
+                if self.on_solved is not None:
+                    self.on_solved(value)
+        else:
+            self._ceilings[key[1:]] = value  # type: ignore[index]
+
+    def prefetch(self, keys: Iterable[Key]) -> None:
+        """Compute the ``keys`` not known yet side by side, on :attr:`parallel` (one
+        key, or no executor: left to the search's own call)."""
+        todo = [k for k in dict.fromkeys(keys) if not self.known(k)]
+        if self.parallel is None or len(todo) < 2 or self.expired():
+            return
+        self.parallel.run(self, todo)
 
     def served(self, c: Capacity) -> Capacity:
         """``c`` under the percentile SLOs: its rate the simulated capacity
@@ -210,48 +287,82 @@ class Capacities:
 
     # -- solves ---------------------------------------------------------------------------
 
-    def _get(self, key: tuple, make: object) -> Capacity:
-        if key not in self._kept:
-            self._kept[key] = make()  # type: ignore[operator]
+    def ceiling(self, role: Role, gpu: str, gpus: int) -> float:
+        """Requests/s no instance of ``gpus`` GPUs of ``gpu`` in ``role`` serves more
+        than, in any decode layout or handoff, from bounds alone (no solve): the largest
+        subproblem bound of its problem (0: no subproblem can hold a plan meeting the
+        SLOs; inf: the time limit ran out before it was bounded)."""
+        key = ("ceiling", role, gpu, gpus)
+        if not self.known(key):
+            self.keep(key, self.compute(key))
+        return self._ceilings[key[1:]]  # type: ignore[index]
+
+    def _ceiling(self, role: Role, gpu: str, gpus: int) -> float:
+        acc = self.accelerators[gpu]
+        if gpus < least_gpus(self.problem, acc):
+            return 0.0
+        if self.expired():
+            return math.inf
+        try:
+            problem = self._build(role, acc, gpus)
+            problem.space  # noqa: B018 -- no degrees (the model's shape)
+        except ShardlabError:
+            return 0.0
+
+        def check() -> None:
+            if self.expired():
+                raise _OutOfTime
+
+        try:
+            top = largest_bound(problem, check, workers=self.bound_workers)
+        except _OutOfTime:
+            return math.inf
+        if not math.isfinite(top) or top <= 0:
+            return 0.0
+        # the plans CP-SAT prices may sit a table rounding above a bound (its cutoff)
+        top *= 1 + ROUNDING
+        return top if role == "agg" else float(instance_rate(self._pool_base, problem, top))
+
+    # -- solves ---------------------------------------------------------------------------
+
+    def _get(self, key: Key) -> Capacity:
+        if not self.known(key):
+            self.keep(key, self.compute(key))
         found = self._kept[key]
         if not found.proven:
             self.unproven[key] = found
         return found
 
-    def _agg(self, gpu: str, gpus: int) -> Capacity:
-        acc = self.accelerators[gpu]
-        return self._solve("agg", acc, gpus, lambda: on(self._agg_base, acc, gpus))
-
-    def _decode(self, gpu: str, gpus: int, layout: tuple[int, int] | None) -> Capacity:
-        acc = self.accelerators[gpu]
-
-        def build() -> Problem:
-            base = on(self._pool_base, acc, gpus)
+    def _build(
+        self,
+        role: Role,
+        acc: Accelerator,
+        gpus: int,
+        layout: tuple[int, int] | None = None,
+        decode: tuple[str, tuple[int, int]] | None = None,
+    ) -> Problem:
+        """The problem of one instance: aggregated; a decode instance (``layout``: its
+        pinned (pp, tp)); a prefill instance handing off to ``decode`` (None: no
+        handoff, an upper bound on any)."""
+        if role == "agg":
+            return on(self._agg_base, acc, gpus)
+        base = on(self._pool_base, acc, gpus)
+        if role == "decode":
             return decode_problem(base, gpus, 1, layout=layout)
-
-        return self._solve("decode", acc, gpus, build)
-
-    def _prefill(self, gpu: str, gpus: int, decode: tuple[str, tuple[int, int]] | None) -> Capacity:
-        acc = self.accelerators[gpu]
-
-        def build() -> Problem:
-            base = on(self._pool_base, acc, gpus)
-            if decode is None:  # no handoff: the pool problem's prefill alone
-                pool = prefill_problem(base, gpus, 1, decode_pp=1, decode_tp=1, one_node=False)
-                return dataclasses.replace(pool, handoff=None)
-            decode_gpu, (pp, tp) = decode
-            other = self.accelerators[decode_gpu]
-            return prefill_problem(
-                base,
-                gpus,
-                1,
-                decode_pp=pp,
-                decode_tp=tp,
-                one_node=False,  # the pools own separate nodes
-                decode_gpu=None if other == acc else other,
-            )
-
-        return self._solve("prefill", acc, gpus, build)
+        if decode is None:  # no handoff: the pool problem's prefill alone
+            pool = prefill_problem(base, gpus, 1, decode_pp=1, decode_tp=1, one_node=False)
+            return dataclasses.replace(pool, handoff=None)
+        decode_gpu, (pp, tp) = decode
+        other = self.accelerators[decode_gpu]
+        return prefill_problem(
+            base,
+            gpus,
+            1,
+            decode_pp=pp,
+            decode_tp=tp,
+            one_node=False,  # the pools own separate nodes
+            decode_gpu=None if other == acc else other,
+        )
 
     def _solve(self, role: Role, acc: Accelerator, gpus: int, build: object) -> Capacity:
         from shardlab.solvers.solve import solve
@@ -285,8 +396,6 @@ class Capacities:
             budget = Budget(max_evals=None, seconds=min(budget.seconds, self.deadline - start))
         s = solve(problem, "cpsat", budget=budget, seed=self.seed, baseline=False)
         seconds = time.perf_counter() - start
-        self.solves += 1
-        self.seconds += seconds
         m = s.agg.metrics if s.agg is not None else None
         feasible = m is not None and m.feasible
         rate = bound = 0.0
@@ -304,7 +413,7 @@ class Capacities:
         # SLOs at a percentile: the mean-model capacity until a deployment counts on it
         # (served); a prefill instance with no handoff is a bound only
         tail = bool(self.slos) and (role != "prefill" or problem.handoff is not None)
-        found = Capacity(
+        return Capacity(
             gpu=acc.key,
             gpus=gpus,
             role=role,
@@ -315,9 +424,6 @@ class Capacities:
             metrics=m if feasible else None,
             problem=problem,
             why="" if feasible else s.message,
-            seconds=time.perf_counter() - start,
+            seconds=seconds,
             mean_rate=rate if tail else None,
         )
-        if self.on_solved is not None:
-            self.on_solved(found)
-        return found

@@ -33,8 +33,17 @@ plan that CP-SAT proves best for it (:mod:`shardlab.sizing.capacity`). Cost is
    up to ``max_gpus`` serves refuses every higher rate of a curve unsolved.
 4. *A compute ceiling.* No deployment of ``max_gpus`` GPUs serves more requests/s
    than they compute at their peak (:meth:`Sizer.rate_ceiling`); a rate above it is
-   refused before any solve. Between the ceiling and what the GPUs really serve, the
-   proof of "none" solves every shape (minutes for large models at 256 GPUs).
+   refused before any solve.
+5. *Instance ceilings.* No instance serves more than its largest CP-SAT subproblem
+   bound (:meth:`~shardlab.sizing.capacity.Capacities.ceiling`, no solve). A rate that
+   no deployment reaches even at those ceilings is refused before any solve
+   (:mod:`shardlab.sizing.reach`), for each GPU type and serving mode as for all of
+   them. When the ceilings do reach it, they prune what is solved: aggregated, the
+   kinds left are not solved once the cheapest cover of the solved kinds' capacities
+   and the others' ceilings cannot beat the best found; disaggregated, a pair of kinds
+   is not solved when the instances its ceilings need already cost as much as the
+   best found or exceed ``max_gpus``. Each pruning only skips solves that could not
+   have changed the answer, so the answer is the one solving them would give.
 
 **A time limit** (``time_limit``, wall seconds from ``started``) ends the proof early:
 each solve gets what is left, none starts after it, and an answer that needed a
@@ -46,158 +55,32 @@ Unproven capacities prove no infeasibility either: nothing is carried upward fro
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
 
-from shardlab.costmodel import fit_rate
 from shardlab.errors import ShardlabError
 from shardlab.problems.cluster import Accelerator, Cluster
 from shardlab.problems.disagg import SERVINGS
 from shardlab.problems.limits import check_finite
 from shardlab.problems.problem import Problem
 from shardlab.problems.traffic import Traffic
-from shardlab.sizing.capacity import Capacities, Capacity, instance_sizes, least_gpus
+from shardlab.sizing.capacity import Capacities, Capacity, Key, instance_sizes, least_gpus
 from shardlab.sizing.cover import Kind, cover
+from shardlab.sizing.deployment import SAME as _SAME
+from shardlab.sizing.deployment import Deployment, Mode, Pool, better
+from shardlab.sizing.parallel import Parallel
+from shardlab.sizing.reach import Reach, reach, why_unserved
 from shardlab.sizing.tail import check_tail, simulate_deployment
 
-Mode = Literal["agg", "disagg"]
 DEFAULT_MAX_GPUS = 256
-# Costs within this relative distance are equal (prices are given to the cent).
-_SAME = 1e-12
 # Seconds of a time limit kept for what follows the last solve: a stopped CP-SAT solve
 # ends within a second of its limit, then the answer is priced and printed and the
 # process exits (measured: about 1.5 s in all with the interpreter's start before the
 # command's clock starts, on a loaded machine).
 _RESERVE_S = 3.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pool:
-    """``instances`` identical instances of one kind."""
-
-    role: str  # agg, prefill, decode
-    capacity: Capacity  # one instance's
-    instances: int
-    price: float | None  # $/GPU-hour
-    gpus_per_node: int
-
-    @property
-    def gpu(self) -> str:
-        return self.capacity.gpu
-
-    @property
-    def gpus(self) -> int:
-        return self.instances * self.capacity.gpus
-
-    @property
-    def nodes(self) -> int:
-        """Nodes it fills (instances within a node pack them, power-of-two sizes)."""
-        return -(-self.gpus // self.gpus_per_node)
-
-    @property
-    def rate(self) -> float:
-        return self.instances * self.capacity.rate
-
-    @property
-    def cost(self) -> float:
-        return self.gpus * (self.price if self.price is not None else 1.0)
-
-    def label(self) -> str:
-        return f"{self.instances} x {self.capacity.gpus} {self.gpu}"
-
-    def to_dict(self, problem: Problem, routed: float) -> dict[str, Any]:
-        """As JSON; ``routed``: the requests/s the router sends this pool."""
-        c = self.capacity
-        plan = c.plan
-        at_rate = None
-        if self.role == "agg" and plan is not None and c.problem is not None:
-            # where each instance settles at its share of the rate
-            at_rate = fit_rate(c.problem, plan, routed / self.instances).to_dict()
-        return {
-            "role": self.role,
-            "gpu": self.gpu,
-            "instances": self.instances,
-            "gpus_per_instance": c.gpus,
-            "gpus": self.gpus,
-            "nodes": self.nodes,
-            "capacity_rps": self.rate,
-            "instance_capacity_rps": c.rate,
-            "instance_cpsat_optimum_rps": c.bound,
-            "routed_rps": routed,
-            "at_rate": at_rate,
-            "price_per_gpu_hour": self.price,
-            "degrees": plan.degrees.short() if plan else None,
-            "requests_per_rank": plan.requests_per_rank if plan else None,
-            "ttft_ms": c.metrics.ttft_ms if c.metrics else None,
-            "tpot_ms": c.metrics.tpot_ms if c.metrics else None,
-            "plan": plan.to_dict(problem.model, cluster=f"{self.gpu}x{c.gpus}") if plan else None,
-        }
-
-
-@dataclass(frozen=True, kw_only=True)
-class Deployment:
-    mode: Mode
-    pools: tuple[Pool, ...]
-
-    @property
-    def cost(self) -> float:
-        return sum(p.cost for p in self.pools)
-
-    @property
-    def gpus(self) -> int:
-        return sum(p.gpus for p in self.pools)
-
-    @property
-    def nodes(self) -> int:
-        return sum(p.nodes for p in self.pools)
-
-    @property
-    def capacity(self) -> float:
-        if self.mode == "agg":
-            return sum(p.rate for p in self.pools)
-        return min(p.rate for p in self.pools)
-
-    @property
-    def gpu_types(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(p.gpu for p in self.pools))
-
-    def key(self) -> tuple[float, int, float]:
-        return (self.cost, self.gpus, -self.capacity)
-
-    def label(self) -> str:
-        if self.mode == "agg":
-            return " + ".join(p.label() for p in self.pools)
-        pre, dec = self.pools
-        return f"prefill {pre.label()}; decode {dec.label()}"
-
-    def routed(self, rate: float, pool: Pool) -> float:
-        """Requests/s the router sends ``pool`` at ``rate``: aggregated, a share in
-        proportion to capacity; disaggregated, every request passes both pools."""
-        return rate * pool.rate / self.capacity if self.mode == "agg" else rate
-
-    def to_dict(self, problem: Problem, priced: bool, rate: float) -> dict[str, Any]:
-        return {
-            "serving": self.mode,
-            "label": self.label(),
-            "cost_per_hour" if priced else "cost_gpus": self.cost,
-            "gpus": self.gpus,
-            "nodes": self.nodes,
-            "capacity_rps": self.capacity,
-            "utilization": rate / self.capacity,
-            "pools": [p.to_dict(problem, self.routed(rate, p)) for p in self.pools],
-        }
-
-
-def better(a: Deployment | None, b: Deployment | None) -> Deployment | None:
-    """The cheaper (then fewer GPUs, then more capacity) of two deployments."""
-    if a is None or b is None:
-        return a or b
-    if not math.isclose(a.cost, b.cost, rel_tol=_SAME):
-        return a if a.cost < b.cost else b
-    return a if a.key() <= b.key() else b
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,6 +149,15 @@ class Sizer:
     # SLOs at a percentile: the traffic instances are simulated under, rescaled to each
     # rate (None: Poisson arrivals of the workload's lengths; shardlab.sizing.tail)
     traffic: Traffic | None = None
+    # prune and refuse by the instances' CP-SAT bounds before solving them (False: by
+    # solves alone, the reference the tests hold the pruning to)
+    bounds: bool = True
+    # capacity searches at once, on ``executor`` (local processes or Ray at
+    # ``address``): each GPU type's own search, and waves of instance bounds
+    # (:mod:`shardlab.sizing.parallel`); the answer is one job's
+    jobs: int = 1
+    executor: str = "local"
+    address: str | None = None
     caps: Capacities = field(init=False)
     _at: tuple[float, int, int] = field(init=False, default=(0.0, 0, 1))
 
@@ -289,6 +181,15 @@ class Sizer:
             self.problem, self.accelerators, seed=self.seed, deadline=deadline, traffic=self.traffic
         )
         self.caps.on_solved = self._report
+        parallel = Parallel(executor=self.executor, jobs=self.jobs, address=self.address)
+        self.caps.parallel = parallel if parallel.side_by_side else None
+
+    def ahead(self, keys: Iterable[Key]) -> None:
+        """Start the next wave: the first ``jobs`` of ``keys`` not known yet, side by
+        side (nothing without an executor)."""
+        if self.caps.parallel is not None:
+            todo = (k for k in keys if not self.caps.known(k))
+            self.caps.prefetch(itertools.islice(todo, self.jobs))
 
     @property
     def priced(self) -> bool:
@@ -331,16 +232,19 @@ class Sizer:
         costs less than ``bound`` (None: none)."""
         solved: list[Capacity] = []
         best: Deployment | None = None
-        for unit, gpu, n in self._kinds(gpus):
+        kinds = self._kinds(gpus)
+        for j, (unit, gpu, n) in enumerate(kinds):
             if unit >= bound * (1 - _SAME):
                 break  # it and every kind after it cost the bound alone
+            if math.isfinite(bound) and not self._may_beat(rate, solved, kinds[j:], bound):
+                break
             c = self.caps.served(self.caps.agg(gpu, n))
             if c.rate <= 0:
                 continue
             solved.append(c)
-            kinds = [Kind(cost=k.gpus * self._price(k.gpu), gpus=k.gpus, capacity=k.rate)
-                     for k in solved]  # fmt: skip
-            found = cover(kinds, rate, self.max_gpus)
+            have = [Kind(cost=k.gpus * self._price(k.gpu), gpus=k.gpus, capacity=k.rate)
+                    for k in solved]  # fmt: skip
+            found = cover(have, rate, self.max_gpus)
             if found is None or found.cost >= bound * (1 - _SAME):
                 continue
             pools = tuple(
@@ -351,6 +255,56 @@ class Sizer:
             best = better(Deployment(mode="agg", pools=pools), best)
             bound = best.cost
         return best
+
+    def _may_beat(
+        self, rate: float, solved: list[Capacity], rest: list[tuple[float, str, int]], bound: float
+    ) -> bool:
+        """Whether a mix of the ``solved`` instances and the ``rest`` at their ceilings
+        could serve ``rate`` for less than ``bound`` (False: solving the rest cannot
+        improve on it: their capacities are at most their ceilings)."""
+        if not self.bounds:
+            return True
+        kinds = [Kind(cost=c.gpus * self._price(c.gpu), gpus=c.gpus, capacity=c.rate)
+                 for c in solved if c.rate > 0]  # fmt: skip
+        open_ = [(u, g, n) for u, g, n in rest if u < bound * (1 - _SAME)]
+        for i, (unit, gpu, n) in enumerate(open_):
+            self.ahead(("ceiling", "agg", g, m) for _, g, m in open_[i:])
+            ceiling = self.caps.ceiling("agg", gpu, n)
+            if math.isinf(ceiling):
+                return True  # not bounded in time: nothing to prune with
+            if ceiling > 0:
+                kinds.append(Kind(cost=unit, gpus=n, capacity=ceiling))
+                found = cover(kinds, rate, self.max_gpus)
+                if found is not None and found.cost < bound * (1 - _SAME):
+                    return True  # more kinds would only make it cheaper: stop bounding
+        return False
+
+    def _open(
+        self,
+        role: str,
+        kind: tuple[float, str, int],
+        rate: float,
+        bound: float,
+        other: tuple[float, int],
+    ) -> bool:
+        """Whether a pool of ``kind`` (one instance's cost, GPU type, GPUs) may serve
+        ``rate`` beside a pool costing at least ``other`` (cost, GPUs) for less than
+        ``bound`` within ``max_gpus``, by its ceiling: no solve (without bounds: one
+        instance each)."""
+        unit, gpu, gpus = kind
+
+        def fits(need: int) -> bool:
+            return (
+                other[0] + need * unit < bound * (1 - _SAME)
+                and other[1] + need * gpus <= self.max_gpus
+            )
+
+        if not fits(1) or not self.bounds:  # one instance already too many, or no bounds
+            return fits(1)
+        ceiling = self.caps.ceiling(role, gpu, gpus)  # type: ignore[arg-type]
+        if ceiling <= 0:
+            return False
+        return math.isinf(ceiling) or fits(math.ceil(rate / ceiling * (1 - 1e-9)))
 
     # -- disaggregated -----------------------------------------------------------------
 
@@ -368,10 +322,14 @@ class Sizer:
         if not pre_kinds or not dec_kinds:
             return None
         least_pre = pre_kinds[0][0]
+        least_pre_gpus = min(n for _, _, n in pre_kinds)
         best: Deployment | None = None
         for d_unit, dgpu, dn in dec_kinds:
             if d_unit + least_pre >= bound * (1 - _SAME):
                 break
+            least = (least_pre, least_pre_gpus)  # the prefill pool's, at the least
+            if not self._open("decode", (d_unit, dgpu, dn), rate, bound, least):
+                continue
             dec = self.caps.decode(dgpu, dn)
             if dec.bound <= 0:
                 continue
@@ -381,6 +339,9 @@ class Sizer:
             for p_unit, pgpu, pn in pre_kinds:
                 if d_least + p_unit >= bound * (1 - _SAME):
                     break
+                least = (d_least, y_least * dn)  # the decode pool's, at the least
+                if not self._open("prefill", (p_unit, pgpu, pn), rate, bound, least):
+                    continue
                 free = self.caps.prefill(pgpu, pn, None)
                 if free.bound <= 0:
                     continue
@@ -430,12 +391,21 @@ class Sizer:
 
     # -- one rate, a curve ---------------------------------------------------------------
 
-    def _modes(self) -> tuple[Mode, ...]:
+    def modes(self) -> tuple[Mode, ...]:
         return ("agg", "disagg") if self.serving == "best" else (self.serving,)  # type: ignore[return-value]
+
+    def _alone(self, rate: float, gpus: list[str]) -> dict[str, Deployment | None]:
+        """Each GPU type's own cheapest deployment: independent searches, side by side
+        on the executor when there is one (:meth:`.parallel.Parallel.search`)."""
+        if self.caps.parallel is not None and len(gpus) > 1:
+            return self.caps.parallel.search(self, rate, gpus)
+        return {g: self._best(rate, [g]) for g in gpus}
 
     def _best(self, rate: float, gpus: Sequence[str], bound: float = math.inf) -> Deployment | None:
         best: Deployment | None = None
-        for mode in self._modes():
+        for mode in self.modes():
+            if not self.reach(gpus, (mode,), rate).serves(rate):
+                continue  # the bounds prove no deployment of the mode serves it
             limit = min(bound, best.cost if best is not None else math.inf)
             found = (
                 self.agg(rate, gpus, limit)
@@ -448,6 +418,13 @@ class Sizer:
     def size(self, rate: float, unserved: Mapping[str, bool] | None = None) -> Sizing:
         """The answer at ``rate`` (``unserved``: types a lower rate found no
         deployment of, skipped: infeasibility carries upward)."""
+        try:
+            return self._size(rate, unserved)
+        finally:
+            if self.caps.parallel is not None:
+                self.caps.parallel.close()
+
+    def _size(self, rate: float, unserved: Mapping[str, bool] | None) -> Sizing:
         check_finite(rate, what="rate (requests/s)", positive=True)
         self._at = (rate, *self._at[1:])  # what the progress reports (curve: which of them)
         gpus = list(self.accelerators)
@@ -462,9 +439,20 @@ class Sizer:
         solves, seconds = self.caps.solves, self.caps.seconds
         start = time.perf_counter()
         self.caps.unproven.clear()
-        by_gpu: dict[str, Deployment | None] = {}
-        for g in gpus:
-            by_gpu[g] = None if unserved and unserved.get(g) else self._best(rate, [g])
+        bounded = self.reach(gpus, self.modes(), rate)
+        if not bounded.serves(rate):
+            return Sizing(
+                rate=rate,
+                best=None,
+                by_gpu=dict.fromkeys(gpus),
+                proof=(
+                    f"at most {bounded.most:.4g}/s by CP-SAT's bounds on each of "
+                    f"{bounded.shapes} instance shapes: no solve "
+                    f"({time.perf_counter() - start:.1f} s)",
+                ),
+            )
+        by_gpu: dict[str, Deployment | None] = dict.fromkeys(gpus)
+        by_gpu |= self._alone(rate, [g for g in gpus if not (unserved and unserved.get(g))])
         best: Deployment | None = None
         for d in by_gpu.values():
             best = better(d, best)
@@ -532,58 +520,15 @@ class Sizer:
         return self.max_gpus * peak * 1e12 / flops
 
     def why_unserved(self, rate: float) -> ShardlabError:
-        """Why no deployment serves ``rate``: past what ``max_gpus`` GPUs compute, an
-        SLO no instance meets, or a rate past what they serve."""
-        if rate > (ceiling := self.rate_ceiling()):
-            return ShardlabError(
-                f"rate {rate:g} requests/s: {self.max_gpus} GPUs of "
-                f"{', '.join(self.accelerators)} compute at most {ceiling:.4g} "
-                f"requests/s of {self.problem.model.name} at their peak",
-                field="rate",
-                fix="give a lower rate or allow more GPUs (max_gpus)",
-            )
-        kinds = [
-            c for g in self.accelerators for n in self.shapes(g) for c in self._role_caps(g, n)
-        ]
-        w = self.problem.workload
-        slos = ", ".join(
-            f"{name} <= {value:g} ms"
-            for name, value in (("TTFT", w.ttft_ms), ("TPOT", w.tpot_ms))
-            if value is not None
-        )
-        types = ", ".join(self.accelerators)
+        """Why no deployment serves ``rate`` (:func:`shardlab.sizing.reach.why_unserved`)."""
+        return why_unserved(self, rate)
 
-        def serves(role: str) -> bool:
-            return any(c.rate > 0 for c in kinds if c.role == role)
-
-        if not (serves("agg") or (serves("prefill") and serves("decode"))):
-            return ShardlabError(
-                f"no instance of {types} up to {self.max_gpus} GPUs meets the SLOs "
-                f"({slos or 'none'}) for {self.problem.model.name} at "
-                f"{w.input_len}/{w.output_len}",
-                field="slo",
-                fix="relax the TTFT/TPOT SLOs, or allow faster GPUs or more of them (max_gpus)",
-            )
-        agg = [(self.max_gpus // c.gpus) * c.rate for c in kinds if c.role == "agg"]
-        most = (
-            f" (aggregated instances of one kind serve at most {max(agg):.3g}/s there)"
-            if agg and max(agg) > 0
-            else ""
-        )
-        return ShardlabError(
-            f"rate {rate:g} requests/s: no deployment of {types} up to {self.max_gpus} GPUs "
-            f"serves it under the SLOs{most}",
-            field="rate",
-            fix="give a lower rate or allow more GPUs (max_gpus)",
-        )
-
-    def _role_caps(self, gpu: str, n: int) -> list[Capacity]:
-        roles = []
-        if self.serving in ("agg", "best"):
-            roles.append(self.caps.agg(gpu, n))
-        if self.serving in ("disagg", "best"):
-            roles += [self.caps.decode(gpu, n), self.caps.prefill(gpu, n, None)]
-        return roles
+    def reach(self, gpus: Sequence[str], modes: Sequence[str], enough: float) -> Reach:
+        """What deployments of ``gpus`` in ``modes`` could serve by the instances'
+        bounds, up to ``enough`` (without bounds: unlimited)."""
+        if not self.bounds:
+            return Reach(agg=math.inf, disagg=math.inf, per_gpu=math.inf)
+        return reach(self, gpus, modes, enough)
 
 
 def sizing_cluster(accelerators: Mapping[str, Accelerator], max_gpus: int) -> Cluster:

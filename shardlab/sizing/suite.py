@@ -25,7 +25,8 @@ from shardlab.errors import ShardlabError
 from shardlab.files import make_dir, markdown_table, write_text
 from shardlab.problems.cluster import builtin_accelerators
 from shardlab.problems.problem import Problem
-from shardlab.sizing.size import Deployment, Sizer, sizing_cluster
+from shardlab.sizing.deployment import Deployment
+from shardlab.sizing.size import Sizer, sizing_cluster
 
 
 @dataclass(frozen=True, kw_only=True)

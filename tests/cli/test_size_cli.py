@@ -67,6 +67,9 @@ def test_a_rate_past_max_gpus_is_refused_naming_the_fix() -> None:
     )
     assert "rate 100 requests/s: no deployment of h100 up to 1 GPUs" in line
     assert "max_gpus" in line and "(set by --rate)" in line
+    # proven by the instance's CP-SAT bounds alone, the rate they reach named
+    assert "by CP-SAT's bounds on each of the 1 instance shapes" in line
+    assert "no solve needed" in line and "give a rate of at most" in line
 
 
 def test_a_rate_past_what_the_gpus_compute_is_refused_unsolved() -> None:

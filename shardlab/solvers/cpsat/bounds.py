@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import multiprocessing as mp
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -288,6 +289,14 @@ def _misses_slo(
     return miss
 
 
+# The problems bounded last, with each degree tuple's bounds (rows of requests per rank,
+# bound, TTFT low, TPOT low) and how many it discarded: a problem bounded again (a
+# sizing's instance, bounded for its ceiling, then solved) reads them here. Problems
+# are frozen values: an equal problem has equal bounds. A few MB each at most.
+_BOUNDED: OrderedDict[Problem, list[tuple[np.ndarray, int]]] = OrderedDict()
+_BOUNDED_KEPT = 32
+
+
 # Concurrencies bounded in one numpy pass: keeps the tables of a pass to tens of MB,
 # and is how often the enumeration reads the clock inside one degree tuple.
 BOUND_CHUNK = 256
@@ -310,11 +319,7 @@ def subproblems(
     that many forked processes (the tables and bounds are pure Python-heavy numpy:
     threads would share one core); the answer is the same.
     """
-    n = len(problem.space.degree_tuples)
-    if workers > 1 and n >= PARALLEL_FROM and "fork" in mp.get_all_start_methods():
-        rows = _bound_in_processes(problem, check, workers)
-    else:
-        rows = [_bound_degrees(problem, di, check) for di in range(n)]
+    rows = _rows(problem, check, workers)
     out = [
         Subproblem(
             degree_index=di,
@@ -328,6 +333,36 @@ def subproblems(
     ]
     out.sort(key=lambda s: (-s.bound, s.degree_index, -s.requests_per_rank))
     return out, sum(discarded for _, discarded in rows)
+
+
+def largest_bound(
+    problem: Problem, check: Callable[[], None] = lambda: None, workers: int = 1
+) -> float:
+    """The bound of :func:`subproblems`' first (-inf: none may hold a plan), without
+    building them; the bounds are kept for a solve of the same problem that may follow
+    (a sizing bounds an instance before it decides to solve it)."""
+    tops = [float(kept[:, 1].max()) for kept, _ in _rows(problem, check, workers) if len(kept)]
+    return max(tops, default=-math.inf)
+
+
+def _rows(
+    problem: Problem, check: Callable[[], None], workers: int
+) -> list[tuple[np.ndarray, int]]:
+    """:func:`_bound_degrees` of every degree tuple, in ``workers`` forked processes
+    when there are enough of them; those of a problem bounded lately are read back."""
+    check()
+    if (kept := _BOUNDED.get(problem)) is not None:
+        _BOUNDED.move_to_end(problem)
+        return kept
+    n = len(problem.space.degree_tuples)
+    if workers > 1 and n >= PARALLEL_FROM and "fork" in mp.get_all_start_methods():
+        rows = _bound_in_processes(problem, check, workers)
+    else:
+        rows = [_bound_degrees(problem, di, check) for di in range(n)]
+    _BOUNDED[problem] = rows
+    if len(_BOUNDED) > _BOUNDED_KEPT:
+        _BOUNDED.popitem(last=False)
+    return rows
 
 
 def _bound_degrees(

@@ -1,4 +1,5 @@
-"""Where a comparison's runs run: in-process, local worker processes, or a Ray cluster.
+"""Where independent tasks run: in-process, local worker processes, or a Ray cluster
+(a comparison's runs, a sizing's capacity searches).
 
 Every executor takes the runs as ``(index, task)`` pairs and calls ``done(index,
 record)`` in the parent as each finishes (in completion order), so that the caller can
@@ -39,33 +40,60 @@ def _worker_init(parent: int) -> None:
         os._exit(1)
 
 
+class LocalWorkers:
+    """``jobs`` worker processes kept over several batches of tasks: forked at the
+    first batch, warm for the next ones (their caches stay), ended by :meth:`close`."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = jobs
+        self._pool: ProcessPoolExecutor | None = None
+
+    def run(self, work: Work, tasks: Sequence[tuple[int, Any]], done: Done) -> None:
+        if self._pool is None:
+            # forked from this process (Python 3.14 defaults to a fork server on Linux,
+            # which would be the workers' parent instead: the death signal must follow
+            # this one)
+            context = multiprocessing.get_context(
+                "fork" if sys.platform.startswith("linux") else None
+            )
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.jobs,
+                mp_context=context,
+                initializer=_worker_init,
+                initargs=(os.getpid(),),
+            )
+        try:
+            pending = {self._pool.submit(work, task): i for i, task in tasks}
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    done(pending.pop(f), f.result())
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._pool is None:
+            return
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = None
+        for child in multiprocessing.active_children():
+            child.terminate()
+        for child in multiprocessing.active_children():
+            child.join()
+
+
 def run_local(work: Work, tasks: Sequence[tuple[int, Any]], jobs: int, done: Done) -> None:
     """``jobs`` worker processes (one: in this process)."""
     if jobs <= 1:
         for i, task in tasks:
             done(i, work(task))
         return
-    # forked from this process (Python 3.14 defaults to a fork server on Linux, which
-    # would be the workers' parent instead: the death signal must follow this one)
-    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
-    pool = ProcessPoolExecutor(
-        max_workers=jobs,
-        mp_context=context,
-        initializer=_worker_init,
-        initargs=(os.getpid(),),
-    )
+    workers = LocalWorkers(jobs)
     try:
-        pending = {pool.submit(work, task): i for i, task in tasks}
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for f in finished:
-                done(pending.pop(f), f.result())
+        workers.run(work, tasks, done)
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        for child in multiprocessing.active_children():
-            child.terminate()
-        for child in multiprocessing.active_children():
-            child.join()
+        workers.close()
 
 
 def run_ray(work: Work, tasks: Sequence[tuple[int, Any]], address: str | None, done: Done) -> None:
