@@ -25,6 +25,7 @@ from shardlab.costmodel import IterationCosts, engine_limits, forget_tables, han
 from shardlab.errors import ShardlabError
 from shardlab.problems.traffic import Traffic
 from shardlab.simulate.deployment import Deployment, Pool
+from shardlab.simulate.prefix import PrefixCache
 from shardlab.simulate.pricing import Pricer
 from shardlab.simulate.rank import Book, Rank
 from shardlab.simulate.requests import Simulation
@@ -93,8 +94,15 @@ def price(
 
 
 def _ranks(
-    deployment: Deployment, priced: Sequence[PoolCosts], role: str, book: Book, start: int
+    deployment: Deployment,
+    priced: Sequence[PoolCosts],
+    role: str,
+    book: Book,
+    start: int,
+    block: int = 0,
 ) -> list[Rank]:
+    """The ranks of the pools of ``role``, each with a prefix cache of ``block``-token
+    blocks (0: none)."""
     ranks = []
     # the deployment's pools hold how each is launched; their prices may have been
     # read for the same pools launched otherwise
@@ -127,6 +135,7 @@ def _ranks(
                 handoff=role == "prefill",
                 holding=pool.holding,
                 group=group,
+                cache=PrefixCache(block) if block else None,
             )
             if group is not None:
                 group.append(rank)
@@ -168,9 +177,12 @@ def simulate_priced(
         )
     started = time.perf_counter()
     n = traffic.requests
-    book = Book(traffic.input_len.tolist(), traffic.output_len.tolist())
+    chains = traffic.prefix_blocks
+    book = Book(traffic.input_len.tolist(), traffic.output_len.tolist(), chains)
     entry_role = deployment.entry
-    front = _ranks(deployment, priced, entry_role, book, 0)
+    # prompts are looked up where they are prefilled (a decode pool's come cached)
+    block = traffic.block_tokens if chains is not None and entry_role != "decode" else 0
+    front = _ranks(deployment, priced, entry_role, book, 0, block)
     back = _ranks(deployment, priced, "decode", book, len(front)) if entry_role == "prefill" else []
     if entry_role == "decode":  # prompts come cached
         book.done = list(book.need)
@@ -282,6 +294,7 @@ def simulate_priced(
         itl_s=np.array(book.itl_s),
         itl_n=np.array(book.itl_n, dtype=np.int64),
         preemptions=sum(r.preemptions for r in ranks),
+        hit_tokens=np.array(book.hit) if block else None,
         wall_s=time.perf_counter() - started,
     )
 
