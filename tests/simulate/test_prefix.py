@@ -21,6 +21,9 @@ from shardlab.problems.traffic import (
 )
 from shardlab.simulate import Deployment, Pool, price, simulate_priced
 from shardlab.simulate.prefix import PrefixCache
+from shardlab.simulate.pricing import Pricer
+from shardlab.simulate.rank import Book, Rank
+from shardlab.simulate.schedulers import RULES
 from tests.conftest import DATA_DIR
 
 MOONCAKE = DATA_DIR / "traces" / "mooncake_conversation_head200.jsonl"
@@ -203,3 +206,84 @@ def test_a_reuse_fraction_makes_one_shared_chain() -> None:
         with pytest.raises(ShardlabError, match="prefix_reuse") as exc:
             traffic.with_prefix_reuse(bad)
         assert exc.value.field == "prefix_reuse"
+
+
+def test_a_rank_holds_blocks_two_running_requests_share_once() -> None:
+    """A second prompt on the first's blocks is admitted into a cache that could not
+    hold two whole prompts: its prefix is the first's, on the GPU once."""
+    _, (pc,) = priced("vllm", replicas=1)
+    chain = tuple(range(100))  # 1,600 tokens in blocks of 16
+    book = Book([1600, 1600], [50, 50], (chain, chain))
+    rank = Rank(0, RULES["vllm"], Pricer(pc.costs), book, budget=8192, max_running=64,
+                kv_tokens=1700, cache=PrefixCache(16))  # fmt: skip
+    rank.waiting.append(0)
+    assert rank.plan(0.0) and rank.chunks == [(0, 1600)]
+    rank.complete([], [])
+    rank.waiting.append(1)
+    rank.plan(rank.end)
+    # all but the block holding its last token found: only that block is prefilled
+    assert book.hit[1] == 1584 and rank.chunks == [(1, 16)]
+    assert rank._kv_held() == 1601 + 2 * 8  # request 0's context, half a block of slack each
+    rank.complete([], [])  # request 0 decoded a token beside that block
+    assert rank._kv_held() == 1602 + 1601 - 1584 + 2 * 8
+
+
+def test_blocks_the_running_requests_need_are_evicted() -> None:
+    """A conversation's next turn finds its first turn's blocks after a few other
+    prompts, not after prompts that filled the rank's cache since."""
+    deployment, pcs = priced("vllm", replicas=1)
+    kv = pcs[0].costs.kv_tokens
+    for others, found in ((5, True), (2 * kv // 8000 + 1, False)):
+        n = others + 2
+        chains = [tuple(range(500))]  # the first turn: 8,000 tokens
+        chains += [tuple(range(1000 * (k + 1), 1000 * (k + 1) + 500)) for k in range(others)]
+        chains.append(tuple(range(600)))  # the next turn opens with the first
+        traffic = dataclasses.replace(
+            synthetic_traffic(
+                requests=n,
+                lengths=Lengths(input_len=8000, output_len=16),
+                arrivals=Arrivals(kind="poisson", rate=1.0),
+            ),
+            block_tokens=16,
+        )
+        lengths = np.full(n, 8000)
+        lengths[-1] = 9600
+        traffic = dataclasses.replace(traffic, input_len=lengths, prefix_blocks=tuple(chains))
+        sim = simulate_priced(deployment, pcs, traffic)
+        assert sim.hit_tokens[1:-1].sum() == 0
+        assert sim.hit_tokens[-1] == (8000 if found else 0), (others, sim.hit_tokens[-1])
+
+
+def test_a_preempted_requests_blocks_are_freed_and_found_again() -> None:
+    _, (pc,) = priced("vllm", replicas=1)
+    chains = (tuple(range(63)), tuple(range(100, 163)))  # 1,000 tokens: 62 blocks and 8 tokens
+    book = Book([1000, 1000], [500, 500], chains)
+    cache = PrefixCache(16)
+    rank = Rank(0, RULES["vllm"], Pricer(pc.costs), book, budget=8192, max_running=64,
+                kv_tokens=2100, cache=cache)  # fmt: skip
+    rank.waiting.extend([0, 1])
+    rank.outstanding = 2
+    t = 0.0
+    while rank.plan(t) and not rank.preemptions:
+        rank.complete([], [])
+        t = rank.end
+    # request 1, admitted last, is preempted: its blocks are free, to be found again
+    assert list(rank.waiting) == [1] and 1 not in cache.held
+    assert set(chains[1]) <= set(cache.free) and set(chains[0]) == set(cache.refs)
+    rank.complete([], [])
+    t = rank.end
+    while rank.plan(t) and 1 not in rank.prefilling:
+        rank.complete([], [])
+        t = rank.end
+    # the head of its chain found again (request 0's growing context took the tail's
+    # room: a chain's tail is evicted first), not prefilled
+    assert 0 < book.done[1] <= 992 and book.done[1] % 16 == 0
+    while True:
+        rank.complete([], [])
+        t = rank.end
+        if not rank.plan(t):
+            break
+    assert book.finish[1] > book.finish[0]
+    assert book.hit == [0, 0]  # what a request finds of its own is not a hit
+    assert not cache.refs and not cache.held and cache.dup == 0
+    assert cache.cached == sum(cache.free.values()) <= 2100
