@@ -219,20 +219,20 @@ class Rank:
             r = waiting[0]
             handed = b.done[r] >= b.need[r]
             held = self._kv_held()
-            found = hit = shared = 0
-            if cache is not None and not handed:
-                cache.trim(self.kv - held)  # what the running requests took since
-                found, hit, shared = cache.lookup(b.chain[r], b.input[r])  # type: ignore[index]
             if rules.admission == "reserve":
-                want = b.input[r] + b.output[r] + self.slack - shared
+                want = b.input[r] + b.output[r] + self.slack
             else:
-                want = b.need[r] - (0 if handed else b.done[r]) + self.slack - shared
+                want = b.need[r] - (0 if handed else b.done[r]) + self.slack
                 if rules.admission == "ratio":
                     # what the running requests and this one may still write
                     left = self.left0 - len(self.decoding) * self.step
                     for q in self.prefilling:
                         left += b.output[q] - b.made[q] + b.need[q] - b.done[q]
                     want += self.ratio * (left + b.output[r] - b.made[r])
+            if cache is not None and not handed:
+                cache.trim(self.kv - held)  # what the running requests took since
+                found, hit, shared = cache.lookup(b.chain[r], b.input[r])  # type: ignore[index]
+                want -= shared  # blocks running requests hold already
             if held + want > self.kv:
                 return
             waiting.popleft()
