@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from shardlab import Degrees, Problem, ShardlabError
 from shardlab.costmodel import IterationCosts, evaluate, evaluate_batch
+from shardlab.costmodel.decompose import integer_tables, price, requests_per_rank
 from shardlab.costmodel.steps import causal_pairs, prefill_tokens, round_tokens, steps_of
 from shardlab.problems.model import FULL, AttentionSpan
 from shardlab.problems.workload import get_workload
@@ -129,3 +130,21 @@ def test_more_reuse_never_lowers_throughput_nor_raises_ttft(
     # the cache keeps whole prompts (activations hold the tokens a step computes, and
     # the requests the engine's budget takes: they may move either way)
     assert np.array_equal(b.kv_cache_gb, a.kv_cache_gb)
+
+
+@pytest.mark.parametrize("key", ["llama70-chat", "ds-chat", "kimi-prefill-pool"])
+def test_scalar_batched_and_cpsat_tables_agree_under_reuse(key: str) -> None:
+    """Exact search prices reuse as the evaluators do (its integer tables come from the
+    same steps)."""
+    problem = problem_of(key, 0.6)
+    codes = problem.space.sample(6, seed=3)
+    batch = evaluate_batch(problem, codes)
+    for i, row in enumerate(codes):
+        plan = problem.space.decode(row)
+        m = evaluate(problem, plan)
+        assert m.ttft_ms == pytest.approx(batch.ttft_ms[i], rel=1e-9)
+        tables = integer_tables(problem, plan.degrees, requests_per_rank(problem, plan))
+        cost = price(problem, tables, plan)
+        assert cost.latencies.throughput[0] == pytest.approx(m.throughput_tok_s, rel=1e-4)
+        assert cost.latencies.ttft_s[0] * 1e3 == pytest.approx(m.ttft_ms, rel=1e-4, abs=1e-6)
+        assert cost.latencies.tpot_s[0] * 1e3 == pytest.approx(m.tpot_ms, rel=1e-4, abs=1e-6)
