@@ -137,7 +137,11 @@ def simulate(
         typer.Option(help="Workload preset for dtypes (its lengths: the traffic's means)."),
     ] = "chat",
     router: Annotated[
-        str, typer.Option(help="least (outstanding requests) or round-robin.")
+        str,
+        typer.Option(
+            help="least (outstanding requests), round-robin, or prefix (the fewest tokens "
+            "to prefill past each rank's prefix cache plus tokens held and waiting)."
+        ),
     ] = "least",
     slo_ttft_ms: Annotated[
         float | None, typer.Option("--slo-ttft-ms", help="SLO on each request's TTFT.")

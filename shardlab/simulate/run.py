@@ -31,8 +31,8 @@ from shardlab.simulate.rank import Book, Rank
 from shardlab.simulate.requests import Simulation
 from shardlab.simulate.schedulers import RULES
 
-Router = Literal["least", "round-robin"]
-ROUTERS: tuple[Router, ...] = ("least", "round-robin")
+Router = Literal["least", "round-robin", "prefix"]
+ROUTERS: tuple[Router, ...] = ("least", "round-robin", "prefix")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -206,6 +206,8 @@ def simulate_priced(
         if router == "round-robin":
             rank = pool[turn[p] % len(pool)]
             turn[p] += 1
+        elif router == "prefix" and p == 0 and block:
+            rank = min(pool, key=lambda q: (_prefix_cost(q, r), q.index))
         else:
             rank = min(pool, key=_load)
         book.rank_of[r] = rank.index
@@ -301,6 +303,16 @@ def simulate_priced(
 
 def _load(rank: Rank) -> tuple[int, int]:
     return (rank.outstanding, rank.index)
+
+
+def _prefix_cost(rank: Rank, r: int) -> float:
+    """What request ``r`` would cost ``rank``, after Dynamo's KV router (the blocks to
+    prefill plus the blocks the worker holds), in tokens: the prompt past what its
+    prefix cache holds, the KV its running requests hold and the prompts waiting."""
+    b = rank.book
+    assert rank.cache is not None and b.chain is not None
+    found = rank.cache.lookup(b.chain[r], b.input[r])[1]
+    return b.input[r] - found + rank._kv_held() + sum(b.need[w] for w in rank.waiting)
 
 
 def simulate(

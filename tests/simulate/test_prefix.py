@@ -287,3 +287,28 @@ def test_a_preempted_requests_blocks_are_freed_and_found_again() -> None:
     assert book.hit == [0, 0]  # what a request finds of its own is not a hit
     assert not cache.refs and not cache.held and cache.dup == 0
     assert cache.cached == sum(cache.free.values()) <= 2100
+
+
+@pytest.mark.parametrize(("router", "rank", "found"), [("least", 0, 0), ("prefix", 1, 4000)])
+def test_the_prefix_router_sends_a_prompt_where_its_prefix_is(
+    router: str, rank: int, found: int
+) -> None:
+    """Two conversations start at once on two idle ranks; the second's next turn comes
+    when both ranks are idle again: `least` sends it to the first rank, `prefix` to
+    the rank that holds its first turn."""
+    deployment, pcs = priced("vllm")
+    first, second = tuple(range(250)), tuple(range(1000, 1250))  # 4,000 tokens each
+    traffic = dataclasses.replace(
+        synthetic_traffic(
+            requests=3,
+            lengths=Lengths(input_len=4000, output_len=8),
+            arrivals=Arrivals(kind="poisson", rate=1.0),
+        ),
+        arrival_s=np.array([0.0, 0.0, 100.0]),
+        input_len=np.array([4000, 4000, 6000]),
+        prefix_blocks=(first, second, second + tuple(range(2000, 2125))),
+        block_tokens=16,
+    )
+    sim = simulate_priced(deployment, pcs, traffic, router=router)  # type: ignore[arg-type]
+    assert sim.rank.tolist() == [0, 1, rank]
+    assert sim.hit_tokens.tolist() == [0, 0, found]
