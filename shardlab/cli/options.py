@@ -111,6 +111,16 @@ PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
             None, help="In flight: clients in all (default: as many as the plan runs at once)."
         ),
     ),
+    (
+        "prefix_reuse",
+        float | None,
+        typer.Option(
+            None,
+            "--prefix-reuse",
+            help="Share of each prompt served from the engine's prefix cache, in [0, 1): "
+            "its prefill computes the rest (default 0).",
+        ),
+    ),
     ("tie", str, typer.Option("kind", help="'kind': options per layer kind; 'layer': per layer.")),
     (
         "timing",

@@ -117,6 +117,15 @@ def simulate(
     clients: ClientsOpt = None,
     prompts_per_client: PromptsPerClientOpt = None,
     seed: SeedOpt = 0,
+    prefix_reuse: Annotated[
+        float | None,
+        typer.Option(
+            "--prefix-reuse",
+            help="Each prompt opens with this share of one prefix all requests share, in "
+            "[0, 1), found in each rank's prefix cache; replaces a Mooncake trace's own "
+            "hash ids (0: no prefix caching). Default: a trace's hash ids, else none.",
+        ),
+    ] = None,
     model: ModelOpt = None,
     cluster: ClusterOpt = None,
     engine: Annotated[
@@ -128,7 +137,11 @@ def simulate(
         typer.Option(help="Workload preset for dtypes (its lengths: the traffic's means)."),
     ] = "chat",
     router: Annotated[
-        str, typer.Option(help="least (outstanding requests) or round-robin.")
+        str,
+        typer.Option(
+            help="least (outstanding requests), round-robin, or prefix (the fewest tokens "
+            "to prefill past each rank's prefix cache plus tokens held and waiting)."
+        ),
     ] = "least",
     slo_ttft_ms: Annotated[
         float | None, typer.Option("--slo-ttft-ms", help="SLO on each request's TTFT.")
@@ -152,7 +165,8 @@ def simulate(
     """Run a traffic through a deployment, request by request and iteration by
     iteration, each engine's scheduler stepping through iterations the cost model
     prices: TTFT, TPOT, inter-token and end-to-end latency as distributions, throughput,
-    goodput and SLO attainment. Same seed, same result."""
+    goodput and SLO attainment; with prompts' prefixes (a Mooncake trace's hash ids, or
+    --prefix-reuse), each rank's prefix cache and its hit rate. Same seed, same result."""
     from shardlab.plots import plot_simulation
     from shardlab.simulate import ROUTERS, Slo, price, simulate_priced
     from shardlab.simulate.requests import check_statistic
@@ -178,6 +192,8 @@ def simulate(
         prompts_per_client=prompts_per_client,
         seed=seed,
     )
+    if prefix_reuse is not None:
+        chosen = chosen.with_prefix_reuse(prefix_reuse)
     deployment = deployment_of_file(
         plan_file, chosen, model=model, cluster=cluster, engine=engine, workload=workload
     )
@@ -244,3 +260,9 @@ def _print(deployment: Any, traffic: Traffic, s: Any, wall_s: float, slo: Any) -
     if s.goodput is not None:
         met = ", ".join(f"{k} {v:.1%}" for k, v in s.attainment.items())
         out.print(f"goodput {s.goodput:,.2f} requests/s; SLO met: {met}", markup=False)
+    if s.prefix_hit_rate is not None:
+        out.print(
+            f"prefix cache: {s.prefix_hit_rate:.1%} of prompt tokens found "
+            f"(blocks of {traffic.block_tokens} tokens)",
+            markup=False,
+        )

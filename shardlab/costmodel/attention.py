@@ -176,7 +176,13 @@ def _measured_attention(
     }
     prompt = step.input_len
     if step.kind == "prefill":
-        return ctx.kernels.attention(context=True, length=prompt, requests=reqs, **shape)
+        whole = ctx.kernels.attention(context=True, length=prompt, requests=reqs, **shape)
+        if not step.cached or whole is None:
+            return whole
+        # past a cached prefix: the whole prompt's kernel less the prefix's own (the
+        # tables measure no prefill over a cached prefix)
+        prefix = ctx.kernels.attention(context=True, length=step.cached, requests=reqs, **shape)
+        return None if prefix is None else np.maximum(whole - prefix, 0.0)
     decoding = {**shape, "window": span.tokens if span.kind == "sliding" else 0}
     return ctx.kernels.attention(
         context=False, length=step.decode_context(span), requests=reqs, **decoding

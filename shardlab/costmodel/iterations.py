@@ -278,7 +278,8 @@ class IterationCosts:
 
 
 def _plain(w: Workload, **changes: object) -> Workload:
-    """``w`` as a derived step's workload: no SLO, clients, rate or objective of its own."""
+    """``w`` as a derived step's workload: no SLO, clients, rate, objective or prefix
+    reuse of its own (whole prompts)."""
     return dataclasses.replace(
         w,
         ttft_ms=None,
@@ -286,6 +287,7 @@ def _plain(w: Workload, **changes: object) -> Workload:
         objective="throughput",
         clients=None,
         rate=None,
+        prefix_reuse=0.0,  # a simulator looks its prompts' prefixes up itself
         **{"schedule": "inflight", "batch": 1, **changes},
     )
 

@@ -44,11 +44,12 @@ rank; the others wait for a slot). Per request:
 
 - *the first wave*: the ``c`` first prompts arrive together and are prefilled in
   cohorts of ``k = clamp(budget // input, 1, c)`` prompts per iteration (the
-  engine's token budget per iteration); cohort ``j`` sees its first token after ``j``
-  cohorts, each taking ``k * S`` plus, when the engine decodes in the same iteration,
-  the decoding of the cohorts before it (on average ``R / 2``): a mean of
-  ``(M + 1) / 2 * (k * S + g * (R + i))`` over ``M = ceil(c / k)`` cohorts, ``g = 1/2``
-  (``0`` for an engine that runs prefill batches of their own, SGLang);
+  engine's token budget per iteration; whole prompts, cached prefix or not); cohort
+  ``j`` sees its first token after ``j`` cohorts, each taking ``k * S`` plus, when the
+  engine decodes in the same iteration, the decoding of the cohorts before it (on
+  average ``R / 2``): a mean of ``(M + 1) / 2 * (k * S + g * (R + i))`` over ``M =
+  ceil(c / k)`` cohorts, ``g = 1/2`` (``0`` for an engine that runs prefill batches of
+  their own, SGLang);
 - *the other waves*: random lengths spread the arrivals; a prompt waits for the
   iteration under way (half a round) and is prefilled in the next, which also
   decodes the running requests: ``S + 3/2 (R + i)`` (``S + 1/2 (R + i)`` when prefill
@@ -294,6 +295,10 @@ def _closed_loop(
             ttft=ttft, tpot=None, latency=ttft, rate=Form.rounds(zero, one), iteration=iteration
         )
     # mixed rounds and a prompt alone
+    # whole prompts, even past a cached prefix: the engine's budget would take more of
+    # the shorter prompts, but a cohort is priced as that many prompts alone (k * S,
+    # each reading the weights), which an engine runs as one pass, and counting the
+    # computed tokens here made TTFT rise with prefix reuse on some plans
     cohort = arith.clip(budget // w.input_len, 1, run)
     waves = -(-run // cohort)
     first = arith.ratio(waves + 1, 2 * p)  # the mean of cohorts 1..waves, one in p requests

@@ -23,6 +23,10 @@ reads cached KV entries. Steps by workload:
   Spread thin, a prompt's tokens were priced at a small batch's cost per token: a
   MoE layer reads most of its experts for 64 tokens but hardly more for 8,192, so
   DeepSeek-V3's TPOT came out up to twice the measured at 8,192-token prompts.
+- prefix reuse (``Workload.prefix_reuse``): a prefill step computes the prompt's
+  tokens past its cached prefix (:func:`prefill_tokens`), each attending to the whole
+  prompt before it, and reads the prefix's cached KV; the decode context and the KV
+  cache keep the whole prompt.
 - speculative decoding: a decoding request verifies ``draft_tokens + 1`` tokens per
   step (each attends to its context; the cached KV is read once) and advances by
   ``accepted`` of them; the draft passes are priced with the sampler
@@ -31,7 +35,7 @@ reads cached KV entries. Steps by workload:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -74,6 +78,7 @@ class Step:
     single: bool = False  # one request per dp rank, whatever the concurrency
     decode_tokens: float = 1.0  # tokens a decoding request verifies (draft tokens + 1)
     accepted: float = 1.0  # tokens a decode step advances a request by (on average)
+    cached: int = 0  # a prefill's prompt tokens already in the prefix cache (not computed)
 
     @property
     def prompt_tokens(self) -> float:
@@ -88,14 +93,31 @@ class Step:
     def pairs(self, span: AttentionSpan) -> tuple[float, float]:
         """(decode pairs, prefill pairs) per request for a layer of ``span``."""
         if self.kind == "prefill":
-            return 0.0, causal_pairs(self.input_len, span)
+            whole = causal_pairs(self.input_len, span)
+            # the cached prefix's own pairs were computed when it was cached
+            return 0.0, whole - causal_pairs(self.cached, span) if self.cached else whole
         return self.decode_context(span) * self.decode_tokens, 0.0
 
     def kv_read(self, span: AttentionSpan) -> float:
         """Cached KV entries read per request per layer."""
         if self.kind == "prefill":
-            return 0.0
+            # a prompt past a cached prefix reads the prefix's cache (what it attends to)
+            return float(attended(np.array([float(self.cached)]), span)[0]) if self.cached else 0.0
         return self.decode_context(span)
+
+
+def cached_tokens(workload: Workload) -> int:
+    """Prompt tokens the prefix cache serves: ``floor(prefix_reuse * input_len)``, below
+    ``input_len`` (an engine computes a prompt's last token however much it caches)."""
+    return int(workload.prefix_reuse * workload.input_len)
+
+
+def prefill_tokens(workload: Workload) -> int:
+    """Prompt tokens a request's prefill computes: the prompt past its cached prefix.
+    The one place the forms read ``prefix_reuse`` (the steps' tokens and attention
+    pairs, the engine's token budget per round); the closed loop's first-wave cohorts
+    stay whole prompts (:mod:`shardlab.costmodel.regimes`)."""
+    return workload.input_len - cached_tokens(workload)
 
 
 def steps_of(workload: Workload) -> tuple[Step, ...]:
@@ -103,7 +125,10 @@ def steps_of(workload: Workload) -> tuple[Step, ...]:
     prompts, (decode, single prefill)."""
     i, o = workload.input_len, workload.output_len
     v, e = workload.draft_tokens + 1.0, workload.accepted_per_step
-    prefill = Step(kind="prefill", tokens=float(i), logits=1.0, input_len=i, output_len=o)
+    h = cached_tokens(workload)
+    prefill = Step(
+        kind="prefill", tokens=float(i - h), logits=1.0, input_len=i, output_len=o, cached=h
+    )
     spec = {"decode_tokens": v, "accepted": e}
     decode = Step(kind="decode", tokens=v, logits=v, input_len=i, output_len=o, **spec)
     if workload.phase == "prefill":
@@ -112,20 +137,20 @@ def steps_of(workload: Workload) -> tuple[Step, ...]:
         return (decode,)
     if workload.schedule == "static":
         return (prefill, decode)
-    first = Step(
-        kind="prefill", tokens=float(i), logits=1.0, input_len=i, output_len=o, single=True
-    )
+    first = replace(prefill, single=True)
     return (decode, first)
 
 
 def round_tokens(workload: Workload) -> float:
     """Tokens a running request brings to one round on average, what the engine's
     token budget per iteration holds: its decode tokens and, in flight with prompts,
-    its prompt's share (a request finishes in ``o / e`` rounds: ``i * e / o``)."""
+    its prompt's share (a request finishes in ``o / e`` rounds: ``i * e / o``); a
+    prompt counts the tokens it computes (:func:`prefill_tokens`)."""
     v = workload.draft_tokens + 1.0
+    i = prefill_tokens(workload)
     if workload.phase == "request" and workload.schedule == "inflight":
-        return v + workload.input_len * workload.accepted_per_step / workload.output_len
-    return float(workload.input_len) if workload.phase == "prefill" else v
+        return v + i * workload.accepted_per_step / workload.output_len
+    return float(i) if workload.phase == "prefill" else v
 
 
 def kv_context(workload: Workload) -> float:

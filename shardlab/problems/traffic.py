@@ -23,6 +23,7 @@ import numpy as np
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.refusal import Refusal
+from shardlab.problems.workload import check_prefix_reuse
 
 ArrivalKind = Literal["closed", "poisson", "gamma", "trace"]
 LengthKind = Literal["fixed", "uniform", "histogram"]
@@ -148,11 +149,22 @@ class Arrivals:
         return np.concatenate(([0.0], np.cumsum(gaps)))
 
 
+# Tokens a block of Mooncake's hash ids stands for: every row of its traces has
+# ceil(input_length / 512) ids (checked on the excerpt in tests/data/traces), and
+# Dynamo replays them with trace_block_size=512
+MOONCAKE_BLOCK_TOKENS = 512
+# Tokens a block of a synthesized shared prefix holds: vLLM's default block size
+REUSE_BLOCK_TOKENS = 16
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Traffic:
     """Requests in arrival order: ``arrival_s`` (None in a closed loop), ``input_len``
-    and ``output_len`` (tokens), and for a trace that states them, each prompt's
-    shared-prefix blocks (``prefix_blocks``: Mooncake's hash ids, one per block)."""
+    and ``output_len`` (tokens), and where known each prompt's prefix as a chain of
+    blocks (``prefix_blocks``: ids, one per ``block_tokens`` tokens from the prompt's
+    start; two prompts whose chains open with the same ids share those tokens).
+    Mooncake's traces state them (``hash_ids``); :meth:`with_prefix_reuse` makes them
+    up from a share of each prompt."""
 
     input_len: np.ndarray
     output_len: np.ndarray
@@ -160,6 +172,7 @@ class Traffic:
     arrival: ArrivalKind
     clients: int | None = None  # a closed loop's requests in flight
     prefix_blocks: tuple[tuple[int, ...], ...] | None = None
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS  # tokens per block of prefix_blocks
     source: str = "synthetic"
     refused: tuple[Refusal, ...] = ()  # a trace's rows that could not be read
 
@@ -176,6 +189,7 @@ class Traffic:
             raise ShardlabError("a closed loop has no arrival times; every other traffic has")
         if self.arrival == "closed" and self.clients is None:
             raise ShardlabError("a closed loop needs its number of clients", field="clients")
+        _count(self.block_tokens, "block_tokens", "tokens per prefix block")
         for name in ("input_len", "output_len", "arrival_s"):
             values = getattr(self, name)
             if values is not None:
@@ -210,6 +224,25 @@ class Traffic:
             return None
         gaps = np.diff(self.arrival_s)
         return float(gaps.std() / gaps.mean())
+
+    def with_prefix_reuse(self, fraction: float) -> Traffic:
+        """The same requests, each prompt opening with ``fraction`` of its tokens from
+        one prefix every request shares (a system prompt and its examples), in blocks
+        of :data:`REUSE_BLOCK_TOKENS`: request ``r``'s chain is the shared chain's
+        first ``floor(fraction * input / block)`` blocks, the rest of its prompt its
+        own. Once a rank's cache holds the chain, a prompt finds that share cached
+        (less the block rounding): the analytic forms' ``prefix_reuse``. 0: no prefix
+        (a trace's own blocks dropped too)."""
+        fraction = check_prefix_reuse(fraction, field="prefix_reuse", where="traffic")
+        if fraction == 0:
+            return replace(self, prefix_blocks=None)
+        counts = (self.input_len * fraction).astype(np.int64) // REUSE_BLOCK_TOKENS
+        chain = tuple(range(int(counts.max())))
+        return replace(
+            self,
+            prefix_blocks=tuple(chain[:k] for k in counts.tolist()),
+            block_tokens=REUSE_BLOCK_TOKENS,
+        )
 
     def at_rate(self, rate: float) -> Traffic:
         """The same requests and burstiness at another mean rate: every arrival time

@@ -33,6 +33,14 @@ has to cover; ``rate`` (requests/s, optional) is that offered rate, checked agai
 the plan after the search (the plan runs at the fewest requests in flight that cover
 it).
 
+Prefix reuse (``prefix_reuse`` F in [0, 1)): the share of each prompt an engine's
+prefix cache already holds (multi-turn chat, agents, a shared system prompt). The
+first ``floor(F * input_len)`` tokens of every prompt are not prefilled: the prompt's
+compute, the engine's token budget per iteration and TTFT count the other tokens only,
+while the KV cache, the decode context and a disaggregated handoff keep the whole
+prompt (:func:`shardlab.costmodel.steps.prefill_tokens` is the one place the forms
+read it). 0 prices every prompt whole, as before.
+
 Objective ``pareto``: the trade-off between throughput per GPU (maximized; the scalar
 objective every plan is ranked by) and the latencies of :attr:`Workload.latency_axes`
 (minimized): TPOT for decode and request workloads, TTFT as well for prefill-heavy
@@ -67,6 +75,19 @@ RATE_IN_FLIGHT = MAX_BATCH
 PREFILL_HEAVY_RATIO = 8
 
 
+def check_prefix_reuse(value: float, *, field: str, where: str = "workload") -> float:
+    """A share of prompt tokens served from the prefix cache: a number in [0, 1) (1
+    would leave a prompt nothing to compute, and an engine always computes its last
+    token); refused otherwise, naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise ShardlabError(
+            f"{where}: prefix_reuse must be a number in [0, 1), got {value!r}",
+            field=field,
+            fix="give the share of prompt tokens the prefix cache serves, e.g. 0.5",
+        )
+    return float(value)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Workload:
     name: str = "custom"
@@ -98,6 +119,8 @@ class Workload:
     # a percentile only (the analytic model's mean gap is its TPOT)
     itl_ms: float | None = None
     itl_percentile: float | None = None
+    # the share of each prompt served from the engine's prefix cache (0: none)
+    prefix_reuse: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"workload {self.preset!r}"
@@ -125,6 +148,7 @@ class Workload:
         self._check_speculation(where)
         self._check_rate(where)
         self._check_percentiles(where)
+        check_prefix_reuse(self.prefix_reuse, field="workload.prefix_reuse", where=where)
         if self.weight_dtype is not None:
             check_weight_dtype(self.weight_dtype, where=where)
         if self.kv_dtype is not None:
@@ -358,6 +382,7 @@ class Workload:
                 else []
             ),
             *([f"{self.clients} clients"] if self.clients is not None else []),
+            *([f"prefix reuse {self.prefix_reuse:.0%}"] if self.prefix_reuse else []),
             *(
                 [f"{self.prompts_per_client} prompts per client"]
                 if self.prompts_per_client != PROMPTS_PER_CLIENT

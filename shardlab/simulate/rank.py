@@ -31,6 +31,7 @@ import heapq
 import math
 from collections import deque
 
+from shardlab.simulate.prefix import PrefixCache
 from shardlab.simulate.pricing import Pricer
 from shardlab.simulate.schedulers import (
     HOLD_NOTHING,
@@ -54,10 +55,12 @@ class Book:
 
     __slots__ = (
         "base",
+        "chain",
         "done",
         "entry",
         "finish",
         "first",
+        "hit",
         "input",
         "itl_n",
         "itl_s",
@@ -67,7 +70,13 @@ class Book:
         "rank_of",
     )  # fmt: skip
 
-    def __init__(self, input_len: list[int], output_len: list[int]) -> None:
+    def __init__(
+        self,
+        input_len: list[int],
+        output_len: list[int],
+        chain: tuple[tuple[int, ...], ...] | None = None,
+    ) -> None:
+        """``chain``: each prompt's prefix blocks (:mod:`shardlab.simulate.prefix`)."""
         n = len(input_len)
         self.input = input_len
         self.output = output_len
@@ -79,6 +88,8 @@ class Book:
         self.first = [math.nan] * n
         self.finish = [math.nan] * n
         self.rank_of = [-1] * n
+        self.chain = chain
+        self.hit = [0] * n  # prompt tokens found in the prefix cache when last admitted
         # inter-token gaps: one iteration's seconds, and how many tokens had it as
         # their gap
         self.itl_s: list[float] = []
@@ -94,6 +105,7 @@ class Rank:
         "budget",
         "busy",
         "bwait",
+        "cache",
         "chunks",
         "ctx0",
         "decoding",
@@ -138,9 +150,11 @@ class Rank:
         handoff: bool = False,
         holding: Holding = HOLD_NOTHING,
         group: list[Rank] | None = None,
+        cache: PrefixCache | None = None,
     ) -> None:
         """``group``: the ranks of its attention-DP group, itself included, as the
-        caller fills it (None: no attention DP)."""
+        caller fills it (None: no attention DP); ``cache``: its prefix cache (None:
+        prompts are prefilled whole)."""
         self.index = index
         self.rules = rules
         self.price = price
@@ -157,7 +171,9 @@ class Rank:
         self.step = 0  # decode iterations run
         self.ctx0 = 0  # decoding requests' context = ctx0 + len * step
         self.left0 = 0  # tokens they have left to make = left0 - len * step
-        self.used = 0.0  # KV tokens held (TensorRT-LLM: reserved) by prefilling requests
+        # KV tokens held (TensorRT-LLM: reserved) by prefilling requests, less those of
+        # prefix blocks running requests share (on the GPU once: PrefixCache.dup)
+        self.used = 0.0
         self.ratio = RATIO_START
         self.t0 = 0.0
         self.dt = 0.0  # seconds of each iteration of the run under way
@@ -178,6 +194,7 @@ class Rank:
         self.bwait = 0 if self.group is not None or waits else -1
         self.tick = 0  # iterations the balance counter has run (it restarts at the timeout)
         self.held = 0  # the run under way holds prompts back: 0 no, else HELD_* why
+        self.cache = cache
 
     # -- what the rank holds ----------------------------------------------------------
 
@@ -195,6 +212,7 @@ class Rank:
         b = self.book
         rules = self.rules
         waiting = self.waiting
+        cache = self.cache
         while waiting:
             if len(self.prefilling) + len(self.decoding) >= self.max_running:
                 return
@@ -211,6 +229,10 @@ class Rank:
                     for q in self.prefilling:
                         left += b.output[q] - b.made[q] + b.need[q] - b.done[q]
                     want += self.ratio * (left + b.output[r] - b.made[r])
+            if cache is not None and not handed:
+                cache.trim(self.kv - held)  # what the running requests took since
+                found, hit, shared = cache.lookup(b.chain[r], b.input[r])  # type: ignore[index]
+                want -= shared  # blocks running requests hold already
             if held + want > self.kv:
                 return
             waiting.popleft()
@@ -221,6 +243,13 @@ class Rank:
                     self.used += b.input[r] + b.output[r]
                 self.enter_decoding(r, max(b.made[r], 1))
                 continue
+            if cache is not None:
+                if found:
+                    cache.acquire(r, b.chain[r], found, b.input[r])  # type: ignore[index]
+                    self.used -= shared
+                b.done[r] = hit  # not prefilled
+                if not b.made[r]:  # its first prefill (not its own blocks found again)
+                    b.hit[r] = hit
             self.prefilling.append(r)
             if rules.admission == "reserve":
                 self.used += b.input[r] + b.output[r]
@@ -351,6 +380,14 @@ class Rank:
         elif self.held:
             self.bwait += j
 
+    def _release(self, r: int) -> None:
+        """``r`` leaves the rank: its prefix blocks go back to the cache, which gives
+        up what the running requests now need."""
+        cache = self.cache
+        assert cache is not None
+        self.used += cache.release(r)  # blocks no longer held twice count again
+        cache.trim(self.kv - self._kv_held())
+
     def _preempt(self) -> None:
         """Preempt the decoding request admitted last: its cache is dropped and it is
         prefilled again, prompt and output so far, ahead of the queue."""
@@ -366,6 +403,8 @@ class Rank:
         b.made[r] = made
         b.need[r] = b.input[r] + made
         b.done[r] = 0
+        if self.cache is not None:  # its blocks stay cached, to be found again
+            self._release(r)
         self.waiting.appendleft(r)
         self.preemptions += 1
         if self.rules.admission == "ratio":
@@ -395,6 +434,9 @@ class Rank:
         """Requests whose last token the steps so far made leave at ``t``."""
         b = self.book
         heap = self.decoding
+        cache = self.cache
+        if cache is not None and heap and heap[0][0] <= self.step:
+            cache.trim(self.kv - self._kv_held())  # the run's peak, before any leaves
         while heap and heap[0][0] <= self.step:
             _, r = heapq.heappop(heap)
             b.finish[r] = t
@@ -405,6 +447,8 @@ class Rank:
                 self.used -= b.input[r] + b.output[r]
             self.outstanding -= 1
             gone.append(r)
+            if cache is not None:
+                self._release(r)
 
     def complete(self, gone: list[int], handed: list[int]) -> None:
         """The iteration (or run) under way ends at ``self.end``: apply it. Finished
@@ -451,7 +495,10 @@ class Rank:
             return
         done = set(finished)
         self.prefilling = [r for r in self.prefilling if r not in done]
+        cache = self.cache
         for r in finished:
+            if cache is not None:
+                cache.computed(r, b.chain[r], b.input[r])  # type: ignore[index]
             if b.first[r] != b.first[r] and not self.handoff:  # nan: its first token
                 b.first[r] = t
             made = b.made[r] + 1
@@ -464,6 +511,8 @@ class Rank:
                 b.made[r] = made
                 b.done[r] = 0
                 self.outstanding -= 1
+                if cache is not None:
+                    self._release(r)
                 if made >= b.output[r]:
                     b.finish[r] = t
                     gone.append(r)

@@ -12,7 +12,10 @@ Definitions (those of vLLM's and SGLang's serving benchmarks):
 - ITL: every gap between two tokens of one request, over all tokens (a request's
   gaps are its iterations' times, with the prefill iterations it sat out on a
   prefill-first engine);
-- goodput: requests per second that met every SLO given.
+- goodput: requests per second that met every SLO given;
+- prefix hit rate: prompt tokens found in the prefix cache of the rank each request
+  ran on at its first prefill, over all prompt tokens (a traffic that states its prompts' prefixes:
+  :mod:`shardlab.simulate.prefix`).
 """
 
 from __future__ import annotations
@@ -99,8 +102,12 @@ class Summary:
     attainment: dict[str, float]  # SLO -> share of requests that met it ("all": every one)
     preemptions: int
     mean_in_flight: float
+    prefix_hit_rate: float | None = (
+        None  # prompt tokens found in a prefix cache (None: no prefixes)
+    )
 
     def to_dict(self) -> dict:
+        hits = {} if self.prefix_hit_rate is None else {"prefix_hit_rate": self.prefix_hit_rate}
         return {
             "requests": self.requests,
             "span_s": self.span_s,
@@ -112,6 +119,7 @@ class Summary:
             "attainment": self.attainment,
             "preemptions": self.preemptions,
             "mean_in_flight": self.mean_in_flight,
+            **hits,
         }
 
 
@@ -132,6 +140,17 @@ class Simulation:
     itl_n: np.ndarray  # ... and the tokens that had each
     preemptions: int
     wall_s: float  # seconds the run took (the pricing apart)
+    # prompt tokens each request found in its rank's prefix cache (None: the traffic
+    # states no prefixes)
+    hit_tokens: np.ndarray | None = None
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Prompt tokens found in a prefix cache over all prompt tokens (None: the
+        traffic states no prefixes)."""
+        if self.hit_tokens is None:
+            return None
+        return float(self.hit_tokens.sum() / self.traffic.input_len.sum())
 
     @property
     def ttft_s(self) -> np.ndarray:
@@ -188,6 +207,7 @@ class Simulation:
             attainment=attainment,
             preemptions=self.preemptions,
             mean_in_flight=busy / span,
+            prefix_hit_rate=self.prefix_hit_rate,
         )
 
     def _tpot_all(self) -> np.ndarray:
@@ -207,17 +227,20 @@ class Simulation:
         )
 
     def to_csv(self) -> str:
-        """One row per request: arrival, first token, finish (s), lengths, rank."""
+        """One row per request: arrival, first token, finish (s), lengths, rank (and
+        the prompt tokens found in the prefix cache, when the traffic states prefixes)."""
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
+        hits = self.hit_tokens
         w.writerow(["request", "arrival_s", "first_token_s", "finish_s", "input_tokens",
-                    "output_tokens", "ttft_ms", "e2e_ms", "rank"])  # fmt: skip
+                    "output_tokens", "ttft_ms", "e2e_ms", "rank",
+                    *([] if hits is None else ["cached_tokens"])])  # fmt: skip
         ttft, e2e = self.ttft_s * 1e3, self.e2e_s * 1e3
         for i in range(self.traffic.requests):
             w.writerow([
                 i, f"{self.arrival_s[i]:.6f}", f"{self.first_s[i]:.6f}",
                 f"{self.finish_s[i]:.6f}", int(self.traffic.input_len[i]),
                 int(self.traffic.output_len[i]), f"{ttft[i]:.3f}", f"{e2e[i]:.3f}",
-                int(self.rank[i]),
+                int(self.rank[i]), *([] if hits is None else [int(hits[i])]),
             ])  # fmt: skip
         return buf.getvalue()

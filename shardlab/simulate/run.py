@@ -25,13 +25,14 @@ from shardlab.costmodel import IterationCosts, engine_limits, forget_tables, han
 from shardlab.errors import ShardlabError
 from shardlab.problems.traffic import Traffic
 from shardlab.simulate.deployment import Deployment, Pool
+from shardlab.simulate.prefix import PrefixCache
 from shardlab.simulate.pricing import Pricer
 from shardlab.simulate.rank import Book, Rank
 from shardlab.simulate.requests import Simulation
 from shardlab.simulate.schedulers import RULES
 
-Router = Literal["least", "round-robin"]
-ROUTERS: tuple[Router, ...] = ("least", "round-robin")
+Router = Literal["least", "round-robin", "prefix"]
+ROUTERS: tuple[Router, ...] = ("least", "round-robin", "prefix")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -101,8 +102,15 @@ def price(
 
 
 def _ranks(
-    deployment: Deployment, priced: Sequence[PoolCosts], role: str, book: Book, start: int
+    deployment: Deployment,
+    priced: Sequence[PoolCosts],
+    role: str,
+    book: Book,
+    start: int,
+    block: int = 0,
 ) -> list[Rank]:
+    """The ranks of the pools of ``role``, each with a prefix cache of ``block``-token
+    blocks (0: none)."""
     ranks = []
     # the deployment's pools hold how each is launched; their prices may have been
     # read for the same pools launched otherwise
@@ -135,6 +143,7 @@ def _ranks(
                 handoff=role == "prefill",
                 holding=pool.holding,
                 group=group,
+                cache=PrefixCache(block) if block else None,
             )
             if group is not None:
                 group.append(rank)
@@ -176,9 +185,12 @@ def simulate_priced(
         )
     started = time.perf_counter()
     n = traffic.requests
-    book = Book(traffic.input_len.tolist(), traffic.output_len.tolist())
+    chains = traffic.prefix_blocks
+    book = Book(traffic.input_len.tolist(), traffic.output_len.tolist(), chains)
     entry_role = deployment.entry
-    front = _ranks(deployment, priced, entry_role, book, 0)
+    # prompts are looked up where they are prefilled (a decode pool's come cached)
+    block = traffic.block_tokens if chains is not None and entry_role != "decode" else 0
+    front = _ranks(deployment, priced, entry_role, book, 0, block)
     back = _ranks(deployment, priced, "decode", book, len(front)) if entry_role == "prefill" else []
     if entry_role == "decode":  # prompts come cached
         book.done = list(book.need)
@@ -213,6 +225,8 @@ def simulate_priced(
         if router == "round-robin":
             rank = pool[turn[p] % len(pool)]
             turn[p] += 1
+        elif router == "prefix" and p == 0 and block:
+            rank = min(pool, key=lambda q: (_prefix_cost(q, r), q.index))
         elif weighted:
             rank = min(pool, key=lambda q: (q.outstanding / weight[q.index], q.index))
         else:
@@ -307,12 +321,23 @@ def simulate_priced(
         itl_s=np.array(book.itl_s),
         itl_n=np.array(book.itl_n, dtype=np.int64),
         preemptions=sum(r.preemptions for r in ranks),
+        hit_tokens=np.array(book.hit) if block else None,
         wall_s=time.perf_counter() - started,
     )
 
 
 def _load(rank: Rank) -> tuple[int, int]:
     return (rank.outstanding, rank.index)
+
+
+def _prefix_cost(rank: Rank, r: int) -> float:
+    """What request ``r`` would cost ``rank``, after Dynamo's KV router (the blocks to
+    prefill plus the blocks the worker holds), in tokens: the prompt past what its
+    prefix cache holds, the KV its running requests hold and the prompts waiting."""
+    b = rank.book
+    assert rank.cache is not None and b.chain is not None
+    found = rank.cache.lookup(b.chain[r], b.input[r])[1]
+    return b.input[r] - found + rank._kv_held() + sum(b.need[w] for w in rank.waiting)
 
 
 def simulate(

@@ -34,7 +34,7 @@ from shardlab.problems.problem import Problem
 from shardlab.problems.traffic import Arrivals, Lengths, Traffic, synthetic_traffic
 from shardlab.simulate import Deployment, Pool, PoolCosts, simulate, simulate_priced
 from shardlab.simulate.deployment import Role
-from shardlab.solvers.certify import CERTIFY_REQUESTS, check_simulable, statistic
+from shardlab.solvers.certify import CERTIFY_REQUESTS, check_simulable, statistic, with_reuse
 
 # The bisection stops when the rates that meet and miss are within this of each other.
 RATE_TOLERANCE = 0.02
@@ -57,16 +57,17 @@ class Probe:
 def traffic_at(shape: Traffic | None, problem: Problem, rate: float, seed: int) -> Traffic:
     """The traffic at ``rate`` requests/s: ``shape``'s requests with their arrivals
     rescaled (a trace keeps its burstiness), or, without one, Poisson arrivals of the
-    workload's lengths."""
+    workload's lengths; with the workload's prefix reuse where it states no prefixes
+    of its own (:func:`~shardlab.solvers.certify.with_reuse`)."""
     if shape is None:
         w = problem.workload
-        return synthetic_traffic(
+        shape = synthetic_traffic(
             requests=CERTIFY_REQUESTS,
             lengths=Lengths(kind="fixed", input_len=w.input_len, output_len=w.output_len),
             arrivals=Arrivals(kind="poisson", rate=rate),
             seed=seed,
         )
-    return shape.at_rate(rate)
+    return with_reuse(shape.at_rate(rate), problem)
 
 
 def check_tail(problem: Problem, shape: Traffic | None) -> None:

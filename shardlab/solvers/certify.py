@@ -235,6 +235,16 @@ def default_traffic(problem: Problem, in_flight: int, seed: int) -> Traffic:
     )
 
 
+def with_reuse(traffic: Traffic, problem: Problem) -> Traffic:
+    """``traffic`` with the workload's prefix reuse (its share of each prompt from one
+    shared prefix) when it states no prefixes of its own (a Mooncake trace's blocks
+    stay theirs)."""
+    reuse = problem.workload.prefix_reuse
+    if reuse and traffic.prefix_blocks is None:
+        return traffic.with_prefix_reuse(reuse)
+    return traffic
+
+
 def describe_traffic(traffic: Traffic, problem: Problem | None = None) -> str:
     """The traffic in a phrase; ``problem``: the workload's own (its rate as stated)."""
     if traffic.arrival == "closed":
@@ -402,7 +412,7 @@ def check(
 
     slos = tail_slos(problem)
     percentile = {k: p for k, (_, p) in slos.items()}
-    run = traffic or default_traffic(problem, _in_flight(plan, metrics), seed)
+    run = with_reuse(traffic or default_traffic(problem, _in_flight(plan, metrics), seed), problem)
     described = describe_traffic(run, problem if traffic is None else None)
     dep = deployment(ranking, plan)
     priced = price(dep, run, most=run.most_in_system)

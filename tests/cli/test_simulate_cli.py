@@ -14,6 +14,7 @@ from tests.cli.conftest import refused, run
 
 TRACES = Path(__file__).resolve().parent.parent / "data" / "traces"
 CODE = str(TRACES / "AzureLLMInferenceTrace_code_head500.csv")
+MOONCAKE = str(TRACES / "mooncake_conversation_head200.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +70,32 @@ def test_a_closed_loop_in_json_is_the_same_run_for_the_same_seed(
         (["--rate", "-1", "--requests", "5"], "(set by --rate)"),
         (["--cv", "0", "--rate", "1"], "(set by --cv)"),
         (["--clients", "1", "--input-len", "4000000"], "max_position_embeddings"),
+        (["--clients", "1", "--prefix-reuse", "1"], "prefix_reuse must be a number in [0, 1)"),
+        (["--clients", "1", "--prefix-reuse", "-0.5"], "(set by --prefix-reuse)"),
     ],
 )
 def test_bad_input_is_refused_in_one_line(plan_file: Path, argv: list[str], says: str) -> None:
     assert says in refused(["simulate", "--plan", str(plan_file), *argv])
+
+
+def test_a_mooncake_trace_finds_its_prefixes_unless_told_otherwise(
+    plan_file: Path, tmp_path: Path
+) -> None:
+    """Its hash ids by default; --prefix-reuse F a shared prefix instead; 0 none."""
+    base = ["simulate", "--plan", str(plan_file), "--traffic", MOONCAKE, "--rate", "0.2",
+            "--out", "requests.csv"]  # fmt: skip
+    code, out, err = run(base, tmp_path)
+    assert code == 0, err
+    assert "% of prompt tokens found (blocks of 512 tokens)" in out
+    rows = list(csv.DictReader((tmp_path / "requests.csv").open()))
+    assert sum(int(r["cached_tokens"]) for r in rows) > 0
+    code, out, err = run([*base, "--prefix-reuse", "0.5", "--format", "json"], tmp_path)
+    assert code == 0, err
+    assert 0.4 < json.loads(out)["summary"]["prefix_hit_rate"] < 0.5
+    code, out, err = run([*base, "--prefix-reuse", "0", "--format", "json"], tmp_path)
+    assert code == 0, err
+    assert "prefix_hit_rate" not in json.loads(out)["summary"]
+    assert "cached_tokens" not in (tmp_path / "requests.csv").read_text().splitlines()[0]
 
 
 def test_a_plan_that_is_not_one_is_refused(tmp_path: Path) -> None:

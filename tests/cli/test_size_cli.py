@@ -52,12 +52,26 @@ SMALL = [
         (["--rate", "5", "--gpus", "x9"], "unknown GPU"),
         (["--rate", "5", "--serving", "both"], "serving"),
         (["--rate", "5", "--plot", "c.png"], "--rates"),
+        (["--rate", "5", "--prefix-reuse", "1"], "(set by --prefix-reuse)"),
     ],
 )
 def test_bad_sizing_input_is_refused(extra: list[str], says: str) -> None:
     gpus = [] if "--gpus" in extra else ["--gpus", "h100"]
     line = refused([*SMALL, *gpus, "--out", "d.json", *extra])
     assert says in line, line
+
+
+def test_prefix_reuse_raises_an_instances_capacity(tmp_path: Path) -> None:
+    """Half of each prompt cached: the same GPUs serve more requests/s."""
+    answers = []
+    for reuse in ("0", "0.5"):
+        code, out, err = run([*SMALL, "--gpus", "h100", "--rate", "10", "--serving", "agg",
+                              "--prefix-reuse", reuse, "--format", "json"], tmp_path)  # fmt: skip
+        assert code == 0, err
+        answers.append(json.loads(out)["rates"][0]["deployment"])
+    plain, reused = answers
+    assert reused["gpus"] == plain["gpus"] == 1
+    assert reused["capacity_rps"] > 1.1 * plain["capacity_rps"]
 
 
 def test_a_rate_past_max_gpus_is_refused_naming_the_fix() -> None:
