@@ -94,6 +94,15 @@ def size(
         str | None,
         typer.Option(help="The Ray cluster's address (e.g. 10.0.0.1:6379), with --executor ray."),
     ] = None,
+    buckets: Annotated[
+        int | None,
+        typer.Option(
+            min=2,
+            help="Also size Mélange's move: the traffic's requests split into this many "
+            "prompt-length buckets, each served by instances of its own (needs --traffic or "
+            "--range-ratio, and one rate).",
+        ),
+    ] = None,
     time_limit: Annotated[
         float | None,
         typer.Option(
@@ -131,6 +140,12 @@ def size(
         if rates is None:
             raise ShardlabError("--plot draws a curve: give --rates")
         check_output_file(plot, flag="--plot")
+    if buckets is not None and (traffic is None or len(values) > 1):
+        raise ShardlabError(
+            "--buckets splits a traffic's requests by prompt length at one rate",
+            field="buckets",
+            fix="give --traffic (or synthetic lengths with --range-ratio) and one --rate",
+        )
     if out_file is not None:
         check_output_file(out_file, flag="--out")
     accs = parse_accelerators(gpus)
@@ -158,7 +173,8 @@ def size(
             time_limit=time_limit,
             started=STARTED,
             progress=progress,
-            traffic=traffic,
+            # on the mean, a traffic gives the workload its mean request (and rate) only
+            traffic=traffic if problem.workload.tail else None,
         )
         results = sizer.curve(values)
     if all(s.best is None for s in results):
@@ -172,6 +188,27 @@ def size(
             )
         raise sizer.why_unserved(values[0])
     data = sizing_json(sizer, results)
+    by_bucket = without_reuse = None
+
+    def again(p: Problem, shaped: Traffic | None) -> Sizer:
+        return Sizer(
+            p, accs, prices=prices, serving=serving, max_gpus=max_gpus, seed=seed, jobs=jobs,
+            executor=executor, address=address, traffic=shaped,
+        )  # fmt: skip
+
+    if buckets is not None and traffic is not None:
+        from shardlab.sizing.buckets import size_by_bucket
+
+        by_bucket = size_by_bucket(problem, traffic, values[0], buckets, again)
+        data["by_bucket"] = _bucket_json(sizer, by_bucket)
+    if problem.workload.prefix_reuse and len(values) == 1:
+        bare = dataclasses.replace(problem.workload, prefix_reuse=0.0)
+        alone = again(dataclasses.replace(problem, workload=bare), sizer.traffic).size(values[0])
+        without_reuse = alone.best
+        data["without_prefix_reuse"] = None if alone.best is None else {
+            "label": alone.best.label(), "cost": alone.best.cost, "gpus": alone.best.gpus,
+            "capacity_rps": alone.best.capacity,
+        }  # fmt: skip
     if out_file is not None:
         write_text(out_file, _dumps(data))
     if plot is not None:
@@ -182,9 +219,67 @@ def size(
         emit_json({"problem": problem_json(problem), **data})
         return
     _print(sizer, results)
+    if by_bucket is not None:
+        _print_buckets(sizer, by_bucket)
+    if problem.workload.prefix_reuse and len(values) == 1:
+        reuse = f"{problem.workload.prefix_reuse:.0%} of each prompt cached"
+        out.print(
+            f"without prefix reuse ({reuse} above): "
+            + (
+                f"{without_reuse.label()}, {_money(sizer, without_reuse.cost)}"
+                if without_reuse is not None
+                else "none up to --max-gpus"
+            )
+        )
     for path in (plot, out_file):
         if path is not None:
             out.print(f"wrote {path}")
+
+
+def _bucket_json(sizer: Sizer, b: Any) -> dict[str, Any]:
+    return {
+        "buckets": [
+            {
+                "prompt_tokens": [k.low, k.high],
+                "share": k.share,
+                "input_len": k.input_len,
+                "output_len": k.output_len,
+                "rate_rps": s.rate,
+                "deployment": None if s.best is None else s.best.label(),
+                "cost": None if s.best is None else s.best.cost,
+                "simulated_ms": s.simulated,
+            }
+            for k, s in zip(b.buckets, b.answers, strict=True)
+        ],
+        "bucketed_cost": b.cost if b.cost < float("inf") else None,
+        "together_cost": None if b.together.best is None else b.together.best.cost,
+        "bucketed": b.bucketed,
+    }
+
+
+def _print_buckets(sizer: Sizer, b: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title="by prompt length (each bucket's own instances)")
+    for col in ("bucket", "share", "mean in/out", "requests/s", "deployment", "cost"):
+        table.add_column(col)
+    for k, s in zip(b.buckets, b.answers, strict=True):
+        table.add_row(
+            k.label(),
+            f"{k.share:.0%}",
+            f"{k.input_len}/{k.output_len}",
+            f"{s.rate:.3g}",
+            s.best.label() if s.best else "none",
+            _money(sizer, s.best.cost) if s.best else "-",
+        )
+    out.print(table)
+    together = b.together.best
+    verdict = "cheaper: route by length" if b.bucketed else "not cheaper: serve together"
+    out.print(
+        f"by length: {_money(sizer, b.cost) if b.cost < float('inf') else 'none'} against "
+        f"{_money(sizer, together.cost) if together else 'none'} together ({verdict}; "
+        "shardlab.sizing.buckets states the claim)"
+    )
 
 
 def _dumps(data: dict[str, Any]) -> str:

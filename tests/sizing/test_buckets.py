@@ -86,3 +86,33 @@ def test_the_bucketed_cost_is_each_buckets_own_sizing() -> None:
     together = got.together.best
     assert together is not None
     assert got.bucketed == (got.cost < together.cost)
+
+
+def test_cli_sizes_by_bucket_beside_together(
+    capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    import json
+
+    from tests.conftest import run_cli
+
+    code, out, err = run_cli(
+        [
+            "size", "--model", "llama-3.1-8b", "--gpus", "a100,h100", "--price",
+            "a100=1.29,h100=2.99", "--engine", "vllm", "--space", "engine", "--traffic",
+            str(CONV), "--rate", "40", "--ttft-ms", "1000", "--tpot-ms", "30", "--serving",
+            "agg", "--max-gpus", "16", "--buckets", "2", "--format", "json",
+        ],
+        capsys,
+        monkeypatch,
+    )  # fmt: skip
+    assert code == 0, err
+    got = json.loads(out)["by_bucket"]
+    assert len(got["buckets"]) == 2
+    assert math.isclose(sum(b["rate_rps"] for b in got["buckets"]), 40.0)
+    assert got["bucketed"] == (got["bucketed_cost"] < got["together_cost"])
+    code, _, err = run_cli(
+        ["size", "--model", "llama-3.1-8b", "--gpus", "h100", "--rate", "5", "--buckets", "2"],
+        capsys,
+        monkeypatch,
+    )
+    assert code == 2 and "--buckets" in err
