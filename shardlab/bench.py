@@ -253,49 +253,90 @@ class SizingSpeed:
     model: str
     rate: float
     gpus: str
+    slos: str  # as the workload states them (a percentile: simulated)
+    traffic: str
     seconds: float
     solves: int
     answer: str
     answer_gpus: int | None
+    simulated: str = ""  # percentile SLOs: the answer simulated whole at the rate
+
+
+@dataclass(frozen=True, kw_only=True)
+class SizingRun:
+    model: str
+    rate: float | None  # None: the trace's own
+    percentile: float | None = None  # None: the SLOs on the mean
+    ttft_ms: float = 2000
+    tpot_ms: float = 50
+    trace: str | None = None  # "conv": the Azure conversation hour (None: Poisson, 1024/256)
 
 
 # Issue 36's goals: 1k/256 traffic, TTFT <= 2 s, TPOT <= 50 ms, trtllm's space, over
-# H100, H200 and B200, agg and disagg, up to 256 GPUs; and issue 51's refusal of a rate
-# no deployment of 256 GPUs serves (goal 30 s; more than 20 minutes by solves alone).
-SIZING_RUNS = (("deepseek-v3", 50.0), ("llama-3.1-70b", 20.0), ("llama-3.1-70b", 2000.0))
+# H100, H200 and B200, agg and disagg, up to 256 GPUs; issue 51's: the refusal of a rate
+# no deployment of 256 GPUs serves (30 s; more than 20 minutes by solves alone), the
+# same SLOs at p90 under Poisson arrivals (30 s, 120 s), the Azure conversation trace at
+# its own rate with p99 TTFT <= 3 s and TPOT <= 100 ms (60 s).
+SIZING_RUNS = (
+    SizingRun(model="deepseek-v3", rate=50.0),
+    SizingRun(model="llama-3.1-70b", rate=20.0),
+    SizingRun(model="llama-3.1-70b", rate=2000.0),
+    SizingRun(model="llama-3.1-70b", rate=20.0, percentile=90),
+    SizingRun(model="deepseek-v3", rate=50.0, percentile=90),
+    SizingRun(
+        model="llama-3.1-70b", rate=None, percentile=99, ttft_ms=3000, tpot_ms=100,
+        trace="conv",
+    ),
+)  # fmt: skip
 SIZING_GPUS = ("h100", "h200", "b200")
 
 
-def sizing_speed(model: str, rate: float) -> SizingSpeed:
+def sizing_speed(run: SizingRun) -> SizingSpeed:
     """Wall seconds of one ``shardlab size`` from nothing solved to the proven answer."""
     from shardlab.problems.cluster import builtin_accelerators
+    from shardlab.problems.traces import read_trace
     from shardlab.sizing.size import DEFAULT_MAX_GPUS, Sizer, sizing_cluster
 
     accs = {g: builtin_accelerators()[g] for g in SIZING_GPUS}
     start = time.perf_counter()
+    trace = None if run.trace is None else read_trace(AZURE_CONV)
+    rate = run.rate if trace is None else (run.rate or trace.rate)
+    assert rate is not None
+    lengths = (1024, 256) if trace is None else (
+        round(float(trace.input_len.mean())), round(float(trace.output_len.mean()))
+    )  # fmt: skip
     problem = Problem.build(
-        model,
+        run.model,
         sizing_cluster(accs, DEFAULT_MAX_GPUS),
         "chat",
         engine="trtllm",
         space_kind="engine",
-        input_len=1024,
-        output_len=256,
-        ttft_ms=2000,
-        tpot_ms=50,
+        input_len=lengths[0],
+        output_len=lengths[1],
+        ttft_ms=run.ttft_ms,
+        tpot_ms=run.tpot_ms,
+        slo_percentile=run.percentile,
         rate=rate,
     )
-    sizer = Sizer(problem, accs, serving="best")
-    best = sizer.size(rate).best
+    sizer = Sizer(problem, accs, serving="best", traffic=trace)
+    sized = sizer.size(rate)
+    best = sized.best
     seconds = time.perf_counter() - start
+    at = "" if run.percentile is None else f"p{run.percentile:g} "
     return SizingSpeed(
-        model=model,
+        model=run.model,
         rate=rate,
         gpus=",".join(SIZING_GPUS),
+        slos=f"{at}TTFT <= {run.ttft_ms:g} ms, {at}TPOT <= {run.tpot_ms:g} ms",
+        traffic=f"Azure conv, {lengths[0]}/{lengths[1]}" if trace else "Poisson, 1024/256",
         seconds=seconds,
         solves=sizer.caps.solves,
         answer=best.label() if best else _refusal(sizer, rate),
         answer_gpus=best.gpus if best else None,
+        simulated=", ".join(
+            f"{k.removesuffix('_ms').upper()} {v:,.0f} ms"
+            for k, v in (sized.simulated or {}).items()
+        ),
     )
 
 
@@ -310,29 +351,24 @@ def sizing_markdown(command: str, rows: list[SizingSpeed]) -> str:
         "# Time to a proven sizing",
         "",
         f"Produced by `{command}`; numbers are written by the code, never by hand. "
-        f"Machine: {machine()}. 1024/256 tokens, TTFT <= 2000 ms, TPOT <= 50 ms, trtllm's "
-        "launchable space, silicon timing, serving agg or disagg, up to 256 GPUs, fewest "
-        "GPUs; from nothing solved to the proven answer (instance capacities solved by "
-        "CP-SAT, the rest pruned by bounds; a rate past what every instance shape's CP-SAT "
-        "bounds reach is refused before any solve).",
+        f"Machine: {machine()}. trtllm's launchable space, silicon timing, serving agg or "
+        "disagg, up to 256 GPUs, fewest GPUs; from nothing solved to the proven answer "
+        "(instance capacities solved by CP-SAT, the rest pruned by bounds; a rate past what "
+        "every instance shape's CP-SAT bounds reach is refused before any solve). SLOs at a "
+        "percentile: each instance's capacity bisected over rate in the simulator, the "
+        "answer simulated whole at the rate (its percentiles in the last column).",
         "",
     ]
     lines += markdown_table(
-        ["model", "requests/s", "GPU types", "seconds", "CP-SAT solves", "answer", "GPUs"],
-        "lrlrrlr",
+        ["model", "requests/s", "traffic", "SLOs", "seconds", "CP-SAT solves", "answer",
+         "GPUs", "simulated"],
+        "lrllrrlrl",
         (
-            [
-                r.model,
-                f"{r.rate:g}",
-                r.gpus,
-                f"{r.seconds:.1f}",
-                r.solves,
-                r.answer,
-                r.answer_gpus if r.answer_gpus is not None else "-",
-            ]
+            [r.model, f"{r.rate:.3g}", r.traffic, r.slos, f"{r.seconds:.1f}", r.solves,
+             r.answer, r.answer_gpus if r.answer_gpus is not None else "-", r.simulated or "-"]
             for r in rows
         ),
-    )
+    )  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

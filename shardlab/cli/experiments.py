@@ -400,9 +400,10 @@ def bench(
     elif what == "sizing":
         if instances:
             raise ShardlabError("bench sizing runs a fixed set of problems; drop --instances")
-        for model, rate in b.SIZING_RUNS:
-            rows.append(b.sizing_speed(model, rate))
-            err.print(f"  {model} at {rate:g}/s: {rows[-1].seconds:.1f} s")
+        for run in b.SIZING_RUNS:
+            rows.append(b.sizing_speed(run))
+            r = rows[-1]
+            err.print(f"  {r.model} at {r.rate:.3g}/s, {r.slos}: {r.seconds:.1f} s")
         text = b.sizing_markdown(command, rows)
     elif what == "solves":
         if instances:
