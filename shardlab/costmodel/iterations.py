@@ -227,7 +227,16 @@ class IterationCosts:
             problem, workload=wk, handoff=None, max_batch=KV_REQUESTS, max_tokens=1 << 30
         )
         a = assemble(q, units_of_plan(q, plan), np.ones(1, dtype=np.int64))
-        return int(a.metrics.capacity_per_rank[0]) * (w.input_len + w.output_len)
+        held = int(a.metrics.capacity_per_rank[0])
+        if held == 0:
+            # the workspace of that many requests leaves no room (a plan whose memory is
+            # tight): the workspace of the engine's own limits, as it allocates it
+            limits = engine_limits(problem, d.tp, d.pp, d.dp_attn)
+            wk = _plain(w, phase="decode", batch=limits.max_batch * ranks)
+            q = dataclasses.replace(problem, workload=wk, handoff=None)
+            a = assemble(q, units_of_plan(q, plan), np.ones(1, dtype=np.int64))
+            held = int(a.metrics.capacity_per_rank[0])
+        return held * (w.input_len + w.output_len)
 
     def _requests(self, requests: np.ndarray | int) -> np.ndarray:
         c = np.asarray(requests)

@@ -285,3 +285,21 @@ def test_other_engine_costs_move_every_iteration_by_the_difference() -> None:
     assert moved.request_s == pytest.approx(rebuilt.request_s)
     for name in ("decode_s", "mixed_s", "prompt_s"):
         assert np.allclose(getattr(moved, name), getattr(rebuilt, name), rtol=1e-12, atol=1e-15)
+
+
+def test_a_plan_whose_memory_is_tight_still_holds_its_requests_kv() -> None:
+    """DeepSeek-V3 on 4 B200, the plan CP-SAT proves best at 4 requests/s: the decode
+    workspace of thousands of requests leaves it no KV room, the engine's own limits
+    leave 35 requests of 1,280 tokens a rank. It was 0: the simulator refused the plan
+    that the analytic model serves (a sizing under percentile SLOs stopped there)."""
+    from shardlab.solvers.solve import solve
+
+    p = Problem.build(
+        "deepseek-v3", "b200x4", "chat", engine="trtllm", space_kind="engine",
+        input_len=1024, output_len=256, ttft_ms=2000, tpot_ms=50, rate=4,
+    )  # fmt: skip
+    p = dataclasses.replace(p, pin=(("replicas", 1),))
+    plan = solve(p, "cpsat", baseline=False).plan
+    assert isinstance(plan, Plan) and plan.requests_per_rank
+    held = IterationCosts.kv_capacity(p, plan)
+    assert held >= plan.requests_per_rank * 1280
