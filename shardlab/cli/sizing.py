@@ -186,6 +186,13 @@ def size(
                 field="time_limit",
                 fix="allow more time, fewer GPU types, or a smaller --max-gpus",
             )
+        if sizer.caps.too_long:
+            raise ShardlabError(
+                f"no instance of {gpus} up to {max_gpus} GPUs served the traffic under the "
+                f"percentile SLOs; the last refused: {sizer.caps.too_long}",
+                field="traffic",
+                fix="drop the longest requests from the trace, or allow larger instances",
+            )
         raise sizer.why_unserved(values[0])
     data = sizing_json(sizer, results)
     by_bucket = without_reuse = None

@@ -141,6 +141,8 @@ class Capacities:
         # ``traffic`` (None: Poisson arrivals of the workload's lengths) at each rate
         self.slos = tail_slos(problem)
         self.traffic = traffic
+        # the last instance the traffic's longest request did not fit (its message)
+        self.too_long = ""
         self.accelerators = accelerators
         self.seed = seed
         # time.perf_counter() past which no solve starts and a running one stops (None:
@@ -245,18 +247,30 @@ class Capacities:
             return c
         assert c.plan is not None and c.problem is not None
         start = time.perf_counter()
-        rate, probes = percentile_capacity(
-            c.problem,
-            c.plan,
-            c.rate,
-            own,
-            self.traffic,
-            role=c.role,
-            sized=self._agg_base,
-            seed=self.seed,
-        )
+        why = c.why
+        try:
+            rate, probes = percentile_capacity(
+                c.problem,
+                c.plan,
+                c.rate,
+                own,
+                self.traffic,
+                role=c.role,
+                sized=self._agg_base,
+                seed=self.seed,
+            )
+        except ShardlabError as exc:
+            if exc.field != "traffic":
+                raise
+            # the traffic's longest request does not fit this instance: it serves none
+            rate, probes, why = 0.0, (), exc.message
+            self.too_long = exc.message
         found = dataclasses.replace(
-            c, rate=rate, probes=probes, seconds=c.seconds + time.perf_counter() - start
+            c,
+            rate=rate,
+            probes=probes,
+            why=why,
+            seconds=c.seconds + time.perf_counter() - start,
         )
         for key, kept in self._kept.items():
             if kept is c:

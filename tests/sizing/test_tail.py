@@ -167,3 +167,26 @@ def test_cli_refuses_a_closed_loop_to_size(capsys: pytest.CaptureFixture[str], m
         monkeypatch,
     )  # fmt: skip
     assert code == 2 and len(err.strip().splitlines()) == 1 and "coefficient" in err
+
+
+def test_an_instance_too_small_for_the_longest_request_serves_none() -> None:
+    """The Azure code excerpt's longest requests (7,461 tokens) do not fit a 2-GPU H100
+    instance's KV cache of Llama-3.1-70B: that instance serves none of the traffic, and
+    the sizing goes on with the larger ones (it stopped at the first such instance)."""
+    from shardlab.problems.traces import read_trace
+
+    trace = read_trace(str(DATA_DIR / "traces" / "AzureLLMInferenceTrace_code_head500.csv"), None)
+    problem = Problem.build(
+        "llama-3.1-70b", sizing_cluster(H100, 16), "chat", engine="trtllm",
+        space_kind="engine", ttft_ms=3000, tpot_ms=100, slo_percentile=99, rate=2.0,
+        input_len=round(float(trace.input_len.mean())),
+        output_len=round(float(trace.output_len.mean())),
+    )  # fmt: skip
+    sizer = Sizer(problem, H100, serving="agg", max_gpus=16, traffic=trace)
+    small = sizer.caps.served(sizer.caps.agg("h100", 2))
+    assert small.mean_rate and small.mean_rate > 0 and small.rate == 0
+    assert "does not fit" in small.why and sizer.caps.too_long == small.why
+    s = sizer.size(2.0)  # it stopped here, on the first such instance
+    larger = [sizer.caps.served(sizer.caps.agg("h100", n)) for n in (4, 8)]
+    assert all(c.rate > 0 and "does not fit" not in c.why for c in larger)
+    assert s.best is None or all(p.capacity.gpus > 2 for p in s.best.pools)
