@@ -120,6 +120,14 @@ def size(
     plot: Annotated[
         str | None, typer.Option(help="--rates: write the cost per rate per GPU type here (PNG).")
     ] = None,
+    per_dollar: Annotated[
+        bool,
+        typer.Option(
+            "--per-dollar",
+            help="Vidur-Search's question instead: every aggregated instance of each GPU type "
+            "and size, ranked by requests/s at the SLOs per $/hour (needs --price; no rate).",
+        ),
+    ] = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """The cheapest deployment (least $/hour, or fewest GPUs without prices) serving a
@@ -131,6 +139,10 @@ def size(
     from shardlab.sizing.inputs import parse_prices, parse_rates
     from shardlab.sizing.size import Sizer
 
+    if per_dollar:
+        _per_dollar(problem, traffic, gpus, price, serving, max_gpus, seed, jobs, executor,
+                    address, (rate, rates, buckets, time_limit, plot), out_file, fmt)  # fmt: skip
+        return
     if rate is None and rates is None and traffic is not None and traffic.rate is not None:
         rate = traffic.rate  # a trace replayed at its own rate
     if (rate is None) == (rates is None):
@@ -441,3 +453,147 @@ def _print_one(sizer: Sizer, s: Sizing) -> None:
 
 def _none(s: Sizing) -> str:
     return "none found in time" if s.partial else "none up to --max-gpus"
+
+
+def _per_dollar(
+    problem: Problem,
+    traffic: Traffic | None,
+    gpus: str,
+    price: str | None,
+    serving: str,
+    max_gpus: int,
+    seed: int,
+    jobs: int,
+    executor: str,
+    address: str | None,
+    not_taken: tuple[object, ...],
+    out_file: str | None,
+    fmt: Format,
+) -> None:
+    """``size --per-dollar``: :func:`shardlab.sizing.per_dollar.per_dollar`, printed."""
+    from shardlab.sizing.inputs import parse_prices
+    from shardlab.sizing.per_dollar import per_dollar
+    from shardlab.sizing.size import Sizer
+
+    if any(v is not None for v in not_taken):
+        raise ShardlabError(
+            "--per-dollar ranks instances by their own capacity: it takes no --rate, "
+            "--rates, --buckets, --time-limit or --plot",
+            field="per_dollar",
+        )
+    if serving == "disagg":
+        raise ShardlabError(
+            "--per-dollar ranks aggregated instances (Vidur-Search's replicas)",
+            field="serving",
+            fix="drop --serving disagg",
+        )
+    accs = parse_accelerators(gpus)
+    prices = parse_prices(price, list(accs))
+    if prices is None:
+        raise ShardlabError(
+            "--per-dollar needs each GPU type's price", field="price",
+            fix="give --price, e.g. a100=2.21,h100=4.25",
+        )  # fmt: skip
+    if out_file is not None:
+        check_output_file(out_file, flag="--out")
+    w = problem.workload
+    # an instance's capacity does not depend on the rate; the workload needs one
+    held = traffic.rate if traffic is not None and traffic.rate is not None else 1.0
+    problem = dataclasses.replace(problem, workload=w.at_rate(held))
+    sizer = Sizer(
+        problem, accs, prices=prices, serving="agg", max_gpus=max_gpus, seed=seed, jobs=jobs,
+        executor=executor, address=address, traffic=traffic if w.tail else None,
+    )  # fmt: skip
+    ranked = per_dollar(sizer)
+    data = _per_dollar_json(sizer, ranked)
+    if out_file is not None:
+        write_text(out_file, _dumps(data))
+    if fmt is Format.json:
+        emit_json({"problem": problem_json(problem), **data})
+        return
+    _print_per_dollar(sizer, ranked)
+    if out_file is not None:
+        out.print(f"wrote {out_file}")
+
+
+def _per_dollar_json(sizer: Sizer, ranked: Any) -> dict[str, Any]:
+    best = ranked.best
+    return {
+        "model": sizer.problem.model.name,
+        "engine": sizer.problem.engine,
+        "traffic": None if sizer.traffic is None else sizer.traffic.source,
+        "slos": {k: {"ms": v, "percentile": p} for k, (v, p) in sizer.caps.slos.items()},
+        "prices": sizer.prices,
+        "instances": [
+            {
+                "gpu": v.gpu,
+                "gpus": v.gpus,
+                "plan": v.plan.degrees.short() if v.plan else None,
+                "requests_per_rank": v.plan.requests_per_rank if v.plan else None,
+                "status": v.status,
+                "mean_model_rps": v.mean_rate,
+                "rps": v.rate,
+                "cost_per_hour": v.cost,
+                "rps_per_dollar": v.per_dollar,
+                "solve_s": v.solve_s,
+                "simulate_s": v.simulate_s,
+                "probes": [dataclasses.asdict(p) for p in v.probes],
+            }
+            for v in ranked.instances
+        ],
+        "best": None if best is None else {"gpu": best.gpu, "gpus": best.gpus},
+        "seconds": ranked.seconds,
+    }
+
+
+def _print_per_dollar(sizer: Sizer, ranked: Any) -> None:
+    from rich.table import Table
+
+    p = sizer.problem
+    w = p.workload
+    slos = ", ".join(
+        f"p{pct:g} {k.removesuffix('_ms').upper()} <= {v:g} ms"
+        for k, (v, pct) in sizer.caps.slos.items()
+    )
+    source = "Poisson arrivals" if sizer.traffic is None else sizer.traffic.source
+    out.print(
+        f"[bold]{p.model.name}[/]: {w.input_len} in / {w.output_len} out (mean), "
+        f"{slos or 'SLOs on the mean'}; {p.engine}"
+        + (" (plans it can launch)" if p.space_kind == "engine" else "")
+        + f", {p.timing} timing; under {source}",
+        soft_wrap=True,
+    )
+    table = Table(title="requests/s per dollar, one instance (its replicas scale both)")
+    for col in ("GPU", "GPUs", "plan", "per rank", "mean-model req/s", "req/s at SLOs",
+                "$/h", "req/s per $/h", "solve s", "simulate s"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("GPU", "plan") else "right")
+    best = ranked.best
+    for v in ranked.instances:
+        mark = " *" if v is best else ""
+        table.add_row(
+            v.gpu + mark,
+            str(v.gpus),
+            v.plan.degrees.short() if v.plan else v.status,
+            str(v.plan.requests_per_rank) if v.plan else "-",
+            f"{v.mean_rate:.3f}",
+            f"{v.rate:.3f}",
+            f"{v.cost:.2f}",
+            f"{v.per_dollar:.4f}",
+            f"{v.solve_s:.1f}",
+            f"{v.simulate_s:.1f}",
+        )
+    out.print(table)
+    if best is None:
+        out.print("no instance serves under the SLOs")
+    else:
+        out.print(
+            f"best: {best.gpus} x {best.gpu} ({best.plan.degrees.short() if best.plan else ''}), "
+            f"{best.rate:.3f} requests/s at ${best.cost:.2f}/h = {best.per_dollar:.4f} "
+            "requests/s per $/h (shardlab.sizing.per_dollar states the claim)",
+            soft_wrap=True,
+        )
+    out.print(
+        f"{len(ranked.instances)} instances in {ranked.seconds:.1f} s: CP-SAT "
+        f"{sum(v.solve_s for v in ranked.instances):.1f} s, capacity searches "
+        f"{sum(v.simulate_s for v in ranked.instances):.1f} s"
+    )
