@@ -330,7 +330,7 @@ def _compare_sizing(results_dir: Path, aiconfigurator: str | None, **unused: obj
 
 
 def _compare_melange(results_dir: Path, **unused: object) -> None:
-    from shardlab.sizing.melange import run_melange
+    from shardlab.sizing.melange_report import run_melange
     from shardlab.sizing.suite import check_suite_options
 
     check_suite_options(**unused)

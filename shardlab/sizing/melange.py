@@ -16,26 +16,26 @@ type alone. Here the same shape, with what shardlab has:
 - each rate sized on the mean TPOT (Mélange: the largest load whose profiled TPOT meets
   the SLO), together (:class:`~shardlab.sizing.size.Sizer`: any mix of the types'
   instances behind one router in proportion to capacity) and by prompt-length bucket
-  (:func:`~shardlab.sizing.buckets.curve_by_bucket`, Mélange's routing by size).
+  (:func:`~shardlab.sizing.buckets.curve_by_bucket`, Mélange's routing by size);
+- and again with the TPOT SLO at the 99th percentile of the mix's own requests,
+  simulated (:func:`size_mix_tail`; together only).
 
 Each mix's requests are written as a trace (``arrival_s,input_len,output_len``), so
-that every cell is one ``shardlab size --traffic`` command, written beside its table.
+that every cell is one ``shardlab size --traffic`` command, written beside its table
+(:mod:`shardlab.sizing.melange_report` writes the tables).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from shardlab.files import make_dir, markdown_table, write_text
 from shardlab.problems.cluster import builtin_accelerators
 from shardlab.problems.problem import Problem
 from shardlab.problems.traffic import Arrivals, Traffic, histogram, synthetic_traffic
@@ -130,8 +130,11 @@ def trace_csv(traffic: Traffic) -> str:
     return buf.getvalue()
 
 
-def mix_problem(traffic: Traffic, tpot_ms: float, gpus: Sequence[str]) -> Problem:
-    """The problem ``shardlab size --traffic`` builds: the trace's mean request."""
+def mix_problem(
+    traffic: Traffic, tpot_ms: float, gpus: Sequence[str], percentile: float | None = None
+) -> Problem:
+    """The problem ``shardlab size --traffic`` builds: the trace's mean request (and the
+    SLO at ``percentile``, None: on the mean)."""
     accs = builtin_accelerators()
     return Problem.build(
         MODEL,
@@ -142,6 +145,7 @@ def mix_problem(traffic: Traffic, tpot_ms: float, gpus: Sequence[str]) -> Proble
         input_len=max(1, round(float(traffic.input_len.mean()))),
         output_len=max(2, round(float(traffic.output_len.mean()))),
         tpot_ms=tpot_ms,
+        slo_percentile=percentile,
         rate=1.0,
     )
 
@@ -218,294 +222,50 @@ def _label(d: Deployment | None) -> str:
     return "none" if d is None else d.label()
 
 
-# Mélange's published savings against single-GPU-type deployments, over 1-32 req/s
-# (its blog, docs/index.md of melange-release, and the paper's abstract): the low end is
-# the rate where the best type alone came closest, the high end the worst type's largest.
-PUBLISHED = {
-    ("short", 120.0): (15, 77),
-    ("short", 40.0): (9, 68),
-    ("long", 120.0): (15, 33),
-    ("long", 40.0): (2, 22),
-    ("mixed", 120.0): (13, 51),
-    ("mixed", 40.0): (4, 51),
-}
+# The percentile of the tail section: Mélange reports TPOT SLO attainment per request.
+PERCENTILE = 99.0
 
 
-def run_melange(
-    out_dir: Path,
-    command: str,
-    on_case: Callable[[str, list[dict[str, Any]]], None] | None = None,
+def size_mix_tail(
+    traffic: Traffic,
+    tpot_ms: float,
+    *,
+    percentile: float = PERCENTILE,
+    rates: Sequence[float] = RATES,
+    gpus: Sequence[str] = tuple(PRICES),
 ) -> list[dict[str, Any]]:
-    """Every mix at every TPOT SLO; the traces in ``out_dir/melange/``, the rows in
-    ``melange.json`` and the tables in ``melange.md``."""
-    rows: list[dict[str, Any]] = []
-    traces = make_dir(out_dir / "melange")
-    summaries = []
-    started = time.perf_counter()
-    for mix in mixes():
-        traffic = mix_traffic(mix)
-        write_text(traces / f"{mix.name}.csv", trace_csv(traffic))
-        summaries.append((mix, traffic))
-        for tpot in TPOT_MS:
-            done = size_mix(traffic, tpot)
-            if on_case is not None:
-                on_case(f"{mix.name}/{tpot:g} ms", done)
-            rows += done
-    total = time.perf_counter() - started
-    write_text(out_dir / "melange.json", json.dumps(rows, indent=2) + "\n")
-    write_text(out_dir / "melange.md", melange_markdown(rows, summaries, command, total))
+    """One mix at one TPOT SLO held at ``percentile`` of the requests over ``rates``:
+    each type alone against the cheapest mix served together, every instance's
+    capacity simulated under the mix's own requests (:mod:`shardlab.sizing.tail`), and
+    the answer simulated whole at each rate."""
+    accs = builtin_accelerators()
+    sizer = Sizer(
+        mix_problem(traffic, tpot_ms, gpus, percentile),
+        {g: accs[g] for g in gpus},
+        prices={g: PRICES[g] for g in gpus},
+        max_gpus=MAX_GPUS,
+        traffic=traffic,
+    )
+    start = time.perf_counter()
+    curve = sizer.curve(rates)
+    seconds = time.perf_counter() - start
+    rows = []
+    for s in curve:
+        alone = [d.cost for d in s.by_gpu.values() if d is not None]
+        together = _cost(s.best)
+        rows.append(
+            {
+                "mix": traffic.source.removeprefix("melange "),
+                "tpot_ms": tpot_ms,
+                "percentile": percentile,
+                "rate_rps": s.rate,
+                **{f"{g}_cost": _cost(s.by_gpu.get(g)) for g in gpus},
+                "together_cost": together,
+                "together": _label(s.best),
+                "simulated_tpot_ms": (s.simulated or {}).get("tpot_ms"),
+                "saving_vs_best": _saving(together, min(alone, default=None)),
+                "saving_vs_worst": _saving(together, max(alone, default=None)),
+                "curve_seconds": round(seconds, 1),
+            }
+        )
     return rows
-
-
-def size_command(mix: str, tpot_ms: float, rate: float, out_dir: str = "results/sizing") -> str:
-    """The ``shardlab size`` command that sizes one cell of the tables."""
-    prices = ",".join(f"{g}={p:g}" for g, p in PRICES.items())
-    return (
-        f"shardlab size --model {MODEL} --gpus {','.join(PRICES)} --price {prices} "
-        f"--engine {ENGINE} --space engine --traffic {out_dir}/melange/{mix}.csv "
-        f"--tpot-ms {tpot_ms:g} --rate {rate:g} --buckets {BUCKETS}"
-    )
-
-
-def _money(cost: float | None) -> str:
-    return "none" if cost is None else f"${cost:,.2f}"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.0f}%"
-
-
-def _span(values: Sequence[float | None]) -> tuple[float, float] | None:
-    known = [v for v in values if v is not None]
-    return (min(known), max(known)) if known else None
-
-
-def melange_markdown(
-    rows: list[dict[str, Any]],
-    traffics: Sequence[tuple[Mix, Traffic]],
-    command: str,
-    seconds: float,
-) -> str:
-    gpus = tuple(PRICES)
-    lines = [
-        "# Mélange's problem: one GPU type against the mix",
-        "",
-        f"Produced by `{command}` ({seconds:.0f} s wall on 2 shared cores); do not edit "
-        "by hand. Code: `shardlab/sizing/melange.py` (the setup and every choice below "
-        "is stated in its docstring).",
-        "",
-        "## The setup, side by side",
-        "",
-    ]
-    lines += markdown_table(
-        ["", "Mélange (Griggs et al., 2024)", "here"],
-        "lll",
-        [
-            ["model", "Llama-2-7B", f"{MODEL} (no Llama-2 in the catalog)"],
-            [
-                "engine",
-                "vLLM, measured",
-                f"{ENGINE}'s engine model, silicon timing where "
-                "measured, CP-SAT's best plan per instance",
-            ],
-            [
-                "GPU types",
-                "L4 $0.70, A10G $1.01, A100-80GB $3.67, H100 $7.52 /h",
-                ", ".join(f"{g.upper()} ${p:g}" for g, p in PRICES.items()) + " /GPU-h "
-                "(Mélange's prices; no L4 or A10G in the catalog)",
-            ],
-            ["instances", "one GPU each", "1, 2, 4, 8 GPUs or whole nodes, any plan"],
-            ["rates", "1, 2, 4, 8, 16, 32 req/s", ", ".join(f"{r:g}" for r in RATES)],
-            ["SLO", "TPOT 120 ms or 40 ms", "mean TPOT 120 ms or 40 ms (no TTFT SLO)"],
-            [
-                "workloads",
-                "Arena, PubMed, 80% Arena + 20% PubMed",
-                "histograms at the datasets' published means (below)",
-            ],
-            [
-                "the mix",
-                "ILP over (size bucket x GPU type) slices, profiled throughputs",
-                "exact covering over every type's instances, together (in proportion to "
-                f"capacity) and by {BUCKETS} prompt-length buckets, the cheaper",
-            ],
-        ],
-    )
-    lines += [
-        "",
-        "## The traffics",
-        "",
-        f"{REQUESTS:,} requests each, Poisson arrivals (rescaled to each rate); on the "
-        "mean, a sizing sees only the mean request (together) and each bucket's mean "
-        "(by bucket). Prompt lengths: a log-normal of the published mean in 8 "
-        "equal-weight steps (the spread is ours); outputs: the published mean. Words "
-        f"to tokens at {TOKENS_PER_WORD} per word (an estimate); PubMed's prompts cut to "
-        f"Llama-2's {LLAMA2_CONTEXT:,}-token context less the output.",
-        "",
-    ]
-    lines += markdown_table(
-        ["mix", "lengths from", "mean in", "mean out", "prompt p10/p50/p90", "trace"],
-        "llrrll",
-        [
-            [
-                m.name,
-                m.what,
-                f"{t.input_len.mean():,.0f}",
-                f"{t.output_len.mean():,.0f}",
-                "/".join(f"{int(v):,}" for v in _quantiles(t)),
-                f"`melange/{m.name}.csv`",
-            ]
-            for m, t in traffics
-        ],
-    )
-    lines += ["", "## Cost per hour at each rate", ""]
-    for (mix, tpot), group in _groups(rows):
-        lines += [
-            f"### {mix}, TPOT <= {tpot:g} ms",
-            "",
-            f"Mean request {group[0]['input_len']:,} in / {group[0]['output_len']} out; "
-            f"solved in {group[0]['curve_seconds']:g} s (every rate, together and by "
-            f"bucket). One cell: `{size_command(mix, tpot, group[0]['rate_rps'])}` "
-            "(another --rate for the other rows).",
-            "",
-        ]
-        head = [
-            "req/s",
-            *(f"{g} only" for g in gpus),
-            "mix together",
-            "by bucket",
-            "cheapest",
-            "saving vs best type",
-            "vs worst type",
-        ]
-        lines += markdown_table(
-            head,
-            "r" + "r" * len(gpus) + "llrrr",
-            [
-                [
-                    f"{r['rate_rps']:g}",
-                    *(_money(r[f"{g}_cost"]) for g in gpus),
-                    f"{_money(r['together_cost'])} ({r['together']})",
-                    f"{_money(r['bucketed_cost'])} ({r['bucketed']})",
-                    _money(r["ours_cost"]),
-                    _pct(r["saving_vs_best"]),
-                    _pct(r["saving_vs_worst"]),
-                ]
-                for r in group
-            ],
-        )
-        lines.append("")
-    lines += [
-        "## Savings side by side",
-        "",
-        "Mélange's range runs from its smallest saving against the best single type at "
-        "any rate to its largest against the worst (its blog's plots 7-12: e.g. short "
-        "at 120 ms, 15% against A10G alone at 1 req/s to 77% against H100 alone at 1 "
-        "req/s). Ours: the same two ends over the same rates, with two types; 'cheapest' "
-        "is the cheaper of the mix together and by bucket.",
-        "",
-    ]
-    body = []
-    for (mix, tpot), group in _groups(rows):
-        low = _span([r["saving_vs_best"] for r in group])
-        high = _span([r["saving_vs_worst"] for r in group])
-        mixed = _span([r["together_saving_vs_best"] for r in group])
-        lo, hi = PUBLISHED[(mix, tpot)]
-        body.append(
-            [
-                mix,
-                f"{tpot:g}",
-                f"{lo}-{hi}%",
-                "-" if low is None or high is None else f"{_pct(low[0])}-{_pct(high[1])}",
-                "-" if low is None else f"{_pct(low[0])}-{_pct(low[1])}",
-                "-" if mixed is None else f"{_pct(mixed[0])}-{_pct(mixed[1])}",
-                ", ".join(f"{r['rate_rps']:g}" for r in group if _by_bucket_wins(r)) or "none",
-            ]
-        )
-    lines += markdown_table(
-        [
-            "mix",
-            "TPOT ms",
-            "Mélange",
-            "ours (same ends)",
-            "ours vs best type",
-            "mix together vs best type",
-            "req/s where by bucket is cheapest",
-        ],
-        "lrrrrrl",
-        body,
-    )
-    lines += ["", *explanation(rows)]
-    return "\n".join(lines) + "\n"
-
-
-def _quantiles(t: Traffic) -> list[float]:
-    import numpy as np
-
-    return [float(v) for v in np.percentile(t.input_len, (10, 50, 90), method="inverted_cdf")]
-
-
-def _groups(rows: list[dict[str, Any]]) -> list[tuple[tuple[str, float], list[dict[str, Any]]]]:
-    out: dict[tuple[str, float], list[dict[str, Any]]] = {}
-    for r in rows:
-        out.setdefault((r["mix"], r["tpot_ms"]), []).append(r)
-    return list(out.items())
-
-
-def _by_bucket_wins(r: dict[str, Any]) -> bool:
-    together = r["together_cost"] if r["together_cost"] is not None else math.inf
-    return r["bucketed_cost"] is not None and r["bucketed_cost"] < together * (1 - 1e-12)
-
-
-def explanation(rows: list[dict[str, Any]]) -> list[str]:
-    """What the tables reproduce of Mélange and why the rest cannot be, with the cells
-    that say so taken from ``rows``."""
-    cheap, dear = min(PRICES.values()), max(PRICES.values())
-    mixed = [
-        f"{r['mix']} at {r['tpot_ms']:g} ms, {r['rate_rps']:g} req/s "
-        f"({r['together']}, {_pct(r['together_saving_vs_best'])})"
-        for r in rows
-        if (r["together_saving_vs_best"] or 0) > 1e-9
-    ]
-    return [
-        "## What is reproduced and what cannot be",
-        "",
-        "- **The high end is the price ratio.** Mélange's high ends are all against H100 "
-        "alone, at low rates where one GPU serves the rate: on short at 120 ms, 77% is "
-        "one L4 and one A10G ($1.71) against one H100 ($7.52) at 1 req/s; on mixed, 51% "
-        "is one A100 against one H100 at 1 req/s. With A100 the cheapest card here, the "
-        f"same arithmetic gives 1 - {cheap:g}/{dear:g} = {_pct(1 - cheap / dear)}, our "
-        "high end on every mix (Mélange's on mixed). The rest of its range needs L4 and A10G "
-        "(not in the catalog until issue 52): their savings come from cheap cards "
-        "serving short requests at low rates, where an A100 or H100 idles.",
-        "- **A mix of A100 and H100 wins by rounding.** The covering "
-        "already mixes types in proportion to capacity (`shardlab.sizing.size`), so "
-        "'mix together' is Mélange's mix of types, proven least-cost under the cost "
-        "model. It beats every type alone in: "
-        + ("; ".join(mixed) if mixed else "no cell")
-        + ". Elsewhere one type's instances round to the rate as well as any mix.",
-        "- **Routing by length costs more here.** Each bucket gets whole instances of "
-        "its own (`shardlab.sizing.buckets`); one GPU serves many requests/s of an 8B "
-        f"model, so {BUCKETS} buckets pay for {BUCKETS} GPUs where one serves the whole "
-        "rate. Mélange's ILP assigns slices of each bucket's rate to a GPU type and sums "
-        "their loads per type, so one GPU holds slices of several buckets and no bucket "
-        "pays for an idle instance. By bucket is cheapest at: "
-        + (
-            ", ".join(
-                f"{r['mix']} {r['tpot_ms']:g} ms {r['rate_rps']:g} req/s"
-                for r in rows
-                if _by_bucket_wins(r)
-            )
-            or "no cell"
-        )
-        + ". A per-type pooled assignment of buckets (Mélange's) is not searched.",
-        "- **Serving together is priced at the mean request.** On the mean SLO, the "
-        "whole traffic is sized as its mean request (mixed: one request of the mean "
-        "length, not 80% short and 20% long), which understates what long prompts "
-        "cost in prefill and KV cache; by bucket prices each bucket's own mean. "
-        "`--slo-percentile` simulates the real lengths (not run here).",
-        "- **Instances and model.** Mélange counts single GPUs; here an instance is 1, "
-        "2, 4 or 8 GPUs or whole nodes with CP-SAT's plan, aggregated or disaggregated, "
-        "priced per GPU-hour. Capacities are the analytic model's (mean TPOT, Little's "
-        "law), not measured. Llama-3.1-8B's GQA makes its KV cache a quarter of "
-        "Llama-2-7B's, which raises every GPU's capacity on long prompts.",
-    ]

@@ -18,14 +18,18 @@ from shardlab.sizing.buckets import curve_by_bucket, size_by_bucket
 from shardlab.sizing.melange import (
     LLAMA2_CONTEXT,
     PRICES,
-    explanation,
     lognormal_buckets,
-    melange_markdown,
     mix_traffic,
     mixes,
-    size_command,
     size_mix,
+    size_mix_tail,
     trace_csv,
+)
+from shardlab.sizing.melange_report import (
+    explanation,
+    melange_markdown,
+    size_command,
+    tail_command,
 )
 from shardlab.sizing.size import Sizer, sizing_cluster
 from tests.conftest import DATA_DIR
@@ -115,7 +119,7 @@ def test_a_row_is_what_shardlab_size_answers(
     assert row["ours_cost"] == min(row["together_cost"], row["bucketed_cost"])
     assert row["saving_vs_best"] == pytest.approx(1 - row["ours_cost"] / min(alone))
     assert row["saving_vs_worst"] == pytest.approx(1 - row["ours_cost"] / max(alone))
-    text = melange_markdown(rows, [(mixes()[1], traffic)], "test", 1.0)
+    text = melange_markdown(rows, [], [(mixes()[1], traffic)], "test", 1.0)
     assert "| long | 40 | 2-22% |" in text
     assert size_command("long", 40.0, 16.0) in text
 
@@ -125,10 +129,27 @@ def test_the_explanation_names_the_cells_where_a_mix_wins() -> None:
         "mix": "long", "tpot_ms": 40.0, "rate_rps": 16.0, "together": "1 x 1 a100 + 2 x 1 h100",
         "together_saving_vs_best": 0.15, "together_cost": 18.71, "bucketed_cost": 25.87,
     }  # fmt: skip
-    text = "\n".join(explanation([row]))
+    tail = {
+        "mix": "mixed", "tpot_ms": 40.0, "rate_rps": 32.0, "together": "1 x 1 a100 + 1 x 1 h100",
+        "saving_vs_best": 0.24,
+    }  # fmt: skip
+    text = "\n".join(explanation([row], [tail]))
     assert "long at 40 ms, 16 req/s (1 x 1 a100 + 2 x 1 h100, 15%)" in text
     assert "By bucket is cheapest at: no cell" in text
     assert "1 - 3.67/7.52 = 51%" in text
+    assert "mix beats every type alone in: mixed at 40 ms, 32 req/s" in text
+
+
+def test_at_the_tail_the_mix_holds_its_percentile() -> None:
+    """The tail rows: the cheapest mix is never dearer than a type alone, and its
+    deployment simulated whole meets the percentile SLO it was sized for."""
+    traffic = mix_traffic(mixes()[2], requests=600)
+    (row,) = size_mix_tail(traffic, 40.0, rates=[32.0])
+    alone = [row[f"{g}_cost"] for g in PRICES if row[f"{g}_cost"] is not None]
+    assert row["together_cost"] <= min(alone) + 1e-9
+    assert row["simulated_tpot_ms"] is not None and row["simulated_tpot_ms"] <= 40.0
+    assert row["saving_vs_best"] == pytest.approx(1 - row["together_cost"] / min(alone))
+    assert "--slo-percentile 99 --rates 1,2,4,8,16,32" in tail_command("mixed", 40.0, 99.0)
 
 
 def test_compare_suite_melange_takes_no_methods(
