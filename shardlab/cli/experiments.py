@@ -201,7 +201,9 @@ def compare(
     """Run methods on a suite (or the given problem) over seeds; write results/<name>/.
     ``--suite sizing``: size the sizing suite's problems (``shardlab size`` over models,
     SLO levels and rates) into results/sizing/, beside AIConfigurator's answers given
-    with ``--aiconfigurator``."""
+    with ``--aiconfigurator``; ``--suite melange``: Mélange's experiment, each GPU type
+    alone against the mix on short, long and mixed lengths, into
+    results/sizing/melange.md."""
     from shardlab.compare import comparison, run_comparison, summarize, write_results
 
     if suite is not None and problem.workload.tail:

@@ -405,7 +405,7 @@ def run_melange(
                 on_case(f"{mix.name}/{tpot:g} ms at p{done[0]['percentile']:g}", done)
             tail += done
     total = time.perf_counter() - started
-    data = {"mean": rows, "tail": tail}
+    data = {"command": command, "seconds": total, "mean": rows, "tail": tail}
     write_text(out_dir / "melange.json", json.dumps(data, indent=2) + "\n")
     text = melange_markdown(rows, tail, summaries, command, total)
     write_text(out_dir / "melange.md", text)

@@ -161,3 +161,16 @@ def test_compare_suite_melange_takes_no_methods(
         ["compare", "--suite", "melange", "--methods", "random"], capsys, monkeypatch
     )
     assert code == 2 and "methods" in err
+
+
+def test_the_committed_results_are_reproduced() -> None:
+    """results/sizing/melange.md, rendered again from its melange.json and the mixes'
+    traces drawn again (same seed): its numbers come from the code, not a hand."""
+    results = Path(__file__).parents[2] / "results" / "sizing"
+    data = json.loads((results / "melange.json").read_text())
+    traffics = [(m, mix_traffic(m)) for m in mixes()]
+    for m, t in traffics:
+        assert (results / "melange" / f"{m.name}.csv").read_text() == trace_csv(t)
+    again = melange_markdown(data["mean"], data["tail"], traffics, data["command"],
+                             data["seconds"])  # fmt: skip
+    assert again == (results / "melange.md").read_text()
