@@ -341,7 +341,11 @@ def explanation(rows: list[dict[str, Any]], tail: list[dict[str, Any]]) -> list[
         f"same arithmetic gives 1 - {cheap:g}/{dear:g} = {_pct(1 - cheap / dear)}, our "
         "high end on every mix (Mélange's on mixed). The rest of its range needs L4 and A10G "
         "(not in the catalog until issue 52): their savings come from cheap cards "
-        "serving short requests at low rates, where an A100 or H100 idles.",
+        "serving short requests at low rates, where an A100 or H100 idles. Its low ends "
+        f"({min(lo for lo, _ in PUBLISHED.values())}-"
+        f"{max(lo for lo, _ in PUBLISHED.values())}%) are savings over the best type at "
+        "every rate; ours are 0% wherever one type's instances are already the "
+        "cheapest deployment (one A100 at low rates).",
         "- **A mix of A100 and H100 wins by rounding.** The covering "
         "already mixes types in proportion to capacity (`shardlab.sizing.size`), so "
         "'mix together' is Mélange's mix of types, proven least-cost under the cost "

@@ -174,3 +174,17 @@ def test_the_committed_results_are_reproduced() -> None:
     again = melange_markdown(data["mean"], data["tail"], traffics, data["command"],
                              data["seconds"])  # fmt: skip
     assert again == (results / "melange.md").read_text()
+
+
+def test_the_tail_never_costs_less_than_the_mean() -> None:
+    """An instance's capacity at a percentile is at most its mean-model capacity
+    (shardlab.sizing.tail), so no committed cell is cheaper at p99 than on the mean."""
+    results = Path(__file__).parents[2] / "results" / "sizing"
+    data = json.loads((results / "melange.json").read_text())
+    mean = {(r["mix"], r["tpot_ms"], r["rate_rps"]): r for r in data["mean"]}
+    assert len(data["tail"]) == len(mean) == 36
+    for r in data["tail"]:
+        on_mean = mean[(r["mix"], r["tpot_ms"], r["rate_rps"])]
+        assert r["together_cost"] >= on_mean["together_cost"] - 1e-9, r
+        for g in PRICES:
+            assert r[f"{g}_cost"] >= on_mean[f"{g}_cost"] - 1e-9, (g, r)
