@@ -110,7 +110,8 @@ CompareSuiteOpt = Annotated[
     str | None,
     typer.Option(
         help=f"{listed(SUITES)}, or instance names; comma-separated. sizing: the sizing "
-        "suite (shardlab size over models, SLO levels and rates)."
+        "suite (shardlab size over models, SLO levels and rates); melange: Mélange's "
+        "experiment (each GPU type against the mix, on short, long and mixed lengths)."
     ),
 ]
 BudgetsOpt = Annotated[
@@ -200,7 +201,9 @@ def compare(
     """Run methods on a suite (or the given problem) over seeds; write results/<name>/.
     ``--suite sizing``: size the sizing suite's problems (``shardlab size`` over models,
     SLO levels and rates) into results/sizing/, beside AIConfigurator's answers given
-    with ``--aiconfigurator``."""
+    with ``--aiconfigurator``; ``--suite melange``: Mélange's experiment, each GPU type
+    alone against the mix on short, long and mixed lengths, into
+    results/sizing/melange.md."""
     from shardlab.compare import comparison, run_comparison, summarize, write_results
 
     if suite is not None and problem.workload.tail:
@@ -214,6 +217,18 @@ def compare(
         _compare_sizing(
             Path(results_dir),
             aiconfigurator,
+            methods=methods,
+            budgets=budgets,
+            policy=policy,
+            engines=engines,
+            vs_free=vs_free,
+            name=name,
+        )
+        return
+    if suite == "melange":
+        _compare_melange(
+            Path(results_dir),
+            aiconfigurator=aiconfigurator,
             methods=methods,
             budgets=budgets,
             policy=policy,
@@ -314,6 +329,26 @@ def _compare_sizing(results_dir: Path, aiconfigurator: str | None, **unused: obj
 
         rows = run_suite(out_dir, command, anchor, on_case)
     out.print(f"sized {len(rows)} (problem, rate) pairs; wrote {out_dir}/summary.md, results.json")
+
+
+def _compare_melange(results_dir: Path, **unused: object) -> None:
+    from shardlab.sizing.melange_report import run_melange
+    from shardlab.sizing.suite import check_suite_options
+
+    check_suite_options(**unused)
+    out_dir = check_output_dir(results_dir / "sizing", flag="--results-dir")
+    command = "shardlab compare " + " ".join(sys.argv[2:])
+    with task_progress("compare --suite melange", unit="curves") as report:
+        sized: list[str] = []
+
+        def on_case(name: str, rows: list[dict]) -> None:
+            sized.append(name)
+            line = f"{name}: {rows[0]['curve_seconds']} s"
+            err.print(f"  {line}")
+            report(len(sized), line)
+
+        rows = run_melange(out_dir, command, on_case)
+    out.print(f"sized {len(rows)} (mix, SLO, rate) cells; wrote {out_dir}/melange.md, .json")
 
 
 def _journal(out_dir: Path, fresh: bool) -> Journal:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,22 +144,37 @@ def size_by_bucket(
     the cheapest giving each of its ``k`` prompt-length buckets instances of its own;
     ``make(problem, traffic)`` builds a sizer (the traffic: a bucket's requests under
     percentile SLOs, None on the mean)."""
+    return curve_by_bucket(problem, traffic, [rate], k, make)[0]
+
+
+def curve_by_bucket(
+    problem: Problem,
+    traffic: Traffic,
+    rates: Sequence[float],
+    k: int,
+    make: Callable[[Problem, Traffic | None], Sizer],
+) -> list[BucketSizing]:
+    """:func:`size_by_bucket` at each of ``rates`` (ascending): one sizer together and
+    one per bucket, each a curve over its share of the rates, so that an instance's
+    capacity is solved once for every rate."""
+    rates = sorted(rates)
     tail = problem.workload.tail
-    together_sizer = make(problem, traffic if tail else None)
-    together = together_sizer.size(rate)
+    together = make(problem, traffic if tail else None).curve(rates)
     buckets = split(traffic, k)
-    answers, sizers = [], []
+    curves, sizers = [], []
     for b in buckets:
         w = dataclasses.replace(problem.workload, input_len=b.input_len, output_len=b.output_len)
-        share = rate * b.share
-        sized = dataclasses.replace(problem, workload=w.at_rate(share))
+        sized = dataclasses.replace(problem, workload=w.at_rate(rates[0] * b.share))
         sizer = make(sized, b.traffic if tail else None)
-        answers.append(sizer.size(share))
+        curves.append(sizer.curve([r * b.share for r in rates]))
         sizers.append(sizer)
-    return BucketSizing(
-        rate=rate,
-        buckets=buckets,
-        answers=tuple(answers),
-        sizers=tuple(sizers),
-        together=together,
-    )
+    return [
+        BucketSizing(
+            rate=rate,
+            buckets=buckets,
+            answers=tuple(c[i] for c in curves),
+            sizers=tuple(sizers),
+            together=together[i],
+        )
+        for i, rate in enumerate(rates)
+    ]
