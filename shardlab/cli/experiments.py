@@ -25,6 +25,7 @@ from shardlab.executors import check_executor
 from shardlab.files import check_output_dir, check_output_file, folder_name, make_dir, write_text
 from shardlab.problems.problem import Problem
 from shardlab.problems.suite import SUITES
+from shardlab.problems.traffic import Traffic
 from shardlab.solvers.base import EXACT_SECONDS
 from shardlab.solvers.choices import listed
 
@@ -176,9 +177,11 @@ AiconfiguratorOpt = Annotated[
 
 
 @app.command()
-@problem_command(percentiles=True)
+@problem_command(traffic=True)
 def compare(
     problem: Problem,
+    traffic: Traffic | None,
+    tries: int,
     methods: MethodsOpt = None,
     suite: CompareSuiteOpt = None,
     seeds: Annotated[int, typer.Option(min=1, help="Seeds per method.")] = 3,
@@ -206,13 +209,15 @@ def compare(
     results/sizing/melange.md."""
     from shardlab.compare import comparison, run_comparison, summarize, write_results
 
-    if suite is not None and problem.workload.tail:
+    if suite is not None and (problem.workload.tail or traffic is not None):
         raise ShardlabError(
-            f"--slo-percentile applies to the given problem; suite {suite!r} states its own "
-            "problems and SLOs",
+            f"--slo-percentile and --traffic apply to the given problem; suite {suite!r} "
+            "states its own problems and SLOs",
             field="slo_percentile",
-            fix="drop --suite to compare the methods on this problem, or drop the percentile",
+            fix="drop --suite to compare the methods on this problem, or drop them",
         )
+    if traffic is not None and not problem.workload.tail:
+        traffic = None  # on the mean a traffic gives the workload its mean request only
     if suite == "sizing":
         _compare_sizing(
             Path(results_dir),
@@ -291,6 +296,8 @@ def compare(
             address=address,
             on_resume=on_resume,
             serving=spec.serving,
+            traffic=traffic,
+            tries=tries,
         )
     rows = summarize(results)
     command = "shardlab compare " + " ".join(sys.argv[2:])

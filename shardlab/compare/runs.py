@@ -6,12 +6,15 @@ import dataclasses
 import gc
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from shardlab.costmodel import forget_tables
 from shardlab.problems.problem import Problem
 from shardlab.problems.suite import Instance
+from shardlab.problems.traffic import Traffic
 from shardlab.solvers import Budget, solve
+from shardlab.solvers.certify import TRIES
 
 # The label of CP-SAT over the free space in a comparison of engine spaces.
 FREE_OPTIMUM = "cpsat@free"
@@ -28,12 +31,21 @@ class Case:
     name: str
     instance: Instance | None = None
     problem: Problem | None = None
+    # SLOs at a percentile: the traffic the simulator certifies plans under (None: the
+    # workload's own) and the most plans a walk tries (shardlab.solvers.certify)
+    traffic: Traffic | None = None
+    tries: int = TRIES
 
     @classmethod
-    def of(cls, source: Instance | Problem) -> Case:
+    def of(
+        cls, source: Instance | Problem, traffic: Traffic | None = None, tries: int = TRIES
+    ) -> Case:
         if isinstance(source, Instance):
             return cls(name=source.name, instance=source)
-        return cls(name=source.name.replace(" ", "").replace(",", "-"), problem=source)
+        name = source.name.replace(" ", "").replace(",", "-")
+        if traffic is not None:  # a journal's runs under another traffic are other runs
+            name += f"@{Path(traffic.source).name}-{traffic.requests}"
+        return cls(name=name, problem=source, traffic=traffic, tries=tries)
 
     def build(self, timing: str | None, engine: str | None, space_kind: str) -> Problem:
         if self.instance is not None:
@@ -119,6 +131,8 @@ def _run(task: Task) -> dict[str, Any]:
             seed=task.seed,
             options=dict(task.options),
             baseline=False,
+            traffic=task.case.traffic,
+            tries=task.case.tries,
         )
     except Exception as exc:  # a failing run is recorded; the comparison goes on
         return _failed(task, exc)

@@ -10,6 +10,8 @@ from shardlab.compare.runs import DISAGG_OPTIMUM, FREE_OPTIMUM, Case, Task, run_
 from shardlab.executors import Executor, run_all
 from shardlab.problems.problem import Problem
 from shardlab.problems.suite import Instance
+from shardlab.problems.traffic import Traffic
+from shardlab.solvers.certify import TRIES
 from shardlab.solvers.registry import solver_class
 
 
@@ -44,6 +46,8 @@ def run_comparison(
     address: str | None = None,
     on_resume: Callable[[int, int], None] | None = None,
     serving: str = "agg",
+    traffic: Traffic | None = None,
+    tries: int = TRIES,
 ) -> list[dict[str, Any]]:
     """Every run of ``cases`` (suite instances, or problems) as a dict; with
     ``budgets``, one record per run and budget (see the module docstring), each with its
@@ -58,7 +62,8 @@ def run_comparison(
     finishes and runs already there are not run again; ``on_resume(reused, total)``
     hears how many. ``serving`` ``disagg`` runs CP-SAT's disaggregated optimum
     (``cpsat/disagg``) instead of ``methods`` (megatron's aggregated plan stays, the
-    reference); ``best`` runs it beside them.
+    reference); ``best`` runs it beside them. ``traffic`` and ``tries``: a problem's
+    percentile SLOs are certified under that traffic, by walks of that many plans.
     """
     runs = _runs(methods, variants, space_kind, vs_free, serving)
     tasks = [
@@ -76,7 +81,7 @@ def run_comparison(
             per_engine=bool(engines),
             serving=mode,
         )
-        for case in map(Case.of, cases)
+        for case in (Case.of(c, traffic, tries) for c in cases)
         for eng in (engines or [engine])
         for label, m, opts, space, mode in runs
         for b in _budgets_of(m, max_evals, budgets)

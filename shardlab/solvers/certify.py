@@ -100,7 +100,9 @@ class Attempt:
         return not self.simulated_ms
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"cut_by_floor": self.by_floor}
+        """As JSON: a limit that is none (no SLO on that mean) is null, not Infinity."""
+        limits = {k: v if math.isfinite(v) else None for k, v in self.limits_ms.items()}
+        return dataclasses.asdict(self) | {"limits_ms": limits, "cut_by_floor": self.by_floor}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ from shardlab.simulate import Deployment, price, simulate, simulate_priced
 from shardlab.solvers.certify import floors, least_per_prompt_token, statistic
 from shardlab.solvers.registry import available_solvers
 from shardlab.solvers.solve import solve
-from tests.conftest import run_cli
+from tests.conftest import DATA_DIR, run_cli
 
 SMALL = dict(engine="vllm", space_kind="engine")
 
@@ -110,6 +110,10 @@ def test_a_plan_that_fails_is_cut_and_the_claim_counts_it() -> None:
     cut = {a.label for a in cert.failed}
     assert cert.certified.label not in cut
     assert f"{len(cert.failed)} better plan" in cert.claim
+    import json
+
+    # no SLO on the mean here (none meets it): JSON says null, not Infinity
+    assert "Infinity" not in json.dumps(s.to_dict())
     # ranked best first: every failed plan's analytic objective is at least the winner's
     assert all(a.objective >= cert.certified.objective - 1e-9 for a in cert.failed)
 
@@ -216,8 +220,6 @@ def test_cli_prints_the_claim(capsys: pytest.CaptureFixture[str], monkeypatch) -
 
 
 def test_cli_takes_a_trace(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
-    from tests.conftest import DATA_DIR
-
     trace = str(DATA_DIR / "traces" / "AzureLLMInferenceTrace_code_head500.csv")
     code, out, err = run_cli(
         [
@@ -326,6 +328,24 @@ def test_compare_records_each_methods_certificate(
     records = [json.loads(line)["run"] for line in runs.read_text().splitlines()]
     assert {"cpsat", "random"} <= {r["method"] for r in records}
     assert all(r["certificate"]["certified"] for r in records)
+    # under a trace: each run certified under it, the runs named by it
+    trace = str(DATA_DIR / "traces" / "AzureLLMInferenceTrace_code_head500.csv")
+    code, _, err = run_cli(
+        [
+            "compare", "--model", "llama-3.1-8b", "--cluster", "h100x2", "--engine", "vllm",
+            "--space", "engine", "--traffic", trace, "--ttft-ms", "3000", "--tpot-ms", "100",
+            "--slo-percentile", "99", "--methods", "cpsat", "--seeds", "1", "--jobs", "1",
+            "--results-dir", str(tmp_path / "trace"),
+        ],
+        capsys,
+        monkeypatch,
+    )  # fmt: skip
+    assert code == 0, err
+    (runs,) = (tmp_path / "trace").glob("*/runs.jsonl")
+    records = [json.loads(line)["run"] for line in runs.read_text().splitlines()]
+    cpsat = next(r for r in records if r["method"] == "cpsat")
+    assert "AzureLLMInferenceTrace_code_head500.csv" in cpsat["certificate"]["traffic"]
+    assert "@AzureLLMInferenceTrace_code_head500.csv-500" in cpsat["instance"]
 
 
 def test_a_gap_between_tokens_is_an_slo_at_a_percentile_only() -> None:
