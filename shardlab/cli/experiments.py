@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -19,6 +20,7 @@ from shardlab.cli.render import (
     task_progress,
     timing_label,
 )
+from shardlab.cli.traffic import simulated
 from shardlab.compare.journal import JOURNAL, Journal
 from shardlab.errors import ShardlabError
 from shardlab.executors import check_executor
@@ -216,8 +218,7 @@ def compare(
             field="slo_percentile",
             fix="drop --suite to compare the methods on this problem, or drop them",
         )
-    if traffic is not None and not problem.workload.tail:
-        traffic = None  # on the mean a traffic gives the workload its mean request only
+    traffic = simulated(problem, traffic)
     if suite == "sizing":
         _compare_sizing(
             Path(results_dir),
@@ -325,17 +326,33 @@ def _compare_sizing(results_dir: Path, aiconfigurator: str | None, **unused: obj
             )
     command = "shardlab compare " + " ".join(sys.argv[2:])
 
-    with task_progress("compare --suite sizing", unit="problems") as report:
-        sized: list[str] = []
+    rows = _with_progress(
+        "compare --suite sizing",
+        "problems",
+        lambda on_case: run_suite(out_dir, command, anchor, on_case),
+        lambda row: f"{row['curve_solves']} solves, {row['curve_seconds']} s",
+    )
+    out.print(f"sized {len(rows)} (problem, rate) pairs; wrote {out_dir}/summary.md, results.json")
+
+
+def _with_progress(
+    what: str,
+    unit: str,
+    run: Callable[[Callable[[str, list[dict]], None]], list[dict]],
+    said: Callable[[dict], str],
+) -> list[dict]:
+    """``run(on_case)``, each case it finishes on standard error and the progress bar
+    (``said``: what a case's first row reports)."""
+    with task_progress(what, unit=unit) as report:
+        done: list[str] = []
 
         def on_case(name: str, rows: list[dict]) -> None:
-            sized.append(name)
-            line = f"{name}: {rows[0]['curve_solves']} solves, {rows[0]['curve_seconds']} s"
+            done.append(name)
+            line = f"{name}: {said(rows[0])}"
             err.print(f"  {line}")
-            report(len(sized), line)
+            report(len(done), line)
 
-        rows = run_suite(out_dir, command, anchor, on_case)
-    out.print(f"sized {len(rows)} (problem, rate) pairs; wrote {out_dir}/summary.md, results.json")
+        return run(on_case)
 
 
 def _compare_melange(results_dir: Path, **unused: object) -> None:
@@ -345,16 +362,12 @@ def _compare_melange(results_dir: Path, **unused: object) -> None:
     check_suite_options(**unused)
     out_dir = check_output_dir(results_dir / "sizing", flag="--results-dir")
     command = "shardlab compare " + " ".join(sys.argv[2:])
-    with task_progress("compare --suite melange", unit="curves") as report:
-        sized: list[str] = []
-
-        def on_case(name: str, rows: list[dict]) -> None:
-            sized.append(name)
-            line = f"{name}: {rows[0]['curve_seconds']} s"
-            err.print(f"  {line}")
-            report(len(sized), line)
-
-        rows = run_melange(out_dir, command, on_case)
+    rows = _with_progress(
+        "compare --suite melange",
+        "curves",
+        lambda on_case: run_melange(out_dir, command, on_case),
+        lambda row: f"{row['curve_seconds']} s",
+    )
     out.print(f"sized {len(rows)} (mix, SLO, rate) cells; wrote {out_dir}/melange.md, .json")
 
 

@@ -25,6 +25,7 @@ from shardlab.cli.render import (
     problem_json,
     problem_line,
 )
+from shardlab.cli.traffic import simulated
 from shardlab.costmodel import evaluate as cost_evaluate
 from shardlab.costmodel import with_concurrency
 from shardlab.errors import ShardlabError
@@ -54,19 +55,12 @@ def _report(
     at a percentile, the analytic means without a verdict, and the simulator's."""
     asked = problem
     if problem.workload.tail:
-        from shardlab.solvers.certify import check_simulable
+        from shardlab.solvers.certify import check_traffic
 
-        check_simulable(problem, traffic)
+        check_traffic(problem, traffic)
         # the means are the analytic model's; the SLOs are the simulator's to judge
         bare = problem.workload.on_the_mean(ttft_ms=None, tpot_ms=None)
         problem = dataclasses.replace(problem, workload=bare)
-    elif traffic is not None:
-        raise ShardlabError(
-            f"traffic {traffic.source!r} is simulated to check SLOs at a percentile, and "
-            "none is given",
-            field="traffic",
-            fix="give --slo-percentile, or drop --traffic",
-        )
     if isinstance(plan, DisaggPlan):
         _report_disagg(problem, plan, fmt, top=top, asked=asked, traffic=traffic)
         return
@@ -176,7 +170,7 @@ def evaluate(
 ) -> None:
     """Score one plan: throughput, latency, memory, feasibility (with SLOs at a
     percentile: the analytic means, and the percentiles the simulator gives)."""
-    _report(problem, plan, fmt, top=None, traffic=traffic)
+    _report(problem, plan, fmt, top=None, traffic=simulated(problem, traffic))
 
 
 @app.command()
@@ -192,7 +186,7 @@ def explain(
 ) -> None:
     """Where one plan's time and memory go, operator by operator, largest first (with
     SLOs at a percentile: and the percentiles the simulator gives)."""
-    _report(problem, plan, fmt, top=top, traffic=traffic)
+    _report(problem, plan, fmt, top=top, traffic=simulated(problem, traffic))
 
 
 ModelPathOpt = Annotated[

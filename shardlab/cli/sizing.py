@@ -10,6 +10,7 @@ import typer
 from shardlab.cli.app import STARTED, Format, FormatOpt, app
 from shardlab.cli.options import problem_command
 from shardlab.cli.render import emit_json, out, problem_json, task_progress
+from shardlab.cli.traffic import simulated
 from shardlab.errors import ShardlabError
 from shardlab.files import check_output_file, write_text
 from shardlab.problems.cluster import Cluster, parse_accelerators
@@ -185,8 +186,7 @@ def size(
             time_limit=time_limit,
             started=STARTED,
             progress=progress,
-            # on the mean, a traffic gives the workload its mean request (and rate) only
-            traffic=traffic if problem.workload.tail else None,
+            traffic=simulated(problem, traffic),
         )
         results = sizer.curve(values)
     if all(s.best is None for s in results):
@@ -318,15 +318,7 @@ def _print(sizer: Sizer, results: list[Sizing]) -> None:
     w = problem.workload
     out.print(
         f"[bold]{problem.model.name}[/]: {w.input_len} in / {w.output_len} out"
-        + "".join(
-            f", {'' if (p := w.percentile(key)) is None else f'p{p:g} '}{name} <= {value:g} ms"
-            for key, name, value in (
-                ("ttft_ms", "TTFT", w.ttft_ms),
-                ("tpot_ms", "TPOT", w.tpot_ms),
-                ("itl_ms", "ITL", w.itl_ms),
-            )
-            if value is not None
-        )
+        + "".join(f", {slo}" for slo in w.slos())
         + f"; {problem.engine}"
         + (" (plans it can launch)" if problem.space_kind == "engine" else "")
         + f", {problem.timing} timing"

@@ -21,6 +21,7 @@ from shardlab.cli.render import (
     problem_line,
     solve_progress,
 )
+from shardlab.cli.traffic import simulated
 from shardlab.errors import ShardlabError
 from shardlab.files import check_output_file, write_text
 from shardlab.problems.problem import Problem
@@ -104,7 +105,7 @@ def solve(
         seed=seed,
         options=options,
         vs_free=vs_free,
-        traffic=traffic,
+        traffic=simulated(problem, traffic),
         tries=tries,
     )
     with solve_progress(method, budget.max_evals, budget.seconds, budget.started) as callback:

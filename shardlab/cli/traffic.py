@@ -11,6 +11,7 @@ from rich.table import Table
 from shardlab.cli.app import Format, FormatOpt, app
 from shardlab.cli.render import emit_json, out
 from shardlab.errors import ShardlabError
+from shardlab.problems.problem import Problem
 from shardlab.problems.traces import TRACE_FORMATS, read_trace
 from shardlab.problems.traffic import (
     Arrivals,
@@ -374,3 +375,10 @@ def traffic_of(options: dict[str, Any], *, takes_rate: bool = True) -> Traffic |
     if file is not None and made.arrival != "closed" and takes_rate:
         options["rate"] = made.rate
     return made
+
+
+def simulated(problem: Problem, traffic: Traffic | None) -> Traffic | None:
+    """The traffic a command simulates: the one named, under SLOs at a percentile; on
+    the mean none (the traffic gave the workload its mean request and rate, nothing
+    more)."""
+    return traffic if problem.workload.tail else None

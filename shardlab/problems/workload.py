@@ -353,13 +353,18 @@ class Workload:
             return ("tpot_ms", "ttft_ms")
         return ("tpot_ms",)
 
-    def describe(self) -> str:
+    def slos(self) -> list[str]:
+        """The SLOs given, as people read them (``p90 TTFT <= 2000 ms``)."""
         slo = []
         for key in ("ttft_ms", "tpot_ms", "itl_ms"):
             value, p = getattr(self, key), self.percentile(key)
             if value is not None:
                 at = "" if p is None else f"p{p:g} "
                 slo.append(f"{at}{key.removesuffix('_ms').upper()} <= {value:g} ms")
+        return slo
+
+    def describe(self) -> str:
+        slo = self.slos()
         if self.objective == "latency":
             goal = "minimize latency"
         elif self.objective == "request_rate":

@@ -108,9 +108,10 @@ def _ranks(
     book: Book,
     start: int,
     block: int = 0,
+    weights: list[float] | None = None,
 ) -> list[Rank]:
     """The ranks of the pools of ``role``, each with a prefix cache of ``block``-token
-    blocks (0: none)."""
+    blocks (0: none); ``weights`` gets each rank's pool's weight, in rank order."""
     ranks = []
     # the deployment's pools hold how each is launched; their prices may have been
     # read for the same pools launched otherwise
@@ -148,6 +149,8 @@ def _ranks(
             if group is not None:
                 group.append(rank)
             ranks.append(rank)
+            if weights is not None:
+                weights.append(pool.weight)
     return ranks
 
 
@@ -190,8 +193,14 @@ def simulate_priced(
     entry_role = deployment.entry
     # prompts are looked up where they are prefilled (a decode pool's come cached)
     block = traffic.block_tokens if chains is not None and entry_role != "decode" else 0
-    front = _ranks(deployment, priced, entry_role, book, 0, block)
-    back = _ranks(deployment, priced, "decode", book, len(front)) if entry_role == "prefill" else []
+    # the least-loaded router counts a rank's requests over its pool's weight
+    weight: list[float] = []
+    front = _ranks(deployment, priced, entry_role, book, 0, block, weight)
+    back = (
+        _ranks(deployment, priced, "decode", book, len(front), weights=weight)
+        if entry_role == "prefill"
+        else []
+    )
     if entry_role == "decode":  # prompts come cached
         book.done = list(book.need)
     for ranks, role in ((front, entry_role), (back, "decode")):
@@ -206,16 +215,6 @@ def simulate_priced(
     arrival = [math.nan] * n
     events: list[tuple[float, int, int]] = []  # (time, version, rank)
     ranks = front + back
-    # the least-loaded router counts a rank's requests over its pool's weight
-    roles = (entry_role, "decode") if entry_role == "prefill" else (entry_role,)
-    weight = [
-        pool.weight
-        for role in roles
-        for pool in deployment.pools
-        if pool.role == role
-        for _ in range(pool.ranks)
-    ]
-    assert len(weight) == len(ranks)
     weighted = any(w != 1.0 for w in weight)
     pending: list[tuple[float, int]] = []  # (time, request): caches on their way to decode
     pools = (front, back)

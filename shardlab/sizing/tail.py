@@ -31,10 +31,10 @@ from shardlab.costmodel import IterationCosts, forget_tables
 from shardlab.errors import ShardlabError
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
-from shardlab.problems.traffic import Arrivals, Lengths, Traffic, synthetic_traffic
+from shardlab.problems.traffic import Traffic
 from shardlab.simulate import Deployment, Pool, PoolCosts, simulate, simulate_priced
 from shardlab.simulate.deployment import Role
-from shardlab.solvers.certify import CERTIFY_REQUESTS, check_simulable, statistic, with_reuse
+from shardlab.solvers.certify import check_traffic, poisson, simulated_percentiles, with_reuse
 
 # The bisection stops when the rates that meet and miss are within this of each other.
 RATE_TOLERANCE = 0.02
@@ -59,41 +59,21 @@ def traffic_at(shape: Traffic | None, problem: Problem, rate: float, seed: int) 
     rescaled (a trace keeps its burstiness), or, without one, Poisson arrivals of the
     workload's lengths; with the workload's prefix reuse where it states no prefixes
     of its own (:func:`~shardlab.solvers.certify.with_reuse`)."""
-    if shape is None:
-        w = problem.workload
-        shape = synthetic_traffic(
-            requests=CERTIFY_REQUESTS,
-            lengths=Lengths(kind="fixed", input_len=w.input_len, output_len=w.output_len),
-            arrivals=Arrivals(kind="poisson", rate=rate),
-            seed=seed,
-        )
+    shape = poisson(problem, rate, seed) if shape is None else shape
     return with_reuse(shape.at_rate(rate), problem)
 
 
 def check_tail(problem: Problem, shape: Traffic | None) -> None:
     """Refuse what a sizing under percentile SLOs cannot simulate: a traffic with no
-    rate (a closed loop), or what :func:`check_simulable` refuses."""
-    if not problem.workload.tail:
-        if shape is not None:
-            raise ShardlabError(
-                f"traffic {shape.source!r} is simulated to check SLOs at a percentile, and "
-                "the workload holds none",
-                field="traffic",
-                fix="give the SLOs a percentile (slo_percentile), or size the traffic's "
-                "mean lengths",
-            )
-        return
-    check_simulable(problem, shape)
+    rate (a closed loop), or what :func:`~shardlab.solvers.certify.check_traffic`
+    refuses."""
+    check_traffic(problem, shape)
     if shape is not None and shape.arrival == "closed":
         raise ShardlabError(
             f"traffic {shape.source!r}: a closed loop has no rate to size for",
             field="traffic",
             fix="give a trace with timestamps, or arrivals at a rate",
         )
-
-
-def _percentiles(sim: object, slos: dict[str, tuple[float, float]]) -> dict[str, float]:
-    return {k: sim.latency(k, statistic(p)) for k, (_, p) in slos.items()}  # type: ignore[attr-defined]
 
 
 def _met(found: dict[str, float], slos: dict[str, tuple[float, float]]) -> bool:
@@ -133,7 +113,7 @@ def percentile_capacity(
 
     def probe(rate: float) -> bool:
         sim = simulate_priced(dep, priced, traffic_at(shape, lengths, rate, seed), seed=seed)
-        found = _percentiles(sim, slos)
+        found = simulated_percentiles(sim, slos)
         probes.append(Probe(rate=rate, percentiles_ms=found, met=_met(found, slos)))
         return probes[-1].met
 
@@ -188,4 +168,4 @@ def simulate_deployment(
         )
     )
     sim = simulate(dep, traffic_at(shape, sized, rate, seed), seed=seed)
-    return _percentiles(sim, slos)
+    return simulated_percentiles(sim, slos)

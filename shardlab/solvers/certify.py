@@ -188,9 +188,20 @@ def tail_slos(problem: Problem) -> dict[str, tuple[float, float]]:
     return {k: (float(getattr(w, k)), p) for k in TAIL_SLOS if (p := w.percentile(k)) is not None}
 
 
-def check_simulable(problem: Problem, traffic: Traffic | None) -> None:
-    """Refuse, in one line naming the part, a percentile SLO the simulator cannot check."""
+def check_traffic(problem: Problem, traffic: Traffic | None) -> None:
+    """Refuse, in one line naming the part, a traffic given with no SLO at a percentile
+    (only the simulator reads one), or a percentile SLO the simulator cannot check."""
     w = problem.workload
+    if not w.tail:
+        if traffic is not None:
+            raise ShardlabError(
+                f"traffic {traffic.source!r} is simulated to check SLOs at a percentile, and "
+                "the workload holds none",
+                field="traffic",
+                fix="give the SLOs a percentile (slo_percentile), or set the workload's "
+                "lengths and rate to the traffic's means",
+            )
+        return
     if w.draft_tokens:
         raise ShardlabError(
             f"a percentile SLO is checked by the simulator, which does not run speculative "
@@ -200,10 +211,6 @@ def check_simulable(problem: Problem, traffic: Traffic | None) -> None:
         )
     if traffic is None:
         return
-    if traffic.arrival == "closed" and traffic.clients is None:
-        raise ShardlabError(
-            f"traffic {traffic.source!r}: a closed loop needs its clients", field="traffic"
-        )
     m = problem.model
     limit = m.max_position_embeddings or MAX_CONTEXT
     longest = int((traffic.input_len + traffic.output_len).max())
@@ -216,23 +223,34 @@ def check_simulable(problem: Problem, traffic: Traffic | None) -> None:
         )
 
 
+def poisson(problem: Problem, rate: float, seed: int) -> Traffic:
+    """Poisson arrivals at ``rate`` of the workload's fixed lengths (the traffic a rate's
+    workload states when none is given)."""
+    w = problem.workload
+    return synthetic_traffic(
+        requests=CERTIFY_REQUESTS,
+        lengths=Lengths(kind="fixed", input_len=w.input_len, output_len=w.output_len),
+        arrivals=Arrivals(kind="poisson", rate=rate),
+        seed=seed,
+    )
+
+
+def simulated_percentiles(sim: Any, slos: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Each SLO's percentile (SLO -> (limit, percentile)) in a simulation, in ms."""
+    return {k: sim.latency(k, statistic(p)) for k, (_, p) in slos.items()}
+
+
 def default_traffic(problem: Problem, in_flight: int, seed: int) -> Traffic:
     """The traffic a workload states when none is given: Poisson arrivals at its rate,
     or its closed loop (its clients, or the ``in_flight`` requests the plan runs), at
     its fixed lengths."""
     w = problem.workload
-    lengths = Lengths(kind="fixed", input_len=w.input_len, output_len=w.output_len)
     if w.rate is not None:
-        return synthetic_traffic(
-            requests=CERTIFY_REQUESTS,
-            lengths=lengths,
-            arrivals=Arrivals(kind="poisson", rate=w.rate),
-            seed=seed,
-        )
+        return poisson(problem, w.rate, seed)
     return closed_loop(
         clients=w.clients or max(1, in_flight),
         prompts_per_client=w.prompts_per_client,
-        lengths=lengths,
+        lengths=Lengths(kind="fixed", input_len=w.input_len, output_len=w.output_len),
         seed=seed,
     )
 
@@ -325,7 +343,7 @@ def certify(
     slos = tail_slos(problem)
     if not slos:
         raise ShardlabError("certify: the workload holds no SLO at a percentile")
-    check_simulable(problem, traffic)
+    check_traffic(problem, traffic)
     limits = {k: v for k, (v, _) in slos.items()}
     attempts: list[Attempt] = []
     described = stopped = ""
@@ -421,8 +439,7 @@ def check(
     floor = floors(priced, dep, run, percentile)
     simulated: dict[str, float] = {}
     if all(floor[k] <= v for k, (v, _) in slos.items()):
-        sim = simulate_priced(dep, priced, run, seed=seed)
-        simulated = {k: sim.latency(k, statistic(percentile[k])) for k in slos}
+        simulated = simulated_percentiles(simulate_priced(dep, priced, run, seed=seed), slos)
     passed = bool(simulated) and all(simulated[k] <= v for k, (v, _) in slos.items())
     attempt = Attempt(
         label=plan_label(plan),

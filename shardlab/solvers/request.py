@@ -18,7 +18,7 @@ from shardlab.errors import ShardlabError
 from shardlab.problems.disagg import Serving, check_disagg, check_serving
 from shardlab.problems.problem import Problem
 from shardlab.solvers.base import Budget
-from shardlab.solvers.certify import TRIES
+from shardlab.solvers.certify import TRIES, check_traffic
 from shardlab.solvers.options import SolverOptions
 from shardlab.solvers.registry import method_options, options_class, solver_class
 
@@ -134,14 +134,7 @@ class SolveRequest:
 
     def _check_mode(self) -> None:
         w, mode = self.problem.workload, self.mode
-        if self.traffic is not None and not w.tail:
-            raise ShardlabError(
-                f"traffic {self.traffic.source!r} is simulated to check SLOs at a percentile, "
-                "and the workload holds none",
-                field="traffic",
-                fix="give the SLOs a percentile (slo_percentile), or solve the workload "
-                "at the traffic's mean lengths and rate",
-            )
+        check_traffic(self.problem, self.traffic)
         if isinstance(self.tries, bool) or not isinstance(self.tries, int) or self.tries < 1:
             raise ShardlabError(
                 f"tries must be a positive integer, got {self.tries!r}", field="tries"

@@ -366,3 +366,23 @@ def test_a_gap_between_tokens_is_an_slo_at_a_percentile_only() -> None:
     won = cert.certified
     assert won.floor_ms["itl_ms"] <= won.simulated_ms["itl_ms"] <= 200
     assert "simulated p99 ITL <= 200 ms" in cert.claim and "mean TPOT <= 200 ms" in cert.claim
+
+
+def test_on_the_mean_a_trace_gives_the_workload_its_mean_request_only(
+    capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    """`solve --traffic` with SLOs on the mean: the trace's mean lengths and rate, no
+    simulation (it was refused: the traffic reached the solve unasked)."""
+    import json
+
+    trace = str(DATA_DIR / "traces" / "AzureLLMInferenceTrace_code_head500.csv")
+    code, out, err = run_cli(
+        ["solve", "--model", "llama-3.1-8b", "--cluster", "h100x2", "--engine", "vllm",
+         "--space", "engine", "--traffic", trace, "--ttft-ms", "3000", "--format", "json"],
+        capsys,
+        monkeypatch,
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(out)
+    assert "certificate" not in data
+    assert data["rate"]["rate_rps"] == pytest.approx(2.14346, rel=1e-4)
