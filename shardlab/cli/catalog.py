@@ -12,7 +12,9 @@ from shardlab.cli.options import problem_command
 from shardlab.cli.render import (
     emit_json,
     out,
+    timing_source,
 )
+from shardlab.costmodel import silicon
 from shardlab.problems.catalog import CATALOG, load_model
 from shardlab.problems.cluster import builtin_accelerators
 from shardlab.problems.problem import Problem
@@ -86,7 +88,12 @@ def clusters(fmt: FormatOpt = Format.table) -> None:
     if fmt is Format.json:
         emit_json(
             [
-                {"key": k, **{f: getattr(a, f) for f in a.__dataclass_fields__}}
+                {
+                    "key": k,
+                    **{f: getattr(a, f) for f in a.__dataclass_fields__},
+                    "timing": timing_source(k),
+                    "measured_engines": silicon.measured_engines(k),
+                }
                 for k, a in accs.items()
             ]
         )
@@ -98,14 +105,17 @@ def clusters(fmt: FormatOpt = Format.table) -> None:
         "BF16 TF/s",
         "FP8 TF/s",
         "FP4 TF/s",
-        "HBM GB",
-        "HBM GB/s",
-        "NVLink GB/s",
+        "mem GB",
+        "mem GB/s",
+        "scale-up GB/s",
         "net GB/s",
-        "GPUs/node",
+        "host",
+        "domain",
+        "timing",
     )
     for col in cols:
-        table.add_column(col, justify="left" if col in ("key", "name") else "right")
+        left = col in ("key", "name", "timing")
+        table.add_column(col, justify="left" if left else "right")
     for key, a in accs.items():
         table.add_row(
             key,
@@ -118,8 +128,22 @@ def clusters(fmt: FormatOpt = Format.table) -> None:
             f"{a.nvlink_gbps:g}",
             f"{a.net_gbps:g}",
             str(a.gpus_per_node),
+            str(a.gpus_per_domain),
+            timing_source(key),
         )
     out.print(table)
+    versions: dict[str, list[str]] = {}
+    for k in accs:
+        if silicon.covers(k):
+            named = ", ".join(f"{e} {v}" for e, v in silicon.measured_engines(k).items())
+            versions.setdefault(named, []).append(k)
+    out.print(
+        "host: GPUs one server (one pod) holds; domain: GPUs on one NVLink fabric (xGMI on "
+        "AMD, PCIe on cards without either), where collectives run at the scale-up rate.\n"
+        "timing: silicon = aiconfigurator-core's measured kernels ("
+        + "; ".join(f"{', '.join(keys)}: {named}" for named, keys in versions.items())
+        + "); roofline = the peaks and bandwidths above, no measured kernels."
+    )
 
 
 @app.command()

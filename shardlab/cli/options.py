@@ -356,7 +356,7 @@ def resolve_degrees(
     accepted when consistent (``ep * etp == tp * dp_attn``) and ignored.
     """
     n = problem.cluster.num_gpus
-    tp = tp or min(problem.cluster.node_size, n)
+    tp = tp or min(problem.cluster.host_size, n)
     pp = pp or 1
     dp_attn = dp_attn or 1
     group = tp * dp_attn

@@ -197,6 +197,11 @@ def problem_json(problem: Problem) -> dict:
     }
 
 
+def timing_source(accelerator_key: str) -> str:
+    """What times an accelerator's kernels by default, as ``shardlab clusters`` lists it."""
+    return "silicon" if silicon.covers(accelerator_key) else "roofline"
+
+
 def timing_label(problem: Problem) -> str:
     """How a problem's kernels are timed, as every output states it."""
     acc = problem.cluster.accelerator.key

@@ -44,7 +44,7 @@ class Span:
 
 
 def span(size: int, stride: int, cluster: Cluster) -> Span:
-    node = cluster.node_size
+    node = cluster.domain_size
     local = 1 if stride >= node else min(size, max(1, node // stride))
     while size % local:  # uneven packing: fall back to the largest divisor that fits
         local -= 1
@@ -131,5 +131,5 @@ def p2p_time(nbytes: np.ndarray | float, inter_node: bool, cluster: Cluster) -> 
 
 def hop_is_inter_node(stage: int, degrees: Degrees, cluster: Cluster) -> bool:
     """Whether the hop from ``stage`` to ``stage + 1`` leaves the NVLink domain."""
-    g, node = degrees.group, cluster.node_size
+    g, node = degrees.group, cluster.domain_size
     return (stage * g) // node != ((stage + 1) * g) // node

@@ -28,7 +28,7 @@ from shardlab.problems.disagg import (
     DisaggPlan,
     check_disagg,
     decode_problem,
-    on_one_node,
+    in_one_domain,
     prefill_problem,
 )
 from shardlab.problems.problem import Problem
@@ -75,7 +75,7 @@ def pool_problems(problem: Problem, plan: DisaggPlan) -> tuple[Problem, Problem]
         plan.prefill_instances,
         decode_pp=d.pp,
         decode_tp=d.tp,
-        one_node=on_one_node(problem.cluster, plan.num_gpus),
+        one_domain=in_one_domain(problem.cluster, plan.num_gpus),
     )
     return prefill, decode_problem(problem, plan.gpus("decode"), plan.decode_instances)
 

@@ -35,8 +35,8 @@ def handoff_seconds(problem: Problem, pp: np.ndarray | int, tp: np.ndarray | int
     if h is None:
         return np.zeros(np.broadcast(pp, tp).shape)
     acc = problem.cluster.accelerator
-    gbps = acc.nvlink_gbps if h.same_node else acc.net_gbps
-    latency_us = acc.nvlink_latency_us if h.same_node else acc.net_latency_us
+    gbps = acc.nvlink_gbps if h.same_domain else acc.net_gbps
+    latency_us = acc.nvlink_latency_us if h.same_domain else acc.net_latency_us
     receiver = acc
     if h.decode_gpu is not None:  # two GPU types: the slower network side sets the pace
         receiver = h.decode_gpu

@@ -31,7 +31,19 @@ from typing import Any
 import numpy as np
 
 # aiconfigurator-core's name of each built-in accelerator.
-SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "a100": "a100_sxm"}
+# Only the systems with measured tables: its h100_pcie, l4, a100_pcie and a30 are
+# estimate-only specs (an empty data directory), timed here by the roofline.
+SYSTEMS = {
+    "h100": "h100_sxm",
+    "h200": "h200_sxm",
+    "b200": "b200_sxm",
+    "a100": "a100_sxm",
+    "b300": "b300_sxm",
+    "gb200": "gb200",
+    "gb300": "gb300",
+    "l40s": "l40s",
+    "rtxpro6000": "rtx_pro_6000_server",
+}
 
 # Engine versions whose measurements price each accelerator: the "current" slot of
 # aiconfigurator-core 0.12.0 (aiconfigurator_core/systems/query_versions.yaml).
@@ -45,6 +57,21 @@ ENGINE_VERSIONS = {
     ("b200_sxm", "trtllm"): "1.3.0rc20",
     ("b200_sxm", "vllm"): "0.24.0",
     ("b200_sxm", "sglang"): "0.5.14",
+    ("b300_sxm", "trtllm"): "1.3.0rc20",
+    ("b300_sxm", "vllm"): "0.24.0",
+    ("b300_sxm", "sglang"): "0.5.14",
+    ("gb200", "trtllm"): "1.3.0rc20",
+    ("gb200", "vllm"): "0.24.0",
+    ("gb200", "sglang"): "0.5.14",
+    ("gb300", "trtllm"): "1.3.0rc20",
+    ("gb300", "vllm"): "0.24.0",
+    ("gb300", "sglang"): "0.5.14",
+    ("l40s", "trtllm"): "1.3.0rc20",
+    ("l40s", "vllm"): "0.24.0",
+    ("l40s", "sglang"): "0.5.14",
+    ("rtx_pro_6000_server", "trtllm"): "1.3.0rc20",
+    ("rtx_pro_6000_server", "vllm"): "0.24.0",
+    ("rtx_pro_6000_server", "sglang"): "0.5.14",
     ("a100_sxm", "trtllm"): "1.0.0",
     ("a100_sxm", "vllm"): "0.14.0",
     ("a100_sxm", "sglang"): "0.5.10",
@@ -83,13 +110,22 @@ COLLECTIVES = {
     "reduce_scatter": "reduce_scatter",
     "all_to_all": "alltoall",
 }
-# NCCL tables hold groups of these sizes inside one node.
+# NCCL tables hold groups of these sizes inside one NVLink domain; a rack's tables
+# (gb200, gb300) stop at one 4-GPU tray, and the package's values for larger groups
+# are its extrapolation, so those are priced by the alpha-beta model on the domain.
 NCCL_SIZES = (2, 4, 8)
+NCCL_SIZES_OF = {"gb200": (2, 4), "gb300": (2, 4)}
 
 
 def covers(accelerator_key: str) -> bool:
     """Whether the database has measurements of this accelerator."""
     return accelerator_key in SYSTEMS
+
+
+def measured_engines(accelerator_key: str) -> dict[str, str]:
+    """Engine -> the version whose measurements price this accelerator (none: roofline)."""
+    system = SYSTEMS.get(accelerator_key)
+    return {e: v for (s, e), v in ENGINE_VERSIONS.items() if s == system}
 
 
 class Kernels:
@@ -279,7 +315,7 @@ class Kernels:
         """Seconds of a collective over ``ranks`` GPUs of one node as the engine runs it,
         with the message as :mod:`shardlab.costmodel.collectives` defines it (``nccl``:
         NCCL's own, as its micro-benchmarks measure it)."""
-        if ranks not in NCCL_SIZES or kind not in COLLECTIVES:
+        if ranks not in NCCL_SIZES_OF.get(self.system, NCCL_SIZES) or kind not in COLLECTIVES:
             return None
         op = COLLECTIVES[kind]
         half = self._common.CommQuantMode.half

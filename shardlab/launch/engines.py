@@ -84,7 +84,7 @@ def _partition(plan: Plan) -> str:
 def _vllm(t: Target) -> BuildOut:
     problem, plan, config = t.problem, t.plan, t.config
     d, w, f = plan.degrees, problem.workload, set(config.features)
-    node = problem.cluster.node_size
+    node = problem.cluster.host_size
     notes: list[str] = []
     argv = ["vllm", "serve", t.model_path, *_vllm_degrees(t)[0]]
     env: list[tuple[str, str]] = []
@@ -188,7 +188,7 @@ def _trtllm(t: Target) -> BuildOut:
     if t.node_rank:
         return None  # one MPI job starts every rank from the head node
     d, w, f = plan.degrees, problem.workload, set(config.features)
-    node = problem.cluster.node_size
+    node = problem.cluster.host_size
     degree_flags, options = _trtllm_degrees(t)
     if d.pp > 1:
         options["pp_partition"] = list(plan.stage_layers)

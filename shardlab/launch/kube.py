@@ -281,7 +281,7 @@ def _mpi_refusal(group: PodGroup) -> ShardlabError:
     """TensorRT-LLM over several nodes in plain pods: what works instead. The fix ends
     on the target, the input the CLI names after it."""
     problem = group.server.problem
-    node = problem.cluster.node_size
+    node = problem.cluster.host_size
     fits = one_node_degrees(problem)
     instead = (
         f"solve for replicas of at most {node} GPUs ({_short(fits)} holds the weights "
@@ -307,7 +307,7 @@ def one_node_degrees(problem: Problem) -> Degrees | None:
     and one request's KV cache in memory, if any: what a refusal may suggest."""
     from shardlab.costmodel import evaluate
 
-    node = problem.cluster.node_size
+    node = problem.cluster.host_size
     try:  # a node too small for the weights is refused here
         one = dataclasses.replace(
             problem, cluster=dataclasses.replace(problem.cluster, num_gpus=node)

@@ -100,7 +100,7 @@ def _command(
 def _group(server: Server, role: str, name: str, instances: int) -> PodGroup:
     d = server.plan.degrees
     gpus = d.pp * d.group
-    node = server.problem.cluster.node_size
+    node = server.problem.cluster.host_size
     _, nodes = tiling(node, gpus)  # refuses a server that does not tile nodes
     flat, files, notes = _command(server, role, 0, 1)
     assert flat is not None  # every engine starts its server on node rank 0

@@ -118,7 +118,7 @@ def build_launch(
     config = space.configs[int(space.encode(plan)[0])]  # type: ignore[index]
     d = plan.degrees
     gpus = d.pp * d.group
-    per_node, nodes = tiling(problem.cluster.node_size, gpus)
+    per_node, nodes = tiling(problem.cluster.host_size, gpus)
     server = Server(
         problem=problem,
         plan=plan,
@@ -198,7 +198,7 @@ def _place(
     ``slot`` of the node's servers (its port), or on whole nodes from ``first``."""
     d = server.plan.degrees
     gpus = d.pp * d.group
-    _, nodes = tiling(server.problem.cluster.node_size, gpus)
+    _, nodes = tiling(server.problem.cluster.host_size, gpus)
     env: list[tuple[str, str]] = []
     if share:
         env = [("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in range(gpu0, gpu0 + gpus)))]
@@ -278,7 +278,7 @@ def build_disagg_launch(
                            config_dir)
         for name in POOLS
     }  # fmt: skip
-    spots, nodes_used = _disagg_spots(plan, problem.cluster.node_size)
+    spots, nodes_used = _disagg_spots(plan, problem.cluster.host_size)
     return _serve(
         engine,
         [(servers[name], i, first, slot, gpu0, share, name) for name, i, first, slot, gpu0,
@@ -478,7 +478,7 @@ def disagg_args(t: Target, role: str, slot: int) -> tuple[list[tuple[str, str]],
         "kv_connector": "NixlConnector",
         "kv_role": f"kv_{'producer' if role == 'prefill' else 'consumer'}",
     }
-    port = NIXL_PORT + t.problem.cluster.node_size * slot
+    port = NIXL_PORT + t.problem.cluster.host_size * slot
     env = [
         ("VLLM_NIXL_SIDE_CHANNEL_HOST", "${POD_IP}" if t.in_pods else t.addr(t.node_rank)),
         ("VLLM_NIXL_SIDE_CHANNEL_PORT", str(port)),

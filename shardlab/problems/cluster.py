@@ -1,14 +1,24 @@
-"""The GPUs a model is spread over: accelerator profile, node size, interconnect.
+"""The GPUs a model is spread over: accelerator profile, hosts, NVLink domains.
 
-A cluster is written ``h100x64`` (64 H100 in nodes of 8) or read from a YAML file::
+Two sizes describe where GPUs sit, and they differ on rack-scale systems: a *host*
+(``gpus_per_node``) is what one server, and one pod, holds; a *domain*
+(``gpus_per_domain``) is the GPUs that share one scale-up fabric (NVLink, xGMI, or a
+host's PCIe). An HGX H100 board is both, 8 GPUs; a GB200 NVL72 rack is 18 hosts of 4
+GPUs on one 72-GPU NVLink domain. Collectives and pipeline hops are priced on the
+domain; launch and placement count hosts.
 
-    accelerator: h100          # a built-in name, or a mapping with every Accelerator field
-    num_gpus: 64
-    gpus_per_node: 8           # optional; defaults to the accelerator's node size
+A cluster is written ``h100x64`` (64 H100 in hosts and domains of 8) or read from a
+YAML file::
+
+    accelerator: gb200         # a built-in name, or a mapping with every Accelerator field
+    num_gpus: 144
+    gpus_per_node: 4           # optional; defaults to the accelerator's host size
+    gpus_per_domain: 72        # optional; defaults to the accelerator's domain size
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, fields, replace
 from functools import cache
@@ -20,6 +30,18 @@ import yaml
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.limits import MAX_GPUS, MAX_GPUS_PER_NODE, check_count, check_finite
+
+VENDORS = ("nvidia", "amd")
+
+
+def check_domain(per_host: int, per_domain: int, *, where: str) -> None:
+    """A domain is whole hosts: refused, naming ``where``, if not."""
+    check_count(per_domain, MAX_GPUS_PER_NODE, what=f"{where}: gpus_per_domain")
+    if per_domain % per_host:
+        raise ShardlabError(
+            f"{where}: an NVLink domain of {per_domain} GPUs is not whole hosts of "
+            f"{per_host}; give gpus_per_domain as a multiple of gpus_per_node"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,12 +59,14 @@ class Accelerator:
     nvlink_latency_us: float
     net_gbps: float  # inter-node, per GPU, one direction
     net_latency_us: float
-    gpus_per_node: int
+    gpus_per_node: int  # GPUs per host
+    gpus_per_domain: int  # GPUs per scale-up fabric (NVLink, xGMI, PCIe), whole hosts
+    vendor: str  # nvidia or amd
 
     def __post_init__(self) -> None:
         positive = ("bf16_tflops", "hbm_gb", "hbm_gbps", "nvlink_gbps", "net_gbps")
         for f in fields(self):
-            if f.name in ("key", "name", "gpus_per_node"):
+            if f.name in ("key", "name", "vendor", "gpus_per_node", "gpus_per_domain"):
                 continue
             check_finite(
                 getattr(self, f.name),
@@ -54,6 +78,12 @@ class Accelerator:
             MAX_GPUS_PER_NODE,
             what=f"accelerator {self.key!r}: gpus_per_node",
         )
+        check_domain(self.gpus_per_node, self.gpus_per_domain, where=f"accelerator {self.key!r}")
+        if self.vendor not in VENDORS:
+            raise ShardlabError(
+                f"accelerator {self.key!r}: vendor must be one of {', '.join(VENDORS)}, "
+                f"got {self.vendor!r}"
+            )
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense tensor-core peak for a GEMM whose weights are stored as ``dtype``.
@@ -73,25 +103,44 @@ class Accelerator:
 class Cluster:
     accelerator: Accelerator
     num_gpus: int
-    gpus_per_node: int
+    gpus_per_node: int  # GPUs per host
+    gpus_per_domain: int = 0  # GPUs per NVLink domain; 0: the accelerator's
 
     def __post_init__(self) -> None:
         check_count(self.num_gpus, MAX_GPUS, what="cluster: num_gpus")
         check_count(self.gpus_per_node, MAX_GPUS_PER_NODE, what="cluster: gpus_per_node")
+        if not self.gpus_per_domain:
+            # where the accelerator's fabric is its host's (HGX, PCIe cards), a host of
+            # another size brings its own fabric; a rack's domain spans its hosts
+            acc = self.accelerator
+            rack = acc.gpus_per_domain > acc.gpus_per_node
+            per_domain = acc.gpus_per_domain if rack else self.gpus_per_node
+            object.__setattr__(self, "gpus_per_domain", per_domain)
+        check_domain(self.gpus_per_node, self.gpus_per_domain, where="cluster")
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
             raise ShardlabError(
-                f"cluster: {self.num_gpus} GPUs do not fill whole nodes of "
+                f"cluster: {self.num_gpus} GPUs do not fill whole hosts of "
                 f"{self.gpus_per_node}; use a multiple of {self.gpus_per_node}"
             )
 
     @property
-    def num_nodes(self) -> int:
+    def host_size(self) -> int:
+        """GPUs of this cluster in one host (one server, one pod)."""
+        return min(self.num_gpus, self.gpus_per_node)
+
+    @property
+    def num_hosts(self) -> int:
         return max(1, self.num_gpus // self.gpus_per_node)
 
     @property
-    def node_size(self) -> int:
-        """GPUs that share one NVLink domain in this cluster."""
-        return min(self.num_gpus, self.gpus_per_node)
+    def domain_size(self) -> int:
+        """GPUs of this cluster on one NVLink domain: collectives inside it run on the
+        scale-up fabric, across domains on the network."""
+        return min(self.num_gpus, self.gpus_per_domain)
+
+    @property
+    def num_domains(self) -> int:
+        return -(-self.num_gpus // self.gpus_per_domain)
 
     @property
     def name(self) -> str:
@@ -103,10 +152,12 @@ class Cluster:
 
     def describe(self) -> str:
         a = self.accelerator
+        hosts = f"{self.num_hosts} host(s) of {self.host_size}"
+        if self.domain_size > self.host_size:
+            hosts += f", {self.num_domains} NVLink domain(s) of {self.domain_size}"
         return (
-            f"{self.num_gpus} x {a.name} ({self.num_nodes} node(s) of {self.node_size}; "
-            f"{a.hbm_gb:g} GB HBM, NVLink {a.nvlink_gbps:g} GB/s, network {a.net_gbps:g} GB/s "
-            "per GPU)"
+            f"{self.num_gpus} x {a.name} ({hosts}; {a.hbm_gb:g} GB memory, scale-up "
+            f"{a.nvlink_gbps:g} GB/s, network {a.net_gbps:g} GB/s per GPU)"
         )
 
 
@@ -122,14 +173,16 @@ def _accelerator(value: Any, *, where: str) -> Accelerator:
     if isinstance(value, str):
         acc = known.get(value.lower())
         if acc is None:
+            close = difflib.get_close_matches(value.lower(), known, n=3, cutoff=0.5)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
             raise ShardlabError(
-                f"{where}: unknown GPU {value!r}; built-in GPUs: {', '.join(known)} "
-                "(or describe it in a cluster YAML file)"
+                f"{where}: unknown GPU {value!r}; {hint}built-in GPUs: {', '.join(known)} "
+                "(shardlab clusters lists them; or describe it in a cluster YAML file)"
             )
         return acc
     if isinstance(value, dict):
         expected = {f.name for f in fields(Accelerator)} - {"key"}
-        missing = sorted(expected - set(value) - {"gpus_per_node"})
+        missing = sorted(expected - set(value) - {"gpus_per_node", "gpus_per_domain", "vendor"})
         unknown = sorted(set(value) - expected)
         if missing or unknown:
             raise ShardlabError(
@@ -138,7 +191,8 @@ def _accelerator(value: Any, *, where: str) -> Accelerator:
                 + ("; " if missing and unknown else "")
                 + (f"has unknown keys {', '.join(unknown)}" if unknown else "")
             )
-        spec = {"gpus_per_node": 8, **value}
+        per_node = value.get("gpus_per_node", 8)
+        spec = {"gpus_per_node": 8, "gpus_per_domain": per_node, "vendor": "nvidia", **value}
         try:
             return Accelerator(key=str(value["name"]).lower().replace(" ", "-"), **spec)
         except ShardlabError as exc:
@@ -150,7 +204,7 @@ _SPEC = re.compile(r"^(?P<gpu>[a-z0-9]+?)x(?P<n>\d+)$")
 
 
 def parse_cluster(spec: str) -> Cluster:
-    """``h100x64`` -> 64 H100 in nodes of 8; a path ending in .yaml/.yml -> that file."""
+    """``h100x64`` -> 64 H100 in hosts of 8; a path ending in .yaml/.yml -> that file."""
     if spec.endswith((".yaml", ".yml")) or Path(spec).is_file():
         return load_cluster_yaml(spec)
     match = _SPEC.match(spec.lower())
@@ -186,25 +240,31 @@ def load_cluster_yaml(path: str | Path) -> Cluster:
         raise ShardlabError(f"{where}: malformed YAML{at}") from None
     if not isinstance(raw, dict):
         raise ShardlabError(f"{where}: a cluster file must be a mapping with accelerator, num_gpus")
-    unknown = sorted(set(raw) - {"accelerator", "num_gpus", "gpus_per_node"})
+    unknown = sorted(set(raw) - {"accelerator", "num_gpus", "gpus_per_node", "gpus_per_domain"})
     if unknown:
         raise ShardlabError(f"{where}: unknown keys {', '.join(unknown)}")
     if "accelerator" not in raw or "num_gpus" not in raw:
         raise ShardlabError(f"{where}: missing key 'accelerator' or 'num_gpus'")
     acc = _accelerator(raw["accelerator"], where=where)
     n, per_node = raw["num_gpus"], raw.get("gpus_per_node", acc.gpus_per_node)
-    for key, value in (("num_gpus", n), ("gpus_per_node", per_node)):
+    per_domain = raw.get("gpus_per_domain", 0)
+    sizes = (("num_gpus", n), ("gpus_per_node", per_node), ("gpus_per_domain", per_domain))
+    for key, value in sizes:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ShardlabError(f"{where}: key {key!r} must be an integer, got {value!r}")
+    if "gpus_per_domain" in raw and per_domain < 1:
+        raise ShardlabError(f"{where}: key 'gpus_per_domain' must be at least 1")
     try:
-        return Cluster(accelerator=acc, num_gpus=n, gpus_per_node=per_node)
+        return Cluster(
+            accelerator=acc, num_gpus=n, gpus_per_node=per_node, gpus_per_domain=per_domain
+        )
     except ShardlabError as exc:
         raise ShardlabError(f"{where}: {str(exc).removeprefix('cluster: ')}") from None
 
 
 def parse_accelerators(spec: str) -> dict[str, Accelerator]:
     """``h100,h200,b200`` (built-in names, or cluster YAML files whose accelerator and
-    node size are taken) -> accelerators by key, in the order given."""
+    host and domain sizes are taken) -> accelerators by key, in the order given."""
     out: dict[str, Accelerator] = {}
     for item in (s.strip() for s in spec.split(",")):
         if not item:
@@ -213,7 +273,11 @@ def parse_accelerators(spec: str) -> dict[str, Accelerator]:
             )
         if item.endswith((".yaml", ".yml")) or Path(item).is_file():
             cluster = load_cluster_yaml(item)
-            acc = replace(cluster.accelerator, gpus_per_node=cluster.gpus_per_node)
+            acc = replace(
+                cluster.accelerator,
+                gpus_per_node=cluster.gpus_per_node,
+                gpus_per_domain=cluster.gpus_per_domain,
+            )
         else:
             acc = _accelerator(item, where=f"GPU type {item!r}")
         if acc.key in out:

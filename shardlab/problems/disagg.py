@@ -80,7 +80,7 @@ def instance_sizes(cluster: Cluster) -> tuple[int, ...]:
     """GPU counts an instance can have: a power of two dividing the node's GPUs (sizes
     that divide one another fill nodes first-fit, so a sum that fits is placed), or
     whole nodes."""
-    node = cluster.node_size
+    node = cluster.host_size
     sizes = [1 << k for k in range(node.bit_length()) if node % (1 << k) == 0]
     sizes += [node * k for k in range(2, cluster.num_gpus // node + 1)]
     return tuple(g for g in sizes if g < cluster.num_gpus)
@@ -89,11 +89,11 @@ def instance_sizes(cluster: Cluster) -> tuple[int, ...]:
 def fits(cluster: Cluster, instances: dict[int, int]) -> bool:
     """Whether ``instances`` (GPUs per instance -> count) can be placed: instances of
     a node or more on whole nodes, smaller ones inside a node each."""
-    node = cluster.node_size
+    node = cluster.host_size
     used = sum(g * n for g, n in instances.items())
     whole = sum(-(-g // node) * n for g, n in instances.items() if g >= node)
     small = sum(g * n for g, n in instances.items() if g < node)
-    return used <= cluster.num_gpus and whole + -(-small // node) <= cluster.num_nodes
+    return used <= cluster.num_gpus and whole + -(-small // node) <= cluster.num_hosts
 
 
 # Pairs of pools the exact search enumerates at most (about 1,024 GPUs in nodes of 8).
@@ -109,7 +109,7 @@ def pair_count(cluster: Cluster) -> int:
     ``gd < node``, ``W + ceil((S + y * gd) / node) <= N``, i.e. ``S + y * gd <= (N - W) *
     node``. The GPU count needs no check of its own: instance sizes below a node divide
     it and the others are whole nodes, so the nodes bound the GPUs."""
-    node, nodes = cluster.node_size, cluster.num_nodes
+    node, nodes = cluster.host_size, cluster.num_hosts
     sizes = instance_sizes(cluster)
     total = 0
     for gp in sizes:
@@ -148,9 +148,9 @@ def pairs(cluster: Cluster) -> tuple[tuple[int, int, int, int], ...]:
     return tuple(out)
 
 
-def on_one_node(cluster: Cluster, gpus: int) -> bool:
-    """Both pools, ``gpus`` in all, in one NVLink domain."""
-    return gpus <= cluster.node_size
+def in_one_domain(cluster: Cluster, gpus: int) -> bool:
+    """Both pools, ``gpus`` in all, in one NVLink domain (the KV cache moves over it)."""
+    return gpus <= cluster.domain_size
 
 
 def offered(problem: Problem, instances: int) -> int:
@@ -165,7 +165,7 @@ def prefill_problem(
     *,
     decode_pp: int,
     decode_tp: int,
-    one_node: bool,
+    one_domain: bool,
     decode_gpu: Accelerator | None = None,
 ) -> Problem:
     """One prefill instance's problem: ``gpus`` GPUs serving prompts in flight, TTFT
@@ -178,7 +178,7 @@ def prefill_problem(
         problem.kv_dtype,
         decode_pp=decode_pp,
         decode_tp=decode_tp,
-        same_node=one_node,
+        same_domain=one_domain,
         decode_gpu=decode_gpu,
     )
     return dataclasses.replace(
@@ -323,7 +323,7 @@ class DisaggPlan:
         if cluster is not None and not fits(cluster, out.instances()):
             raise ShardlabError(
                 f"{where}: {out.label()} needs {out.num_gpus} GPUs placed in nodes of "
-                f"{cluster.node_size}; {cluster.name} cannot hold them"
+                f"{cluster.host_size}; {cluster.name} cannot hold them"
             )
         return out
 

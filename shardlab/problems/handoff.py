@@ -68,17 +68,17 @@ class Handoff:
 
     decode_pp: int
     decode_tp: int
-    same_node: bool  # both pools in one NVLink domain
+    same_domain: bool  # both pools in one NVLink domain
     received_bytes: float  # what a decode rank takes in per request, replicas included
     # the decode pool's GPU when it is not the prefill pool's: the cache then crosses
     # the network at the slower of the two GPUs' links and is rewritten in its HBM
     decode_gpu: Accelerator | None = None
 
     def __post_init__(self) -> None:
-        if self.decode_gpu is not None and self.same_node:
+        if self.decode_gpu is not None and self.same_domain:
             raise ShardlabError(
                 f"handoff to {self.decode_gpu.name}: pools of two GPU types share no NVLink domain",
-                field="handoff.same_node",
+                field="handoff.same_domain",
                 fix="place the pools on separate nodes",
             )
 
@@ -90,7 +90,7 @@ class Handoff:
         *,
         decode_pp: int,
         decode_tp: int,
-        same_node: bool,
+        same_domain: bool,
         decode_gpu: Accelerator | None = None,
     ) -> Handoff:
         bytes_ = layer_handoff_bytes(model, input_len, kv_dtype)
@@ -98,13 +98,13 @@ class Handoff:
         return Handoff(
             decode_pp=decode_pp,
             decode_tp=decode_tp,
-            same_node=same_node,
+            same_domain=same_domain,
             received_bytes=float(np.dot(bytes_, copies)),
             decode_gpu=decode_gpu,
         )
 
     def describe(self) -> str:
-        where = "NVLink" if self.same_node else "the network"
+        where = "NVLink" if self.same_domain else "the network"
         on = f" of {self.decode_gpu.name}" if self.decode_gpu is not None else ""
         return (
             f"{self.received_bytes / 1e6:,.1f} MB per request to decode ranks{on} of pp "

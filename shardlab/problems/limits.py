@@ -15,7 +15,7 @@ from shardlab.errors import ShardlabError
 MAX_LAYERS = 1024  # num_hidden_layers of a config.json
 MAX_CONFIG_INT = 2**31 - 1  # any other integer of a config.json
 MAX_GPUS = 131_072  # a cluster's GPUs
-MAX_GPUS_PER_NODE = 1024  # GPUs in one NVLink domain
+MAX_GPUS_PER_NODE = 1024  # GPUs in one host or one NVLink domain
 MAX_BATCH = 1 << 20  # requests in one batch, or in flight
 MAX_CONTEXT = 1 << 24  # prompt + output tokens of a model whose config states no maximum
 

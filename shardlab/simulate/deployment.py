@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shardlab.errors import ShardlabError
-from shardlab.problems.disagg import DisaggPlan, decode_problem, on_one_node, prefill_problem
+from shardlab.problems.disagg import DisaggPlan, decode_problem, in_one_domain, prefill_problem
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 from shardlab.simulate.schedulers import HOLD_NOTHING, Holding
@@ -84,7 +84,7 @@ class Deployment:
         cluster = problem.cluster
         d = plan.decode.degrees
         prefill_gpus, decode_gpus = plan.gpus("prefill"), plan.gpus("decode")
-        one_node = on_one_node(
+        one_domain = in_one_domain(
             cluster, plan.prefill_instances * prefill_gpus + plan.decode_instances * decode_gpus
         )
         pre = prefill_problem(
@@ -93,7 +93,7 @@ class Deployment:
             plan.prefill_instances,
             decode_pp=d.pp,
             decode_tp=d.tp,
-            one_node=one_node,
+            one_domain=one_domain,
         )
         dec = decode_problem(problem, decode_gpus, plan.decode_instances)
         return cls(

@@ -99,15 +99,20 @@ class Capacity:
 
 def instance_sizes(acc: Accelerator, max_gpus: int) -> tuple[int, ...]:
     """GPUs an instance of ``acc`` may have, up to ``max_gpus``: powers of two dividing
-    a node, then a power of two of whole nodes (the sizes engines' parallel degrees,
-    powers of two, fill)."""
-    node = acc.gpus_per_node
-    sizes = [1 << k for k in range(node.bit_length()) if node % (1 << k) == 0]
-    nodes = 2
-    while node * nodes <= max_gpus:
-        sizes.append(node * nodes)
-        nodes *= 2
-    return tuple(g for g in sizes if g <= max_gpus)
+    a host, powers of two of whole hosts inside an NVLink domain, then the domain and
+    powers of two of whole domains (the sizes engines' parallel degrees, powers of two,
+    fill; a rack's domain, 72 GPUs, is one instance of its own)."""
+    host, domain = acc.gpus_per_node, acc.gpus_per_domain
+    sizes = {1 << k for k in range(host.bit_length()) if host % (1 << k) == 0}
+    g = host
+    while g < domain:
+        sizes.add(g)
+        g *= 2
+    g = domain
+    while g <= max_gpus:
+        sizes.add(g)
+        g *= 2
+    return tuple(sorted(s for s in sizes if s <= max_gpus))
 
 
 def least_gpus(problem: Problem, acc: Accelerator) -> int:
@@ -364,7 +369,7 @@ class Capacities:
         if role == "decode":
             return decode_problem(base, gpus, 1, layout=layout)
         if decode is None:  # no handoff: the pool problem's prefill alone
-            pool = prefill_problem(base, gpus, 1, decode_pp=1, decode_tp=1, one_node=False)
+            pool = prefill_problem(base, gpus, 1, decode_pp=1, decode_tp=1, one_domain=False)
             return dataclasses.replace(pool, handoff=None)
         decode_gpu, (pp, tp) = decode
         other = self.accelerators[decode_gpu]
@@ -374,7 +379,7 @@ class Capacities:
             1,
             decode_pp=pp,
             decode_tp=tp,
-            one_node=False,  # the pools own separate nodes
+            one_domain=False,  # the pools own separate nodes
             decode_gpu=None if other == acc else other,
         )
 

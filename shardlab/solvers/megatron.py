@@ -25,7 +25,7 @@ from shardlab.solvers.registry import register
 def megatron_candidates(problem: Problem) -> list[Degrees]:
     """Degree tuples in the order the rule tries them."""
     space = problem.space
-    node = problem.cluster.node_size
+    node = problem.cluster.domain_size
     n = problem.cluster.num_gpus
     moe = problem.model.is_moe
     valid = set(space.degree_tuples)

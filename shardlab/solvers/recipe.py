@@ -42,7 +42,7 @@ WIDE_EP_EXPERTS = 64
 
 def _units(problem: Problem) -> Iterator[int]:
     """GPUs of one server, smallest first: powers of two up to a node, then nodes."""
-    node, n = problem.cluster.node_size, problem.cluster.num_gpus
+    node, n = problem.cluster.host_size, problem.cluster.num_gpus
     g = 1
     while g < node and g <= n:
         yield g
@@ -57,7 +57,7 @@ def recipe_candidates(problem: Problem, *, wide: bool) -> list[tuple[Degrees, tu
     """The recipe's (degrees, engine features), in the order it tries them: the wide-EP
     recipe of DeepSeek-class models, or the tensor-parallel one."""
     engine = problem.engine
-    node, n = problem.cluster.node_size, problem.cluster.num_gpus
+    node, n = problem.cluster.host_size, problem.cluster.num_gpus
     out: list[tuple[Degrees, tuple[str, ...]]] = []
     for g in _units(problem):
         if n % g:

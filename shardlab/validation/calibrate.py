@@ -214,7 +214,7 @@ def _per(m: Measurement, problem: Problem) -> float:
     if m.metric == "throughput_tok_s_per_gpu":
         return float(problem.cluster.num_gpus)
     if m.metric == "throughput_tok_s_per_node":
-        return float(problem.cluster.num_nodes)
+        return float(problem.cluster.num_hosts)
     return 1.0
 
 

@@ -71,7 +71,7 @@ MODEL_METRICS: dict[str, tuple[Callable[[Metrics, Problem], float], str]] = {
     "throughput_tok_s": (lambda m, p: m.throughput_tok_s, "tok/s"),
     "throughput_tok_s_per_gpu": (lambda m, p: m.throughput_tok_s_per_gpu, "tok/s/GPU"),
     "throughput_tok_s_per_node": (
-        lambda m, p: m.throughput_tok_s / p.cluster.num_nodes,
+        lambda m, p: m.throughput_tok_s / p.cluster.num_hosts,
         "tok/s per node",
     ),
     "ttft_ms": (lambda m, p: m.ttft_ms, "ms"),

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 from shardlab.errors import ShardlabError
-from shardlab.problems.disagg import DisaggPlan, decode_problem, on_one_node, prefill_problem
+from shardlab.problems.disagg import DisaggPlan, decode_problem, in_one_domain, prefill_problem
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
 from shardlab.simulate.schedulers import Holding
@@ -266,7 +266,7 @@ def disagg_plan(
         pools.prefill_instances,
         decode_pp=pools.decode.pp,
         decode_tp=pools.decode.tp,
-        one_node=on_one_node(problem.cluster, total),
+        one_domain=in_one_domain(problem.cluster, total),
     )
     decode = decode_problem(problem, pools.decode.num_gpus, pools.decode_instances)
     return DisaggPlan(

@@ -15,8 +15,8 @@ from shardlab.problems.handoff import Handoff
 BASE = Problem.build("llama-3.1-8b", "h100x8", "chat", phase="prefill")
 
 
-def pool(received: float, *, same_node: bool = True, pp: int = 1, tp: int = 2) -> Problem:
-    h = Handoff(decode_pp=pp, decode_tp=tp, same_node=same_node, received_bytes=received)
+def pool(received: float, *, same_domain: bool = True, pp: int = 1, tp: int = 2) -> Problem:
+    h = Handoff(decode_pp=pp, decode_tp=tp, same_domain=same_domain, received_bytes=received)
     return dataclasses.replace(BASE, handoff=h)
 
 
@@ -36,8 +36,8 @@ def test_the_wire_time_grows_linearly_with_the_cache_sent() -> None:
 
 
 def test_the_network_is_slower_than_nvlink() -> None:
-    near = float(handoff_seconds(pool(1e8, same_node=True), 1, 2))
-    far = float(handoff_seconds(pool(1e8, same_node=False), 1, 2))
+    near = float(handoff_seconds(pool(1e8, same_domain=True), 1, 2))
+    far = float(handoff_seconds(pool(1e8, same_domain=False), 1, 2))
     assert far > near
 
 
@@ -86,7 +86,7 @@ def test_two_gpu_types_hand_off_over_the_slower_network_into_the_receivers_hbm()
     slow = dataclasses.replace(
         builtin_accelerators()["a100"], net_gbps=h100.net_gbps / 2, net_latency_us=50.0
     )
-    far = pool(1e8, same_node=False)
+    far = pool(1e8, same_domain=False)
     mixed = dataclasses.replace(far, handoff=dataclasses.replace(far.handoff, decode_gpu=slow))
     same, other = (float(handoff_seconds(p, 1, 2)) for p in (far, mixed))
     wire = 1e8 / 2 / (h100.net_gbps * 1e9)
@@ -96,4 +96,4 @@ def test_two_gpu_types_hand_off_over_the_slower_network_into_the_receivers_hbm()
     rewrite = float(handoff_seconds(mixed, 1, 4)) - other
     assert rewrite == pytest.approx(2.0 * 1e8 / 2 / (slow.hbm_gbps * 1e9), rel=1e-9)
     with pytest.raises(ShardlabError, match="share no NVLink domain"):
-        Handoff(decode_pp=1, decode_tp=2, same_node=True, received_bytes=1.0, decode_gpu=slow)
+        Handoff(decode_pp=1, decode_tp=2, same_domain=True, received_bytes=1.0, decode_gpu=slow)

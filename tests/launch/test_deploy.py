@@ -171,7 +171,7 @@ def test_k8s_objects_are_valid_and_run_the_shell_command(engine: str, case: tupl
                 assert a == "${LWS_WORKER_INDEX}" or a.startswith("$((LWS_WORKER_INDEX*"), (k, a, b)
         for t in (lwt["leaderTemplate"], lwt["workerTemplate"]):
             gpus = t["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
-            assert gpus == problem.cluster.node_size
+            assert gpus == problem.cluster.host_size
     (svc,) = [o for o in objects if o["kind"] == "Service"]
     if g.nodes > 1:
         assert svc["spec"]["selector"][LWS_LEADER_LABEL] == "0"

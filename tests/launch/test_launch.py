@@ -63,7 +63,7 @@ def values(argv: tuple[str, ...], flag: str, default: str | None = None) -> str 
 
 def check_degrees(engine: str, launch: Launch, problem: Problem, plan: Plan) -> None:
     d = plan.degrees
-    nodes = max(1, d.pp * d.group // problem.cluster.node_size)
+    nodes = max(1, d.pp * d.group // problem.cluster.host_size)
     per_replica = 1 if engine == "trtllm" else nodes
     assert len(launch.commands) == d.replicas * per_replica
     for c in launch.commands:
@@ -74,7 +74,7 @@ def check_degrees(engine: str, launch: Launch, problem: Problem, plan: Plan) -> 
             assert values(a, "--pipeline-parallel-size", "1") == str(d.pp)
             assert values(a, "--data-parallel-size", "1") == str(d.dp_attn)
             assert ("--enable-expert-parallel" in a) == (problem.model.is_moe and d.ep > 1)
-            if nodes > 1 and d.dp_attn > 1 and d.tp * d.pp <= problem.cluster.node_size:
+            if nodes > 1 and d.dp_attn > 1 and d.tp * d.pp <= problem.cluster.host_size:
                 local = int(values(a, "--data-parallel-size-local"))
                 assert local * nodes == d.dp_attn
                 assert values(a, "--data-parallel-start-rank", "0") == str(c.node_rank * local)

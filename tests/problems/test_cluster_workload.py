@@ -22,8 +22,8 @@ def test_builtin_accelerators_have_datasheet_numbers() -> None:
 
 def test_cluster_spec() -> None:
     c = parse_cluster("h100x64")
-    assert (c.num_gpus, c.gpus_per_node, c.num_nodes) == (64, 8, 8)
-    assert parse_cluster("H200x4").num_nodes == 1
+    assert (c.num_gpus, c.gpus_per_node, c.num_hosts) == (64, 8, 8)
+    assert parse_cluster("H200x4").num_hosts == 1
 
 
 @pytest.mark.parametrize(
@@ -43,7 +43,7 @@ def test_bad_cluster_spec(spec: str, needle: str) -> None:
 def test_cluster_yaml(tmp_path: Path) -> None:
     good = tmp_path / "c.yaml"
     good.write_text("accelerator: h200\nnum_gpus: 16\n")
-    assert load_cluster_yaml(good).num_nodes == 2
+    assert load_cluster_yaml(good).num_hosts == 2
     custom = tmp_path / "custom.yaml"
     custom.write_text(
         "accelerator:\n  name: My GPU\n  bf16_tflops: 500\n  fp8_tflops: 1000\n"

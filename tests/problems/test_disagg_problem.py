@@ -71,7 +71,7 @@ def test_handoff_bytes_follow_the_kv_cache() -> None:
     assert layer_handoff_bytes(model, 1000, "fp8") == pytest.approx(per_layer / 2)
     # up to 8 ranks split the 8 KV heads; 16 hold each head twice
     assert set(layer_copies(model, 8)) == {1.0} and set(layer_copies(model, 16)) == {2.0}
-    h = Handoff.of(model, 1000, "bf16", decode_pp=1, decode_tp=16, same_node=False)
+    h = Handoff.of(model, 1000, "bf16", decode_pp=1, decode_tp=16, same_domain=False)
     assert h.received_bytes == pytest.approx(2 * per_layer.sum())
     assert "the network" in h.describe()
 

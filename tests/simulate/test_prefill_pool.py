@@ -18,7 +18,7 @@ from shardlab.simulate.pricing import Pricer
 
 def _prefill(pp: int) -> tuple[Problem, object]:
     base = Problem.build("llama-3.1-8b", "h100x2", "chat", engine="vllm")
-    problem = prefill_problem(base, 2, 1, decode_pp=1, decode_tp=2, one_node=False)
+    problem = prefill_problem(base, 2, 1, decode_pp=1, decode_tp=2, one_domain=False)
     return problem, problem.space.megatron_plan(Degrees(pp=pp, tp=2 // pp, etp=2 // pp))
 
 

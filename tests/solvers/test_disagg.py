@@ -19,8 +19,8 @@ from shardlab.problems.disagg import (
     DisaggPlan,
     decode_problem,
     fits,
+    in_one_domain,
     instance_sizes,
-    on_one_node,
     pairs,
     prefill_problem,
 )
@@ -37,7 +37,7 @@ def brute_force(problem: Problem) -> float:
     w = problem.workload
     best = 0.0
     for gp, x, gd, y in pairs(problem.cluster):
-        one = on_one_node(problem.cluster, x * gp + y * gd)
+        one = in_one_domain(problem.cluster, x * gp + y * gd)
         try:
             dp = decode_problem(problem, gd, y)
         except ShardlabError:
@@ -54,7 +54,7 @@ def brute_force(problem: Problem) -> float:
         for layout in set(layouts):
             try:
                 pp_problem = prefill_problem(
-                    problem, gp, x, decode_pp=layout[0], decode_tp=layout[1], one_node=one
+                    problem, gp, x, decode_pp=layout[0], decode_tp=layout[1], one_domain=one
                 )
             except ShardlabError:
                 prefill_best[layout] = 0.0
@@ -107,8 +107,8 @@ def test_cpsat_disaggregated_optimum_equals_exhaustive_enumeration(slo: str) -> 
 
 def test_handoff_time_follows_bytes_links_and_layouts() -> None:
     base = Problem.build("llama-3.1-70b", "h100x16", "chat", input_len=8192)
-    net = prefill_problem(base, 8, 1, decode_pp=1, decode_tp=4, one_node=False)
-    nvl = prefill_problem(base, 4, 1, decode_pp=1, decode_tp=4, one_node=True)
+    net = prefill_problem(base, 8, 1, decode_pp=1, decode_tp=4, one_domain=False)
+    nvl = prefill_problem(base, 4, 1, decode_pp=1, decode_tp=4, one_domain=True)
     assert net.handoff is not None and nvl.handoff is not None
     # Llama-3.1-70B: 80 layers x 8 KV heads x 128 x (K, V) x 2 bytes per token, 8,192 tokens
     assert net.handoff.received_bytes == pytest.approx(80 * 8 * 128 * 2 * 2 * 8192)
@@ -123,7 +123,7 @@ def test_handoff_time_follows_bytes_links_and_layouts() -> None:
         1,
         decode_pp=1,
         decode_tp=4,
-        one_node=False,
+        one_domain=False,
     )
     assert float(handoff_seconds(longer, 1, 4)) > same_layout
     assert float(handoff_seconds(base, 1, 4)) == 0.0  # no pool, no handoff
@@ -131,7 +131,7 @@ def test_handoff_time_follows_bytes_links_and_layouts() -> None:
 
 def test_ttft_includes_the_handoff_and_throughput_does_not() -> None:
     base = Problem.build("llama-3.1-8b", "h100x8", "chat", input_len=4096)
-    with_h = prefill_problem(base, 2, 1, decode_pp=1, decode_tp=2, one_node=False)
+    with_h = prefill_problem(base, 2, 1, decode_pp=1, decode_tp=2, one_domain=False)
     import dataclasses
 
     without = dataclasses.replace(with_h, handoff=None)

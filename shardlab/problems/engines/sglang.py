@@ -73,11 +73,11 @@ class SGLang(Capability):
         if d.dp_attn > 1 and model.architecture not in self.COMMUNICATOR:
             return f"DP attention of a {model.architecture or 'this'} model (no LayerCommunicator)"
         gpus = d.pp * d.group
-        if gpus > cluster.node_size:
-            nodes = gpus // cluster.node_size
+        if gpus > cluster.host_size:
+            nodes = gpus // cluster.host_size
             # (tp*pp) % nnodes == 0 (server_args.py:6632-6634); ranks are placed per
             # stage or a stage over nodes (srt/entrypoints/engine.py:1375-1406)
-            if gpus % cluster.node_size or (d.pp % nodes and nodes % d.pp):
+            if gpus % cluster.host_size or (d.pp % nodes and nodes % d.pp):
                 return f"{d.pp} pipeline stages over {nodes} nodes"
         return None
 

@@ -59,17 +59,17 @@ class TensorRTLLM(Capability):
             # plain Llama builds a TP-sharded MLP but skips its all-reduce under ADP
             # (_torch/models/modeling_llama.py:645-653, 752-755): replicas instead
             return "attention data parallel of a dense model (run replicas instead)"
-        if model.architecture in DEEPSEEK and d.dp_attn == 1 and d.tp > cluster.node_size:
-            # the dense MLP's TP is capped at a node (modeling_deepseekv3.py:1299-1313),
+        if model.architecture in DEEPSEEK and d.dp_attn == 1 and d.tp > cluster.host_size:
+            # the dense MLP's TP is capped at a host's GPUs (modeling_deepseekv3.py:1299-1313),
             # which no option here prices
-            return "DeepSeek's tensor parallel over more than a node without attention DP"
+            return "DeepSeek's tensor parallel over more than a host without attention DP"
         return None
 
     @staticmethod
     def _deepep_starts(cluster: Cluster, d: Degrees) -> bool:
         # DeepEP._is_deepep_feasible (deep_ep.py:97-110): EP = the local MPI size in
         # {2, 4, 8}, or 8 local ranks and EP / 8 in {2, 4, 8, 16}
-        local = min(d.pp * d.group, cluster.node_size)
+        local = min(d.pp * d.group, cluster.host_size)
         return (d.ep == local and d.ep in (2, 4, 8)) or (
             local == 8 and d.ep % 8 == 0 and d.ep // 8 in (2, 4, 8, 16)
         )
@@ -81,9 +81,10 @@ class TensorRTLLM(Capability):
         # moe_tp != 1 forces all-gather + reduce-scatter (communication_factory.py:104-105)
         if not model.is_moe or d.etp != 1 or d.ep == 1:
             return [adp]
-        if d.pp * d.group <= cluster.node_size:  # the NVLink strategies, then all-gather
+        if d.pp * d.group <= cluster.domain_size:  # the NVLink strategies, then all-gather
+            # (on a rack's NVLink domain too: MNNVL all-to-all spans its trays)
             return [(*adp, "nvlink-alltoall"), adp]
-        # across nodes on these GPUs: no multi-node NVLink, so all-gather unless DeepEP
+        # across NVLink domains: all-gather unless DeepEP
         return [adp, (*adp, "deepep")] if self._deepep_starts(cluster, d) else [adp]
 
     def wants(self, model: Model, d: Degrees, features: tuple[str, ...], kind: str) -> Wants:

@@ -53,8 +53,8 @@ from shardlab.problems.disagg import (
     DisaggPlan,
     check_disagg,
     decode_problem,
+    in_one_domain,
     instance_sizes,
-    on_one_node,
     pairs,
     prefill_problem,
 )
@@ -298,14 +298,14 @@ class DisaggSearch:
         return self.solve_pool(pool, where)
 
     def prefill(
-        self, gpus: int, instances: int, layout: tuple[int, int] | None, one_node: bool
+        self, gpus: int, instances: int, layout: tuple[int, int] | None, one_domain: bool
     ) -> Pool:
         """A prefill instance handing off to decode ranks of ``layout`` (None: no
         handoff, the optimum that bounds every handoff's)."""
         pp, tp = layout or (1, 1)
         try:
             pool = prefill_problem(
-                self.problem, gpus, instances, decode_pp=pp, decode_tp=tp, one_node=one_node
+                self.problem, gpus, instances, decode_pp=pp, decode_tp=tp, one_domain=one_domain
             )
         except ShardlabError:
             return NO_POOL
@@ -317,12 +317,12 @@ class DisaggSearch:
         return self.solve_pool(pool, where)
 
     def prefill_to(
-        self, gpus: int, instances: int, layout: tuple[int, int], one_node: bool
+        self, gpus: int, instances: int, layout: tuple[int, int], one_domain: bool
     ) -> Pool:
         """A prefill instance handing off to ``layout``: the optimum without a handoff
         when it still meets the TTFT SLO with this one (it bounds every plan that
         hands off, so it is their optimum), else a solve of its own."""
-        free = self.prefill(gpus, instances, None, one_node)
+        free = self.prefill(gpus, instances, None, one_domain)
         if free.plan is None:
             return free  # no plan without a handoff: none with one
         try:
@@ -332,7 +332,7 @@ class DisaggSearch:
                 instances,
                 decode_pp=layout[0],
                 decode_tp=layout[1],
-                one_node=one_node,
+                one_domain=one_domain,
             )
         except ShardlabError:
             return NO_POOL
@@ -344,7 +344,7 @@ class DisaggSearch:
                 metrics=m,
                 rate=self._rate(pool, m.throughput_tok_s),
             )
-        return self.prefill(gpus, instances, layout, one_node)
+        return self.prefill(gpus, instances, layout, one_domain)
 
     def decode_bound(self, gpus: int) -> float:
         try:
@@ -355,7 +355,9 @@ class DisaggSearch:
 
     def prefill_bound(self, gpus: int) -> float:
         try:
-            pool = prefill_problem(self.problem, gpus, 1, decode_pp=1, decode_tp=1, one_node=False)
+            pool = prefill_problem(
+                self.problem, gpus, 1, decode_pp=1, decode_tp=1, one_domain=False
+            )
         except ShardlabError:
             return 0.0
         return self.bound(
@@ -373,7 +375,7 @@ class DisaggSearch:
 
     def pair(self, gp: int, x: int, gd: int, y: int) -> tuple[float, Pool, Pool]:
         """The best (rate, prefill instance, decode instance) of one pair of pools."""
-        one = on_one_node(self.problem.cluster, x * gp + y * gd)
+        one = in_one_domain(self.problem.cluster, x * gp + y * gd)
         # Offered the whole load, an instance can run every plan it can run offered a
         # share: no plan then, none for any count of these instances.
         if self.decode(gd, 1).plan is None or self.prefill(gp, 1, None, one).plan is None:

@@ -98,7 +98,7 @@ def candidate_features(dec: Decisions) -> np.ndarray:
     """``(n_steps, width, CAND_DIM)``: what each candidate value means (zeros: no slot)."""
     space = dec.space
     n = space.cluster.num_gpus
-    node = space.cluster.node_size
+    node = space.cluster.domain_size
     out = np.zeros((dec.n_steps, dec.width, CAND_DIM), dtype=np.float32)
     ops = {v: op for v, _, op in space.option_slots()}
     for t, step in enumerate(dec.steps):
@@ -129,7 +129,7 @@ def context_features(problem: Problem) -> np.ndarray:
         math.log10(params.total) / 12.0,
         math.log10(params.active_compute) / 12.0,  # as the shipped policy was trained
         math.log2(c.num_gpus) / 8.0,
-        math.log2(c.node_size) / 4.0,
+        math.log2(c.domain_size) / 4.0,
         float(m.is_moe),
         math.log2(m.num_layers) / 7.0,
         c.accelerator.hbm_gb / 200.0,
