@@ -14,7 +14,7 @@ from shardlab.problems.calibration import Calibration
 from shardlab.problems.catalog import load_model
 from shardlab.problems.cluster import Cluster, parse_cluster
 from shardlab.problems.dtypes import BYTES_PER_VALUE
-from shardlab.problems.engines import ENGINES, Engine, capability
+from shardlab.problems.engines import ENGINES, VENDOR_ENGINES, Engine, capability
 from shardlab.problems.handoff import Handoff
 from shardlab.problems.limits import MAX_CONTEXT
 from shardlab.problems.model import Model
@@ -83,6 +83,15 @@ class Problem(CachedHash):
                     field=key,
                     fix=f"choose one of {', '.join(allowed)}",
                 )
+        acc = self.cluster.accelerator
+        runs = VENDOR_ENGINES[acc.vendor]
+        if self.engine not in runs:
+            raise ShardlabError(
+                f"engine {self.engine} does not run on {acc.name} ({acc.key}): "
+                f"{acc.vendor.upper()} GPUs are served by {' or '.join(runs)}",
+                field="engine",
+                fix=f"choose engine {' or '.join(runs)}",
+            )
         if self.workload.draft_tokens and not self.model.mtp_layers:
             raise ShardlabError(
                 f"model {self.model.name}: draft_tokens drafts with multi-token-prediction "

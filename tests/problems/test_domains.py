@@ -157,3 +157,10 @@ def test_cpsat_equals_enumeration_on_a_small_rack(tmp_path: Path, gpus: int) -> 
     other = solve(Problem.build("llama-3.1-8b", narrow, "chat"), "cpsat")
     assert other.metrics is not None
     assert other.metrics.objective < exact.metrics.objective
+
+
+def test_tensorrt_llm_is_refused_on_amd_and_the_rocm_engines_build() -> None:
+    with pytest.raises(ShardlabError, match="engine trtllm does not run on Instinct MI355X"):
+        Problem.build("llama-3.1-70b", "mi355xx8", "chat", engine="trtllm")
+    for engine in ("vllm", "sglang"):
+        assert Problem.build("llama-3.1-70b", "mi300xx8", "chat", engine=engine).engine == engine

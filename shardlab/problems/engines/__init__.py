@@ -19,6 +19,9 @@ from shardlab.problems.operators import HEAD_OPS, layer_ops
 
 Engine = Literal["trtllm", "vllm", "sglang"]
 ENGINES: tuple[str, ...] = get_args(Engine)
+# The engines each vendor's GPUs run: TensorRT-LLM is CUDA only; vLLM and SGLang ship
+# ROCm builds for AMD Instinct.
+VENDOR_ENGINES: dict[str, tuple[str, ...]] = {"nvidia": ENGINES, "amd": ("vllm", "sglang")}
 
 CAPABILITIES: dict[str, Capability] = {
     "trtllm": TensorRTLLM(),
