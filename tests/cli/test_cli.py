@@ -51,7 +51,7 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str]]:
     return [
         (["space", "--model", "llama-9000"], "not in the catalog"),
         (["space", "--cluster", "z100x8"], "unknown GPU"),
-        (["space", "--cluster", "h100x12"], "whole nodes"),
+        (["space", "--cluster", "h100x12"], "whole hosts"),
         (["space", "--cluster", "h100x0"], "at least 1"),
         (["space", "--model", str(bad_json)], "not valid JSON"),
         (["space", "--cluster", str(bad_yaml)], "malformed YAML"),

@@ -30,7 +30,7 @@ def test_cluster_spec() -> None:
     ("spec", "needle"),
     [
         ("z100x8", "unknown GPU"),
-        ("h100x12", "whole nodes"),
+        ("h100x12", "whole hosts"),
         ("h100x0", "at least 1"),
         ("h100", "GPUxCOUNT"),
     ],
