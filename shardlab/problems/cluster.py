@@ -110,18 +110,21 @@ class Cluster:
         check_count(self.num_gpus, MAX_GPUS, what="cluster: num_gpus")
         check_count(self.gpus_per_node, MAX_GPUS_PER_NODE, what="cluster: gpus_per_node")
         if not self.gpus_per_domain:
-            # where the accelerator's fabric is its host's (HGX, PCIe cards), a host of
-            # another size brings its own fabric; a rack's domain spans its hosts
-            acc = self.accelerator
-            rack = acc.gpus_per_domain > acc.gpus_per_node
-            per_domain = acc.gpus_per_domain if rack else self.gpus_per_node
-            object.__setattr__(self, "gpus_per_domain", per_domain)
+            object.__setattr__(self, "gpus_per_domain", self._default_domain)
         check_domain(self.gpus_per_node, self.gpus_per_domain, where="cluster")
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
             raise ShardlabError(
                 f"cluster: {self.num_gpus} GPUs do not fill whole hosts of "
                 f"{self.gpus_per_node}; use a multiple of {self.gpus_per_node}"
             )
+
+    @property
+    def _default_domain(self) -> int:
+        # where the accelerator's fabric is its host's (HGX, PCIe cards), a host of
+        # another size brings its own fabric; a rack's domain spans its hosts
+        acc = self.accelerator
+        rack = acc.gpus_per_domain > acc.gpus_per_node
+        return acc.gpus_per_domain if rack else self.gpus_per_node
 
     @property
     def host_size(self) -> int:
@@ -144,7 +147,15 @@ class Cluster:
 
     @property
     def name(self) -> str:
-        return f"{self.accelerator.key}x{self.num_gpus}"
+        """``gb200x72``; a host or domain other than the accelerator's is named too
+        (``gb200x72-domain36``), so that runs, caches and plan files keyed by the name
+        never mistake one shape for another."""
+        acc, name = self.accelerator, f"{self.accelerator.key}x{self.num_gpus}"
+        if self.gpus_per_node != acc.gpus_per_node:
+            name += f"-host{self.gpus_per_node}"
+        if self.gpus_per_domain != self._default_domain:
+            name += f"-domain{self.gpus_per_domain}"
+        return name
 
     @property
     def total_hbm_gb(self) -> float:

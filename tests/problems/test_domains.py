@@ -164,3 +164,18 @@ def test_tensorrt_llm_is_refused_on_amd_and_the_rocm_engines_build() -> None:
         Problem.build("llama-3.1-70b", "mi355xx8", "chat", engine="trtllm")
     for engine in ("vllm", "sglang"):
         assert Problem.build("llama-3.1-70b", "mi300xx8", "chat", engine=engine).engine == engine
+
+
+def test_a_cluster_of_another_shape_has_another_name(tmp_path: Path) -> None:
+    """Runs, caches and plan files are keyed by the cluster's name: NVL36 must not pass
+    for NVL72, nor hosts of 4 H100 for HGX boards of 8."""
+    names = {
+        load_cluster_yaml(_cluster_file(tmp_path, accelerator="gb200", num_gpus=72, **extra)).name
+        for extra in ({}, {"gpus_per_domain": 36}, {"gpus_per_domain": 4}, {"gpus_per_node": 2})
+    }
+    assert len(names) == 4 and "gb200x72" in names
+    assert parse_cluster("h100x8").name == "h100x8"
+    h100 = load_cluster_yaml(
+        _cluster_file(tmp_path, accelerator="h100", num_gpus=8, gpus_per_node=4)
+    )
+    assert h100.name == "h100x8-host4"
