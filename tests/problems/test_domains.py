@@ -179,3 +179,18 @@ def test_a_cluster_of_another_shape_has_another_name(tmp_path: Path) -> None:
         _cluster_file(tmp_path, accelerator="h100", num_gpus=8, gpus_per_node=4)
     )
     assert h100.name == "h100x8-host4"
+
+
+@pytest.mark.slow
+def test_disaggregated_optimum_equals_enumeration_on_a_small_rack(tmp_path: Path) -> None:
+    """Pools placed by hosts, the handoff over NVLink inside a domain: CP-SAT's pair of
+    pools is the best of every pair of pools and plans, enumerated."""
+    from shardlab.solvers.cpsat.disagg import solve_disagg
+    from tests.solvers.test_disagg import brute_force
+
+    cluster = load_cluster_yaml(_cluster_file(tmp_path, accelerator=SMALL_RACK, num_gpus=4))
+    problem = Problem.build("llama-3.1-8b", cluster, "chat", input_len=4096, output_len=128)
+    r = solve_disagg(problem, budget=Budget(max_evals=None, seconds=600.0))
+    truth = brute_force(problem)
+    assert truth > 0 and r.status == "optimal" and r.metrics is not None
+    assert r.metrics.request_rate == pytest.approx(truth, rel=1e-9)
