@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 
 from shardlab.errors import ShardlabError
 from shardlab.launch.engines import BUILDERS, Server, Target, degree_mapping
+from shardlab.launch.hardware import rocm_note
 from shardlab.problems.disagg import POOLS, DisaggPlan
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
@@ -200,9 +201,12 @@ def _place(
     gpus = d.pp * d.group
     _, nodes = tiling(server.problem.cluster.host_size, gpus)
     env: list[tuple[str, str]] = []
-    if share:
+    if share:  # ROCm honours it too: HIP reads it, and vLLM's ROCm platform controls
+        # devices with it (vllm/platforms/rocm.py, device_control_env_var)
         env = [("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in range(gpu0, gpu0 + gpus)))]
     port = BASE_PORT + PORT_STEP * slot
+    said = rocm_note(server.problem.engine, server.problem.cluster.accelerator)
+    notes += [n for n in said if n not in notes]
     targets = []
     for k in range(nodes):
         target = Target(
