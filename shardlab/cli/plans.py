@@ -241,7 +241,8 @@ NamespaceOpt = Annotated[str, typer.Option(help="Kubernetes namespace.")]
 ImageOpt = Annotated[
     str | None,
     typer.Option(help="Container image (default: the engine's release image the rules are "
-                 "read from; Dynamo's runtime image; llm-d's CUDA image)."),
+                 "read from, its ROCm build for the GPU family on AMD; Dynamo's runtime "
+                 "image; llm-d's CUDA image)."),
 ]  # fmt: skip
 ShmOpt = Annotated[str, typer.Option("--shm-size", help="/dev/shm of each pod (NCCL).")]
 HfSecretOpt = Annotated[
