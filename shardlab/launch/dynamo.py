@@ -187,7 +187,9 @@ def dynamo_objects(groups: list[PodGroup], opts: PodOptions) -> list[dict[str, A
         if g.nodes > 1:
             service["multinode"] = {"nodeCount": g.nodes}
         if mnnvl(g):  # its nodes' IMEX channel, as in target k8s
-            objects.append(compute_domain(opts, g))
+            domain = compute_domain(opts, g)
+            if domain not in objects:  # pools sharing one write it once
+                objects.append(domain)
             service["resources"]["claims"] = [{"name": MNNVL_CLAIM}]
             service["extraPodSpec"]["resourceClaims"] = [
                 {"name": MNNVL_CLAIM, "resourceClaimTemplateName": channel_template(opts, g)}

@@ -110,24 +110,34 @@ def check_name(name: str, *, field: str = "name") -> str:
 
 
 def mnnvl(group: PodGroup) -> bool:
-    """Whether the group's servers span hosts of one NVLink domain: their pods then
-    claim an IMEX channel of the group's ComputeDomain."""
-    return group.nodes > 1 and spans_nvlink_hosts(
-        group.server.problem.cluster, group.nodes * group.gpus_per_pod
+    """Whether the group's pods claim an IMEX channel: its servers span hosts of one
+    NVLink domain, or it is a pool handing the KV cache over one."""
+    return group.kv_over_nvlink or (
+        group.nodes > 1
+        and spans_nvlink_hosts(group.server.problem.cluster, group.nodes * group.gpus_per_pod)
     )
+
+
+def domain_name(opts: PodOptions, group: PodGroup) -> str:
+    """The group's ComputeDomain: its own, or the one the pools share that hand the KV
+    cache over NVLink."""
+    return f"{opts.name}-{'pools' if group.kv_over_nvlink else group.name}"
 
 
 def channel_template(opts: PodOptions, group: PodGroup) -> str:
     """The ResourceClaimTemplate the group's ComputeDomain makes (and its pods claim)."""
-    return f"{opts.name}-{group.name}-channel"
+    return f"{domain_name(opts, group)}-channel"
 
 
 def compute_domain(opts: PodOptions, group: PodGroup) -> dict[str, Any]:
     """The ComputeDomain whose IMEX channel the group's pods claim."""
+    meta = _meta(opts, domain_name(opts, group), group)
+    if group.kv_over_nvlink:  # both pools'
+        meta["labels"]["app.kubernetes.io/component"] = "pools"
     return {
         "apiVersion": COMPUTE_DOMAIN_API,
         "kind": "ComputeDomain",
-        "metadata": _meta(opts, f"{opts.name}-{group.name}", group),
+        "metadata": meta,
         "spec": {
             "numNodes": 0,
             "channel": {"resourceClaimTemplate": {"name": channel_template(opts, group)}},

@@ -45,7 +45,10 @@ def how_to_apply(target: str, path: str | None, opts: PodOptions, groups: list[P
     source = path or "-"
     piped = "" if path else "pipe this output to: "
     if target == "llm-d":
-        domains = [compute_domain(opts, g) for g in groups if mnnvl(g)]
+        domains: list[dict] = []
+        for g in groups:
+            if mnnvl(g) and compute_domain(opts, g) not in domains:
+                domains.append(compute_domain(opts, g))
         first = "".join(
             f"; first apply its ComputeDomain (NVIDIA's DRA driver): {json.dumps(d)}"
             for d in domains
@@ -57,7 +60,10 @@ def how_to_apply(target: str, path: str | None, opts: PodOptions, groups: list[P
         )
     needs = ""
     if target == "dynamo":
-        needs = " (needs the Dynamo operator and its CRDs)"
+        needs = " (needs the Dynamo operator and its CRDs"
+        if any(mnnvl(g) for g in groups):
+            needs += "; and NVIDIA's DRA driver for their ComputeDomain"
+        needs += ")"
     elif any(g.nodes > 1 for g in groups):
         needs = " (needs the LeaderWorkerSet controller: its multi-node servers are LWS groups"
         if any(mnnvl(g) for g in groups):

@@ -24,7 +24,12 @@ from shardlab.launch.kube import (
 )
 from shardlab.launch.llmd import llmd_values
 from shardlab.launch.pods import disagg_groups, plan_groups, sized_groups
-from shardlab.launch.servers import PoolLaunch, build_launch, build_pools_launch
+from shardlab.launch.servers import (
+    PoolLaunch,
+    build_disagg_launch,
+    build_launch,
+    build_pools_launch,
+)
 from shardlab.launch.targets import how_to_apply
 from shardlab.problems.cluster import builtin_accelerators
 from shardlab.problems.disagg import DisaggPlan
@@ -288,9 +293,11 @@ def test_an_aggregated_mix_of_vendors_on_k8s() -> None:
     assert "nodeSelector" not in amd
 
 
-def test_disaggregated_pools_on_a_rack_claim_per_pool() -> None:
-    """A disaggregated plan on one NVL72: each pool's servers over trays claim a channel
-    of their own pool's ComputeDomain (Dynamo)."""
+def test_disaggregated_pools_in_one_rack_share_a_compute_domain() -> None:
+    """A disaggregated plan inside one NVL72 was priced to hand the KV cache over NVLink:
+    every pod of both pools claims the channel of one shared ComputeDomain (Dynamo), the
+    shell target forces Mooncake onto NVLink and says where to run the pools; on HGX
+    hosts (domain = host) none of it."""
     pre = case_plan("sglang", DSV3, "gb200x8", Degrees(tp=8, ep=8), ())[1]
     dec = case_plan("sglang", DSV3, "gb200x16", Degrees(tp=16, ep=16), ())[1]
     problem = Problem.build(DSV3, "gb200x32", "chat", engine="sglang")
@@ -298,8 +305,24 @@ def test_disaggregated_pools_on_a_rack_claim_per_pool() -> None:
     objects = dynamo_objects(disagg_groups(problem, plan, model_path=MODEL), OPTS)
     for obj in objects:
         check_k8s(obj)
-    names = [o["metadata"]["name"] for o in _objects_of(objects, "ComputeDomain")]
-    assert names == ["ds-prefill", "ds-decode"]  # 8 GPUs are 2 trays: both span trays
+    (cd,) = _objects_of(objects, "ComputeDomain")
+    assert cd["metadata"]["name"] == "ds-pools"
+    services = objects[-1]["spec"]["services"]
+    for role in ("prefill", "decode"):
+        (claim,) = services[role]["extraPodSpec"]["resourceClaims"]
+        assert claim["resourceClaimTemplateName"] == "ds-pools-channel"
+    shell = build_disagg_launch(problem, plan, model_path=MODEL)
+    for c in shell.commands:
+        assert dict(c.env)["MC_FORCE_MNNVL"] == "1"
+    assert any("one NVLink domain" in n for n in shell.notes)
+    hgx = Problem.build(DSV3, "b200x32", "chat", engine="sglang")
+    pre = case_plan("sglang", DSV3, "b200x8", Degrees(tp=8, ep=8), ())[1]
+    dec = case_plan("sglang", DSV3, "b200x16", Degrees(tp=16, ep=16), ())[1]
+    plan = DisaggPlan(prefill=pre, prefill_instances=2, decode=dec, decode_instances=1)
+    objects = dynamo_objects(disagg_groups(hgx, plan, model_path=MODEL), OPTS)
+    assert not _objects_of(objects, "ComputeDomain")
+    shell = build_disagg_launch(hgx, plan, model_path=MODEL)
+    assert all("MC_FORCE_MNNVL" not in dict(c.env) for c in shell.commands)
 
 
 def _plan_file(tmp_path: Path, capsys, monkeypatch, cluster: str) -> Path:
