@@ -282,6 +282,8 @@ def group_objects(group: PodGroup, opts: PodOptions) -> list[dict[str, Any]]:
                 "data": {path.rsplit("/", 1)[-1]: text for path, text in group.files},
             }
         )
+    if mnnvl(group):  # before the pods that claim its channel
+        objects.append(compute_domain(opts, group))
     if group.nodes == 1:
         objects.append(
             {
@@ -301,8 +303,6 @@ def group_objects(group: PodGroup, opts: PodOptions) -> list[dict[str, Any]]:
         selector = lab
     else:
         assert group.worker is not None
-        if mnnvl(group):
-            objects.append(compute_domain(opts, group))
         objects.append(
             {
                 "apiVersion": LWS_API,
