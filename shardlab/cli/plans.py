@@ -241,7 +241,8 @@ NamespaceOpt = Annotated[str, typer.Option(help="Kubernetes namespace.")]
 ImageOpt = Annotated[
     str | None,
     typer.Option(help="Container image (default: the engine's release image the rules are "
-                 "read from; Dynamo's runtime image; llm-d's CUDA image)."),
+                 "read from, its ROCm build for the GPU family on AMD; Dynamo's runtime "
+                 "image; llm-d's CUDA image)."),
 ]  # fmt: skip
 ShmOpt = Annotated[str, typer.Option("--shm-size", help="/dev/shm of each pod (NCCL).")]
 HfSecretOpt = Annotated[
@@ -366,12 +367,7 @@ def launch(
     if not model or not cluster:
         raise ShardlabError(f"{plan_file}: names no model or cluster; give --model and --cluster")
     problem = Problem.build(model, cluster, engine=engine, max_tokens=max_tokens, **overrides)
-    priced_on = data.get("accelerator")
-    if priced_on and priced_on != problem.cluster.accelerator.key:
-        said.append(
-            f"{plan_file} was priced on {priced_on} GPUs; it launches on "
-            f"{problem.cluster.accelerator.key} (its degrees fit, its numbers may not hold)"
-        )
+    _check_gpu(data, plan_file, problem.cluster.accelerator.key)
     path = model_path or hf_id_of(problem.model) or problem.model.name
     if data.get("schema") == DISAGG_SCHEMA:
         dplan = DisaggPlan.from_dict(data, problem.model, where=plan_file, cluster=problem.cluster)
@@ -436,6 +432,23 @@ def _engine_of(data: dict, where: str, engine: str | None, *, force: bool) -> tu
     if made != engine:
         return engine, [f"launched on {engine}, but {where} was made for {made} (--force-engine)"]
     return engine, []
+
+
+def _check_gpu(data: dict, where: str, gpu: str) -> None:
+    """Refuse a plan made for one GPU launched on another, naming both: its degrees,
+    memory and per-rank limits were priced on the GPU it records (``accelerator``; a
+    file written before plan files recorded it: its cluster's name, ``h100x8``)."""
+    made = data.get("accelerator")
+    if not made:
+        named = re.fullmatch(r"(.+)x\d+", str(data.get("cluster") or ""))
+        made = named.group(1) if named else None
+    if made and made != gpu:
+        raise ShardlabError(
+            f"{where} was made for {made} GPUs, not {gpu}: its degrees, memory and per-rank "
+            f"limits were priced on {made}",
+            field="cluster",
+            fix=f"launch it on {made} GPUs, or solve again for {gpu}",
+        )
 
 
 def _k8s_name(source: str) -> str:

@@ -17,7 +17,11 @@ Format pinned to ai-dynamo/dynamo at commit df888f6860e2 (2026-04-21, 1.1.0-dev;
 Apache-2.0): the CRD ``deploy/operator/config/crd/bases/
 nvidia.com_dynamographdeployments.yaml`` (kept in ``tests/data/schemas/``) and the
 disaggregated examples ``examples/backends/{vllm,sglang,trtllm}/deploy/disagg.yaml``;
-images default to the stable release's runtimes (1.0.1). vLLM workers take
+images default to the stable release's runtimes (1.0.1). A server over hosts of one
+NVLink domain (GB200/GB300 NVL72) claims the IMEX channel of a ComputeDomain, as in
+``--target k8s`` (:func:`~shardlab.launch.kube.compute_domain`; the CRD's
+``resources.claims`` and ``extraPodSpec.resourceClaims``). AMD GPUs are refused: the
+runtime images are CUDA builds. vLLM workers take
 ``--disaggregation-mode prefill|decode`` with ``--kv-transfer-config
 {"kv_connector":"NixlConnector","kv_role":"kv_both"}``; SGLang workers
 ``--disaggregation-mode``, ``--disaggregation-transfer-backend nixl`` and
@@ -34,7 +38,14 @@ import yaml
 
 from shardlab.errors import ShardlabError
 from shardlab.launch.engines import TRTLLM_CONFIG
-from shardlab.launch.kube import PodOptions, node_selector
+from shardlab.launch.kube import (
+    MNNVL_CLAIM,
+    PodOptions,
+    channel_template,
+    compute_domain,
+    mnnvl,
+    node_selector,
+)
 from shardlab.launch.pods import POD_CONFIG_DIR, PodGroup
 from shardlab.launch.servers import TRTLLM_DISAGG
 
@@ -122,6 +133,15 @@ def _service_name(group: PodGroup) -> str:
 def dynamo_objects(groups: list[PodGroup], opts: PodOptions) -> list[dict[str, Any]]:
     """The graph deployment (and a ConfigMap when a worker reads a file)."""
     engines = {g.engine for g in groups}
+    amd = sorted({g.gpu for g in groups if g.server.problem.cluster.accelerator.vendor == "amd"})
+    if amd:
+        raise ShardlabError(
+            f"target dynamo: {', '.join(amd)} is an AMD GPU, and Dynamo's runtime images "
+            f"(nvcr.io/nvidia/ai-dynamo, {DYNAMO_VERSION}) are CUDA builds; its AMD support "
+            "is not checked",
+            field="target",
+            fix="use target k8s or llm-d (vLLM's and SGLang's ROCm images)",
+        )
     if len(groups) > 2 or len({_service_name(g) for g in groups}) < len(groups):
         raise ShardlabError(
             "plan: Dynamo serves one aggregated pool or one prefill and one decode pool; "
@@ -166,6 +186,14 @@ def dynamo_objects(groups: list[PodGroup], opts: PodOptions) -> list[dict[str, A
             service["subComponentType"] = g.role
         if g.nodes > 1:
             service["multinode"] = {"nodeCount": g.nodes}
+        if mnnvl(g):  # its nodes' IMEX channel, as in target k8s
+            domain = compute_domain(opts, g)
+            if domain not in objects:  # pools sharing one write it once
+                objects.append(domain)
+            service["resources"]["claims"] = [{"name": MNNVL_CLAIM}]
+            service["extraPodSpec"]["resourceClaims"] = [
+                {"name": MNNVL_CLAIM, "resourceClaimTemplateName": channel_template(opts, g)}
+            ]
         env = [{"name": k, "value": v} for k, v in g.flat.env if k not in _DROPPED_ENV]
         if env:
             service["envs"] = env

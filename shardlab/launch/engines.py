@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardlab.errors import ShardlabError
+from shardlab.launch.hardware import mnnvl_env
 from shardlab.problems.engines.base import EngineConfig
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
@@ -81,18 +82,39 @@ def _partition(plan: Plan) -> str:
     return ",".join(str(n) for n in plan.stage_layers)
 
 
+def _fabric_env(t: Target) -> list[tuple[str, str]]:
+    """NCCL's multi-node NVLink switches, when the server spans hosts of one domain."""
+    return mnnvl_env(t.problem.cluster, t.plan.degrees.pp * t.plan.degrees.group)
+
+
+# DeepEP is CUDA only; on AMD GPUs both engines run the same dispatch and combine on
+# MoRI (ROCm/mori: "MORI-EP integrated into SGLang and vLLM for MoE Expert Parallelism
+# ... on AMD GPUs"), under the pinned versions' own choices (--moe-a2a-backend mori;
+# --all2all-backend mori_high_throughput|mori_low_latency).
+MORI_NOTE = (
+    "DeepEP is CUDA only: on AMD GPUs the plan's expert dispatch runs on MoRI, AMD's "
+    "counterpart (its time was priced as DeepEP's)"
+)
+
+
+def _on_amd(t: Target) -> bool:
+    return t.problem.cluster.accelerator.vendor == "amd"
+
+
 def _vllm(t: Target) -> BuildOut:
     problem, plan, config = t.problem, t.plan, t.config
     d, w, f = plan.degrees, problem.workload, set(config.features)
     node = problem.cluster.host_size
     notes: list[str] = []
     argv = ["vllm", "serve", t.model_path, *_vllm_degrees(t)[0]]
-    env: list[tuple[str, str]] = []
+    env = _fabric_env(t)
     if d.pp > 1:
         env.append(("VLLM_PP_LAYER_PARTITION", _partition(plan)))
     if "deepep" in f:
         mode = "low_latency" if w.phase == "decode" else "high_throughput"
-        argv += ["--all2all-backend", f"deepep_{mode}"]
+        argv += ["--all2all-backend", f"{'mori' if _on_amd(t) else 'deepep'}_{mode}"]
+        if _on_amd(t):
+            notes.append(MORI_NOTE)
     if "sequence-parallel" in f:  # in every step, as priced (not above a token count)
         sp = {"pass_config": {"enable_sp": True, "sp_min_token_num": 1}}
         argv += ["--compilation-config", json.dumps(sp)]
@@ -157,11 +179,13 @@ def _sglang(t: Target) -> BuildOut:
         )
     argv = ["python", "-m", "sglang.launch_server", "--model-path", t.model_path]
     argv += _sglang_degrees(t)[0]
-    env: list[tuple[str, str]] = []
+    env = _fabric_env(t)
     if d.pp > 1:
         env.append(("SGLANG_PP_LAYER_PARTITION", _partition(plan)))
     if "deepep" in f:
-        argv += ["--moe-a2a-backend", "deepep"]
+        argv += ["--moe-a2a-backend", "mori" if _on_amd(t) else "deepep"]
+        if _on_amd(t):
+            notes.append(MORI_NOTE)
     if "dense-tp1" in f:
         argv += ["--moe-dense-tp-size", "1"]
     if plan.requests_per_rank is not None:  # the server's limit, divided over its DP ranks
@@ -199,7 +223,7 @@ def _trtllm(t: Target) -> BuildOut:
             "decoding_type": "MTP",
             "num_nextn_predict_layers": w.draft_tokens,
         }
-    env: list[tuple[str, str]] = []
+    env = _fabric_env(t)
     if "nvlink-alltoall" in f:
         env.append(("TRTLLM_FORCE_COMM_METHOD", "NVLINK_ONE_SIDED"))
     elif "deepep" in f:

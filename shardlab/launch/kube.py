@@ -15,7 +15,19 @@ Formats written (pinned; fields as documented there):
   ``tests/data/schemas/``); the variables it sets in each pod
   (``LWS_LEADER_ADDRESS``, ``LWS_WORKER_INDEX``) and the leader's label
   (``leaderworkerset.sigs.k8s.io/worker-index: "0"``) from its docs
-  (``site/content/en/docs/reference/labels-annotations-and-environment-variables``).
+  (``site/content/en/docs/reference/labels-annotations-and-environment-variables``), as
+  is the label every pod of one group shares (``leaderworkerset.sigs.k8s.io/group-key``).
+- ``resource.nvidia.com/v1beta1`` ComputeDomain: NVIDIA's DRA driver for GPUs
+  (NVIDIA/k8s-dra-driver-gpu, now kubernetes-sigs/dra-driver-nvidia-gpu; Apache-2.0) tag
+  v0.4.0 (commit 6910a2bea298), ``api/nvidia.com/resource/v1beta1/computedomain.go`` and
+  the CRD ``deployments/helm/dra-driver-nvidia-gpu/crds/resource.nvidia.com_computedomains.yaml``
+  (kept in ``tests/data/schemas/``). Pods on different trays of one NVL72 reach each
+  other over NVLink only through an IMEX channel; a ComputeDomain makes one for the pods
+  that claim its ``channel.resourceClaimTemplate`` (``numNodes: 0``, the driver's
+  recommended value), as the driver's ``docs/install.md`` example does. Each group's
+  pods also keep to one NVLink partition: a required pod affinity on the clique label
+  GPU feature discovery sets (``nvidia.com/gpu.clique``), matched per group by LWS's
+  group key (``matchLabelKeys``).
 """
 
 from __future__ import annotations
@@ -26,20 +38,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardlab.errors import ShardlabError
+from shardlab.launch.hardware import gpu_resource, image, spans_nvlink_hosts
 from shardlab.launch.pods import POD_CONFIG_DIR, PORT, PodGroup
 from shardlab.launch.servers import NodeCommand, shell_quote
+from shardlab.problems.cluster import Accelerator
 from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 LWS_LEADER_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
-# The engines' release images (the versions shardlab's engine rules are read from:
-# shardlab/problems/data/engines/).
-IMAGES = {
-    "vllm": "vllm/vllm-openai:v0.24.0",
-    "sglang": "lmsysorg/sglang:v0.5.14",
-    "trtllm": "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc3",
-}
+LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
+COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
+MNNVL_CLAIM = "mnnvl-channel"  # the pods' name for their IMEX channel claim
 DEFAULT_SHM = "16Gi"
 DEFAULT_NAMESPACE = "default"
 
@@ -48,14 +59,22 @@ DEFAULT_NAMESPACE = "default"
 # (NVIDIA/k8s-device-plugin, internal/lm/resource.go, ``productLabel``), the names
 # ``nvidia-smi -L`` reports for the SXM parts the catalog describes ("NVIDIA H100 80GB
 # HBM3", "NVIDIA H200", "NVIDIA B200", "NVIDIA A100-SXM4-80GB"; the H200 and B200 values
-# as ai-dynamo/dynamo's recipes select them). A GPU from a cluster file has no known
-# value: its pods are not pinned, and the output says so.
+# as ai-dynamo/dynamo's recipes select them). GB200 and GB300 as NVIDIA's own cluster
+# tools select them (NVIDIA-GB200, NVIDIA-GB300: nvsentinel's and the GPU cluster
+# certification's node selectors); L40S and L4 as deployments select them. Left out,
+# unverified: B300 (both NVIDIA-B300 and NVIDIA-B300-SXM6-AC are in use), H100 PCIe,
+# RTX PRO 6000, and AMD's GPUs (AMD's node labeller has labels of its own). A GPU without
+# a known value, or from a cluster file, is not pinned, and the output says so.
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_PRODUCTS = {
     "h100": "NVIDIA-H100-80GB-HBM3",
     "h200": "NVIDIA-H200",
     "b200": "NVIDIA-B200",
     "a100": "NVIDIA-A100-SXM4-80GB",
+    "gb200": "NVIDIA-GB200",
+    "gb300": "NVIDIA-GB300",
+    "l40s": "NVIDIA-L40S",
+    "l4": "NVIDIA-L4",
 }
 
 
@@ -65,7 +84,7 @@ class PodOptions:
 
     name: str  # the objects' name prefix (a DNS-1035 label)
     namespace: str = DEFAULT_NAMESPACE
-    image: str | None = None  # None: the engine's release image (IMAGES)
+    image: str | None = None  # None: the engine's image for the GPU (hardware.image)
     shm: str = DEFAULT_SHM  # /dev/shm for NCCL and the engines' shared-memory queues
     hf_token_secret: str | None = None  # a Secret whose key HF_TOKEN the pods read
     model_volume: str | None = None  # a PersistentVolumeClaim mounted at /models
@@ -74,8 +93,8 @@ class PodOptions:
         check_name(self.name)
         check_name(self.namespace, field="namespace")
 
-    def image_of(self, engine: str) -> str:
-        return self.image or IMAGES[engine]
+    def image_of(self, engine: str, acc: Accelerator) -> str:
+        return self.image or image(engine, acc)
 
 
 def check_name(name: str, *, field: str = "name") -> str:
@@ -88,6 +107,56 @@ def check_name(name: str, *, field: str = "name") -> str:
             fix="give a name like 'llama-70b'",
         )
     return name
+
+
+def mnnvl(group: PodGroup) -> bool:
+    """Whether the group's pods claim an IMEX channel: its servers span hosts of one
+    NVLink domain, or it is a pool handing the KV cache over one."""
+    return group.kv_over_nvlink or (
+        group.nodes > 1
+        and spans_nvlink_hosts(group.server.problem.cluster, group.nodes * group.gpus_per_pod)
+    )
+
+
+def domain_name(opts: PodOptions, group: PodGroup) -> str:
+    """The group's ComputeDomain: its own, or the one the pools share that hand the KV
+    cache over NVLink."""
+    return f"{opts.name}-{'pools' if group.kv_over_nvlink else group.name}"
+
+
+def channel_template(opts: PodOptions, group: PodGroup) -> str:
+    """The ResourceClaimTemplate the group's ComputeDomain makes (and its pods claim)."""
+    return f"{domain_name(opts, group)}-channel"
+
+
+def compute_domain(opts: PodOptions, group: PodGroup) -> dict[str, Any]:
+    """The ComputeDomain whose IMEX channel the group's pods claim."""
+    meta = _meta(opts, domain_name(opts, group), group)
+    if group.kv_over_nvlink:  # both pools'
+        meta["labels"]["app.kubernetes.io/component"] = "pools"
+    return {
+        "apiVersion": COMPUTE_DOMAIN_API,
+        "kind": "ComputeDomain",
+        "metadata": meta,
+        "spec": {
+            "numNodes": 0,
+            "channel": {"resourceClaimTemplate": {"name": channel_template(opts, group)}},
+        },
+    }
+
+
+def clique_affinity(opts: PodOptions, group: PodGroup) -> dict[str, Any]:
+    """Every pod of one server in one NVLink partition (its group's pods share LWS's
+    group key); none for a server larger than a domain, which spans partitions."""
+    cluster = group.server.problem.cluster
+    if group.nodes * group.gpus_per_pod > cluster.gpus_per_domain:
+        return {}
+    term = {
+        "labelSelector": {"matchLabels": labels(opts, group)},
+        "matchLabelKeys": [LWS_GROUP_KEY],
+        "topologyKey": CLIQUE_LABEL,
+    }
+    return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
 
 
 def node_selector(group: PodGroup) -> dict[str, str]:
@@ -142,13 +211,17 @@ def container(group: PodGroup, command: NodeCommand, opts: PodOptions, *, serves
         mounts.append({"name": "config", "mountPath": POD_CONFIG_DIR, "readOnly": True})
     if opts.model_volume:
         mounts.append({"name": "models", "mountPath": "/models", "readOnly": True})
-    gpus = {"nvidia.com/gpu": group.gpus_per_pod}
+    acc = group.server.problem.cluster.accelerator
+    gpus = {gpu_resource(acc): group.gpus_per_pod}
+    resources: dict[str, Any] = {"limits": dict(gpus), "requests": dict(gpus)}
+    if mnnvl(group):
+        resources["claims"] = [{"name": MNNVL_CLAIM}]
     out: dict[str, Any] = {
         "name": "engine",
-        "image": opts.image_of(group.engine),
+        "image": opts.image_of(group.engine, acc),
         **run,
         "env": _env(command, opts),
-        "resources": {"limits": dict(gpus), "requests": dict(gpus)},
+        "resources": resources,
         "volumeMounts": mounts,
     }
     if serves:
@@ -182,6 +255,12 @@ def pod_spec(group: PodGroup, command: NodeCommand, opts: PodOptions, *, serves:
     }
     if selector := node_selector(group):  # the GPU type the plan was priced on
         spec["nodeSelector"] = selector
+    if mnnvl(group):  # the IMEX channel of the group's ComputeDomain, in one partition
+        spec["resourceClaims"] = [
+            {"name": MNNVL_CLAIM, "resourceClaimTemplateName": channel_template(opts, group)}
+        ]
+        if affinity := clique_affinity(opts, group):
+            spec["affinity"] = affinity
     return spec
 
 
@@ -203,6 +282,8 @@ def group_objects(group: PodGroup, opts: PodOptions) -> list[dict[str, Any]]:
                 "data": {path.rsplit("/", 1)[-1]: text for path, text in group.files},
             }
         )
+    if mnnvl(group):  # before the pods that claim its channel
+        objects.append(compute_domain(opts, group))
     if group.nodes == 1:
         objects.append(
             {

@@ -12,7 +12,13 @@ llm-d-modelservice/llm-d-modelservice -f values.yaml``. llm-d serves vLLM only.
   degree and gives a pod ``tensor x dataLocal`` GPUs: plans with pipeline stages, or
   with a tensor-parallel group over several pods, are refused.
 - Each role's ``nodeSelector`` pins the GPU type the plan was priced on
-  (:data:`~shardlab.launch.kube.GPU_PRODUCTS`).
+  (:data:`~shardlab.launch.kube.GPU_PRODUCTS`); ``accelerator.type`` is the GPU's vendor
+  (``nvidia`` or ``amd``: the chart's resource names), the container requests
+  ``nvidia.com/gpu`` or ``amd.com/gpu``, and on AMD the image is vLLM's ROCm build.
+- A server over hosts of one NVLink domain (GB200/GB300 NVL72) claims the IMEX channel
+  of a ComputeDomain in the role's ``resourceClaims`` (the chart's field for "IMEX
+  channels"); the ComputeDomain itself is not a chart value: the notes give it to apply
+  first (:func:`~shardlab.launch.kube.compute_domain`).
 - A server over several nodes is a LeaderWorkerSet group (``multinode: true``, for
   both roles: the chart's switch is global); every pod of a group runs one command,
   so the leader's and the workers' are chosen on ``LWS_WORKER_INDEX``.
@@ -29,7 +35,14 @@ import json
 from typing import Any
 
 from shardlab.errors import ShardlabError
-from shardlab.launch.kube import PodOptions, node_selector
+from shardlab.launch.hardware import gpu_resource, image
+from shardlab.launch.kube import (
+    MNNVL_CLAIM,
+    PodOptions,
+    channel_template,
+    mnnvl,
+    node_selector,
+)
 from shardlab.launch.pods import PORT, PodGroup
 from shardlab.launch.servers import shell_quote
 
@@ -106,8 +119,15 @@ def _role(group: PodGroup, opts: PodOptions, disagg: bool) -> dict[str, Any]:
             {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": NIXL_SIDE_PORT},
         ]
         ports.append({"containerPort": int(NIXL_SIDE_PORT)})
-    gpus = {"nvidia.com/gpu": str(group.gpus_per_pod)}
+    acc = group.server.problem.cluster.accelerator
+    gpus = {gpu_resource(acc): str(group.gpus_per_pod)}
+    resources: dict[str, Any] = {"limits": dict(gpus), "requests": dict(gpus)}
     role: dict[str, Any] = {"nodeSelector": selector} if (selector := node_selector(group)) else {}
+    if mnnvl(group):  # the role's IMEX channel: the chart's resourceClaims
+        role["resourceClaims"] = [
+            {"name": MNNVL_CLAIM, "resourceClaimTemplateName": channel_template(opts, group)}
+        ]
+        resources["claims"] = [{"name": MNNVL_CLAIM}]
     return role | {
         "create": True,
         "replicas": group.instances,
@@ -115,12 +135,12 @@ def _role(group: PodGroup, opts: PodOptions, disagg: bool) -> dict[str, Any]:
         "containers": [
             {
                 "name": "vllm",
-                "image": opts.image or IMAGE,
+                "image": opts.image or (IMAGE if acc.vendor == "nvidia" else image("vllm", acc)),
                 "modelCommand": "custom",
                 "command": _command(group, disagg),
                 "env": env,
                 "ports": ports,
-                "resources": {"limits": dict(gpus), "requests": dict(gpus)},
+                "resources": resources,
                 "mountModelVolume": True,
             }
         ],
@@ -161,6 +181,8 @@ def llmd_values(groups: list[PodGroup], opts: PodOptions) -> dict[str, Any]:
     values: dict[str, Any] = {
         "fullnameOverride": opts.name,
         "multinode": any(g.nodes > 1 for g in groups),
+        # the chart's accelerator (its default resource names and environment)
+        "accelerator": {"type": groups[0].server.problem.cluster.accelerator.vendor},
         "modelArtifacts": artifacts,
         "routing": {
             "servicePort": PORT,

@@ -11,6 +11,7 @@ hands them out), so no ``CUDA_VISIBLE_DEVICES``, and every server listens on one
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 
 from shardlab.errors import ShardlabError
@@ -23,7 +24,7 @@ from shardlab.launch.servers import (
     pool_server,
     tiling,
 )
-from shardlab.problems.disagg import POOLS, DisaggPlan
+from shardlab.problems.disagg import POOLS, DisaggPlan, in_one_domain
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 
@@ -49,6 +50,10 @@ class PodGroup:
     refusal: ShardlabError | None  # why the pods' own commands cannot be written
     files: tuple[tuple[str, str], ...]
     notes: tuple[str, ...]
+    # disaggregated pools priced to hand the KV cache over one rack-scale NVLink domain
+    # (shardlab.problems.disagg.in_one_domain): every pod of both pools needs its IMEX
+    # channel, from one ComputeDomain they share
+    kv_over_nvlink: bool = False
 
     @property
     def engine(self) -> str:
@@ -148,12 +153,19 @@ def disagg_groups(
     from shardlab.costmodel import pool_problems
 
     pools = dict(zip(POOLS, pool_problems(problem, plan), strict=True))
+    cluster = problem.cluster
+    shared = cluster.domain_size > cluster.host_size and in_one_domain(cluster, plan.num_gpus)
     return [
-        _group(
-            pool_server(pools[r], getattr(plan, r), model_path, trust_remote_code, POD_CONFIG_DIR),
-            r,
-            r,
-            getattr(plan, f"{r}_instances"),
+        dataclasses.replace(
+            _group(
+                pool_server(
+                    pools[r], getattr(plan, r), model_path, trust_remote_code, POD_CONFIG_DIR
+                ),
+                r,
+                r,
+                getattr(plan, f"{r}_instances"),
+            ),
+            kv_over_nvlink=shared,
         )
         for r in POOLS
     ]

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, fields
 
 from shardlab.errors import ShardlabError
 from shardlab.launch.engines import BUILDERS, Server, Target, degree_mapping
-from shardlab.problems.disagg import POOLS, DisaggPlan
+from shardlab.launch.hardware import rocm_note
+from shardlab.problems.disagg import POOLS, DisaggPlan, in_one_domain
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
 
@@ -200,9 +201,12 @@ def _place(
     gpus = d.pp * d.group
     _, nodes = tiling(server.problem.cluster.host_size, gpus)
     env: list[tuple[str, str]] = []
-    if share:
+    if share:  # ROCm honours it too: HIP reads it, and vLLM's ROCm platform controls
+        # devices with it (vllm/platforms/rocm.py, device_control_env_var)
         env = [("CUDA_VISIBLE_DEVICES", ",".join(str(g) for g in range(gpu0, gpu0 + gpus)))]
     port = BASE_PORT + PORT_STEP * slot
+    said = rocm_note(server.problem.engine, server.problem.cluster.accelerator)
+    notes += [n for n in said if n not in notes]
     targets = []
     for k in range(nodes):
         target = Target(
@@ -279,6 +283,8 @@ def build_disagg_launch(
         for name in POOLS
     }  # fmt: skip
     spots, nodes_used = _disagg_spots(plan, problem.cluster.host_size)
+    cluster = problem.cluster
+    nvlink = cluster.domain_size > cluster.host_size and in_one_domain(cluster, plan.num_gpus)
     return _serve(
         engine,
         [(servers[name], i, first, slot, gpu0, share, name) for name, i, first, slot, gpu0,
@@ -286,6 +292,7 @@ def build_disagg_launch(
         nodes_used,
         f"{plan.label()}: the prefill servers hand each prompt's KV cache to the decode "
         f"servers; send requests to the router (port {ROUTER_PORT})",
+        kv_over_nvlink=nvlink,
     )  # fmt: skip
 
 
@@ -360,15 +367,28 @@ TRTLLM_DISAGG = (
 )
 
 
+# Both pools of a disaggregated plan in one rack-scale NVLink domain were priced to hand
+# the KV cache over NVLink: Mooncake (SGLang's transfer backend here) takes it only when
+# forced, as NVIDIA Dynamo's GB200 recipe sets it.
+KV_MNNVL_ENV = {"sglang": [("MC_FORCE_MNNVL", "1")]}
+KV_MNNVL_NOTE = (
+    "both pools are in one NVLink domain and were priced to hand the KV cache over it: "
+    "run them on hosts of one NVL72 rack, with the transfer library's multi-node NVLink on"
+)
+
+
 def _serve(
     engine: str,
     placed: list[tuple[Server, int, int, int, int, bool, str]],
     nodes_used: int,
     label: str,
+    *,
+    kv_over_nvlink: bool = False,
 ) -> Launch:
     """Every placed server's node commands (role ``prefill``/``decode``: with the
     engine's disaggregation arguments, and the router in front; any other role only
-    names the server's pool)."""
+    names the server's pool; ``kv_over_nvlink``: the pools hand the KV cache over a
+    rack's NVLink)."""
     commands: list[NodeCommand] = []
     files: dict[str, str] = {}
     notes: list[str] = []
@@ -385,7 +405,9 @@ def _serve(
             commands,
             files,
             notes,
-            extra=(lambda t, role=role, slot=slot: disagg_args(t, role, slot)) if pd else None,
+            extra=(lambda t, role=role, slot=slot: _kv_args(t, role, slot, kv_over_nvlink))
+            if pd
+            else None,
             role=role,
         )
         if pd:
@@ -396,6 +418,8 @@ def _serve(
         notes += said
     if label:
         notes.append(label)
+    if kv_over_nvlink:
+        notes.append(KV_MNNVL_NOTE)
     if nodes_used > 1:
         notes.append(NODE_ADDR_NOTE)
     capability = placed[0][0].problem.with_space("engine").space.capability
@@ -460,6 +484,15 @@ def _disagg_spots(
             used, slot_of = used + gpus, slot_of + 1
         spots.append((name, i, first, slot, gpu0, share))
     return spots, next_node
+
+
+def _kv_args(
+    t: Target, role: str, slot: int, kv_over_nvlink: bool
+) -> tuple[list[tuple[str, str]], list[str]]:
+    env, argv = disagg_args(t, role, slot)
+    if kv_over_nvlink:
+        env = env + KV_MNNVL_ENV.get(t.problem.engine, [])
+    return env, argv
 
 
 def disagg_args(t: Target, role: str, slot: int) -> tuple[list[tuple[str, str]], list[str]]:

@@ -3,12 +3,13 @@ as YAML, and the file it goes to."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
 
 from shardlab.launch.dynamo import dynamo_objects
-from shardlab.launch.kube import PodOptions, k8s_objects
+from shardlab.launch.kube import PodOptions, compute_domain, k8s_objects, mnnvl
 from shardlab.launch.llmd import CHART, llmd_values
 from shardlab.launch.pods import PodGroup
 
@@ -44,14 +45,28 @@ def how_to_apply(target: str, path: str | None, opts: PodOptions, groups: list[P
     source = path or "-"
     piped = "" if path else "pipe this output to: "
     if target == "llm-d":
+        domains: list[dict] = []
+        for g in groups:
+            if mnnvl(g) and compute_domain(opts, g) not in domains:
+                domains.append(compute_domain(opts, g))
+        first = "".join(
+            f"; first apply its ComputeDomain (NVIDIA's DRA driver): {json.dumps(d)}"
+            for d in domains
+        )
         return (
             f"{piped}helm install {opts.name} llm-d-modelservice/{CHART} -n {opts.namespace} "
             f"-f {source} (helm repo add llm-d-modelservice "
-            "https://llm-d-incubation.github.io/llm-d-modelservice/)"
+            f"https://llm-d-incubation.github.io/llm-d-modelservice/){first}"
         )
     needs = ""
     if target == "dynamo":
-        needs = " (needs the Dynamo operator and its CRDs)"
+        needs = " (needs the Dynamo operator and its CRDs"
+        if any(mnnvl(g) for g in groups):
+            needs += "; and NVIDIA's DRA driver for their ComputeDomain"
+        needs += ")"
     elif any(g.nodes > 1 for g in groups):
-        needs = " (needs the LeaderWorkerSet controller: its multi-node servers are LWS groups)"
+        needs = " (needs the LeaderWorkerSet controller: its multi-node servers are LWS groups"
+        if any(mnnvl(g) for g in groups):
+            needs += "; and NVIDIA's DRA driver for their ComputeDomain"
+        needs += ")"
     return f"{piped}kubectl apply -n {opts.namespace} -f {source}{needs}"

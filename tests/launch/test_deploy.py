@@ -35,6 +35,7 @@ from tests.launch.test_launch import CASES, check_flags, runnable_plan, values
 
 SCHEMAS = DATA_DIR / "schemas"
 LWS_CRD = "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+COMPUTE_DOMAIN_CRD = "resource.nvidia.com_computedomains.yaml"
 K8S_VERSION = "1.33"
 OPTS = PodOptions(name="shard", hf_token_secret="hf", model_volume="weights")
 MODEL = "m"
@@ -82,6 +83,14 @@ def check_k8s(obj: dict) -> None:
             kubernetes_validate.validate(_pod(t), K8S_VERSION, strict=True)
     elif kind == "DynamoGraphDeployment":
         errors = list(crd_validator("nvidia.com_dynamographdeployments.yaml").iter_errors(obj))
+        assert not errors, [f"{list(e.path)}: {e.message}" for e in errors]
+        for service in obj["spec"]["services"].values():  # the pod spec Dynamo extends
+            pod = service.get("extraPodSpec", {})
+            spec = {k: v for k, v in pod.items() if k != "mainContainer"}
+            spec["containers"] = [{"name": "main", **pod.get("mainContainer", {})}]
+            kubernetes_validate.validate(_pod({"spec": spec}), K8S_VERSION, strict=True)
+    elif kind == "ComputeDomain":
+        errors = list(crd_validator(COMPUTE_DOMAIN_CRD).iter_errors(obj))
         assert not errors, [f"{list(e.path)}: {e.message}" for e in errors]
     else:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
