@@ -7,12 +7,18 @@ sampling, in every round) and per request (in TTFT) to measured rows; ``--calibr
 FILE`` applies them to any problem, the fixed costs in place of the engine's shipped
 ones (:mod:`shardlab.costmodel.engines`). A calibration is a small YAML file that says
 what it was fitted on.
+
+Accelerators with no measured kernels of their own (AMD's) come with a calibration
+fitted to public measured runs, ``shardlab/data/calibrations/``: a problem on one of
+them takes it when it is given none (:func:`shipped_for`); a user's replaces it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, fields
+from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -82,3 +88,43 @@ class Calibration:
             return cls(**raw)
         except ShardlabError as exc:
             raise ShardlabError(f"{where}: {str(exc).removeprefix('calibration: ')}") from None
+
+
+# which shipped calibration each accelerator takes by default (file names under it)
+SHIPPED_INDEX = "defaults.yaml"
+
+
+@functools.cache
+def _shipped() -> dict[str, tuple[str, Calibration]]:
+    """Accelerator key to (the fit's name, its calibration), read once."""
+    folder = resources.files("shardlab") / "data" / "calibrations"
+    index = yaml.safe_load((folder / SHIPPED_INDEX).read_text()) or {}
+    by_file = {
+        name: Calibration.load(Path(str(folder / name))) for name in sorted(set(index.values()))
+    }
+    return {key: (name.removesuffix(".yaml"), by_file[name]) for key, name in index.items()}
+
+
+def shipped_for(accelerator_key: str) -> Calibration | None:
+    """The calibration shardlab ships for an accelerator (None: it needs none, its
+    kernels are measured or its roofline is not corrected)."""
+    entry = _shipped().get(accelerator_key)
+    return None if entry is None else entry[1]
+
+
+def shipped_name(calibration: Calibration) -> str | None:
+    """The name of a shipped calibration (its file, e.g. ``amd-cdna3``), None for any
+    other."""
+    for name, cal in _shipped().values():
+        if cal == calibration:
+            return name
+    return None
+
+
+def chosen(calibration: Calibration | None, accelerator_key: str) -> Calibration | None:
+    """The calibration a problem on ``accelerator_key`` runs with: the one given, else
+    the accelerator's shipped one. A shipped calibration given for another accelerator
+    (a problem moved to other GPUs) gives way to this one's."""
+    if calibration is None or shipped_name(calibration) is not None:
+        return shipped_for(accelerator_key)
+    return calibration
