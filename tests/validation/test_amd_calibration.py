@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from shardlab.problems.plan import Degrees
 from shardlab.problems.problem import Problem
 from shardlab.validation import load_measurements
 from shardlab.validation.calibrate import calibrate
-from tests.conftest import DATA_DIR
+from tests.conftest import DATA_DIR, run_cli
 
 AMD = DATA_DIR / "percentiles" / "measured_percentiles_amd.csv"
 BLACKWELL = DATA_DIR / "percentiles" / "measured_percentiles_blackwell.csv"
@@ -121,3 +122,29 @@ def test_the_shipped_fits_are_what_calibrate_writes_from_the_committed_runs() ->
     for key in ("gemm", "attention", "moe", "communication", "request_ms"):
         assert getattr(report.calibration, key) == pytest.approx(getattr(shipped, key), rel=1e-6)
     assert "mi300x,mi325x: 88 rows, roofline timing, sglang" in shipped.fitted_on
+
+
+def test_a_shipped_file_given_by_the_user_is_theirs_on_any_gpu(tmp_path: Path) -> None:
+    """Read from shardlab's own file, the CDNA 3 fit given for an MI355X stays the one
+    given (the held-out check does this), not swapped for the MI355X's shipped fit."""
+    given = Calibration.load(CALIBRATIONS / "amd-cdna3.yaml")
+    assert given == shipped_for("mi300x") and shipped_name(given) is None
+    problem = Problem.build("deepseek-v3", "mi355xx8", "chat", engine="sglang", calibration=given)
+    assert problem.calibration is given
+    assert "shipped" not in given.to_yaml()
+    path = tmp_path / "claims.yaml"
+    path.write_text("gemm: 1.0\nshipped: amd-cdna3\n")
+    with pytest.raises(ShardlabError, match="unknown keys shipped"):
+        Calibration.load(path)
+
+
+def test_clusters_and_evaluate_say_it_on_the_command_line(capsys, monkeypatch) -> None:
+    code, out, _ = run_cli(["clusters", "--format", "json"], capsys, monkeypatch)
+    timing = {c["key"]: c["timing"] for c in json.loads(out)}
+    assert code == 0 and timing["mi300x"] == "roofline-calibrated (amd-cdna3)"
+    assert timing["b200"] == "silicon"
+    argv = ["evaluate", "--model", "deepseek-v3", "--cluster", "mi355xx8", "--engine", "sglang"]
+    code, out, _ = run_cli([*argv, "--tp", "8"], capsys, monkeypatch)
+    assert code == 0
+    assert "roofline-calibrated timing (no measured kernels of mi355x" in " ".join(out.split())
+    assert "calibration amd-cdna4" in " ".join(out.split())
