@@ -148,3 +148,19 @@ def test_clusters_and_evaluate_say_it_on_the_command_line(capsys, monkeypatch) -
     assert code == 0
     assert "roofline-calibrated timing (no measured kernels of mi355x" in " ".join(out.split())
     assert "calibration amd-cdna4" in " ".join(out.split())
+
+
+def test_a_replay_prices_an_amd_row_under_the_factors_it_is_given() -> None:
+    """Factors of 1 are no correction on an AMD GPU too: the replay's tables are not
+    priced under the shipped fit's factors (which "no calibration" means there)."""
+    from shardlab.validation.replay import _plain
+
+    costs_only = Calibration(iteration_ms=1.0, simulated_request_ms=0.0)
+    amd = Problem.build("deepseek-v3", "mi300xx8", "chat", engine="sglang", calibration=costs_only)
+    plain = _plain(amd).calibration
+    assert plain is not None and plain.factor("gemm") == 1.0 and plain.request_ms is None
+    shipped = _plain(Problem.build("deepseek-v3", "mi300xx8", "chat", engine="sglang"))
+    assert shipped.calibration is not None and shipped.calibration.request_ms is None
+    assert shipped.calibration.gemm == shipped_for("mi300x").gemm  # type: ignore[union-attr]
+    nvidia = Problem.build("deepseek-v3", "h200x8", "chat", calibration=costs_only)
+    assert _plain(nvidia).calibration is None  # the shipped costs' tables, shared
