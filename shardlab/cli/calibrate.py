@@ -128,6 +128,7 @@ def calibrate(
         measurements=measurements,
         **{k: ",".join(v) for k, v in filters.items()},
         timing=timing,
+        engine=engine if engine != "trtllm" else None,
         hold_out=hold_out,
         out=out_path,
         report=report_path,

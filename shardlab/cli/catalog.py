@@ -142,7 +142,9 @@ def clusters(fmt: FormatOpt = Format.table) -> None:
         "AMD, PCIe on cards without either), where collectives run at the scale-up rate.\n"
         "timing: silicon = aiconfigurator-core's measured kernels ("
         + "; ".join(f"{', '.join(keys)}: {named}" for named, keys in versions.items())
-        + "); roofline = the peaks and bandwidths above, no measured kernels."
+        + "); roofline = the peaks and bandwidths above, no measured kernels; "
+        "roofline-calibrated = the roofline with efficiencies fitted to public measured "
+        "runs (shardlab/data/calibrations/), still no measured kernels."
     )
 
 

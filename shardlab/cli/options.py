@@ -147,7 +147,11 @@ PROBLEM_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     (
         "calibration",
         str | None,
-        typer.Option(None, help="Corrections from `shardlab calibrate` (YAML)."),
+        typer.Option(
+            None,
+            help="Corrections from `shardlab calibrate` (YAML); on an AMD GPU they replace "
+            "its shipped fit.",
+        ),
     ),
     (
         "max_batch",

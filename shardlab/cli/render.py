@@ -17,6 +17,7 @@ from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from shardlab.costmodel import Metrics, silicon
+from shardlab.problems.calibration import shipped_for, shipped_name
 from shardlab.problems.operators import HEAD_OPS, layer_ops
 from shardlab.problems.plan import Plan
 from shardlab.problems.problem import Problem
@@ -199,19 +200,30 @@ def problem_json(problem: Problem) -> dict:
 
 def timing_source(accelerator_key: str) -> str:
     """What times an accelerator's kernels by default, as ``shardlab clusters`` lists it."""
-    return "silicon" if silicon.covers(accelerator_key) else "roofline"
+    if silicon.covers(accelerator_key):
+        return "silicon"
+    cal = shipped_for(accelerator_key)
+    return "roofline" if cal is None else f"roofline-calibrated ({shipped_name(cal)})"
 
 
 def timing_label(problem: Problem) -> str:
     """How a problem's kernels are timed, as every output states it."""
     acc = problem.cluster.accelerator.key
+    cal = problem.calibration
+    fit = None if cal is None else shipped_name(cal)
     if problem.timing == "silicon" and silicon.covers(acc):
         label = f"silicon timing ({problem.engine} measurements)"
+    elif fit is not None:
+        # a shipped fit stands in for measured kernels: say which, and that it is not them
+        return (
+            f"roofline-calibrated timing (no measured kernels of {acc}: the roofline with "
+            f"efficiencies fitted to public measured runs, calibration {fit})"
+        )
     elif problem.timing == "silicon":
         label = f"roofline timing (no measured kernels of {acc})"
     else:
         label = "roofline timing"
-    return label + (", calibrated" if problem.calibration is not None else "")
+    return label + (", calibrated" if cal is not None else "")
 
 
 def problem_line(problem: Problem) -> str:

@@ -7,12 +7,18 @@ sampling, in every round) and per request (in TTFT) to measured rows; ``--calibr
 FILE`` applies them to any problem, the fixed costs in place of the engine's shipped
 ones (:mod:`shardlab.costmodel.engines`). A calibration is a small YAML file that says
 what it was fitted on.
+
+Accelerators with no measured kernels of their own (AMD's) come with a calibration
+fitted to public measured runs, ``shardlab/data/calibrations/``: a problem on one of
+them takes it when it is given none (:func:`shipped_for`); a user's replaces it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
+from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -37,6 +43,9 @@ class Calibration:
     simulated_iteration_ms: float | None = None
     timing: str = "roofline"  # the timing backend the factors correct
     fitted_on: str = ""  # the measurements, and how well the fit generalizes
+    # the shipped fit's name when a problem took it by default (not in the file: a
+    # calibration a user gives is theirs, whatever its values)
+    shipped: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for key in KERNEL_CLASSES:
@@ -60,7 +69,9 @@ class Calibration:
 
     def to_yaml(self) -> str:
         return "# shardlab calibration (shardlab calibrate); apply with --calibration\n" + (
-            yaml.safe_dump(asdict(self), sort_keys=False)
+            yaml.safe_dump(
+                {k: v for k, v in asdict(self).items() if k != "shipped"}, sort_keys=False
+            )
         )
 
     @classmethod
@@ -74,7 +85,7 @@ class Calibration:
             raise ShardlabError(f"{where}: malformed YAML") from None
         if not isinstance(raw, dict):
             raise ShardlabError(f"{where}: must be a mapping written by `shardlab calibrate`")
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"shipped"}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ShardlabError(f"{where}: unknown keys {', '.join(unknown)}")
@@ -82,3 +93,42 @@ class Calibration:
             return cls(**raw)
         except ShardlabError as exc:
             raise ShardlabError(f"{where}: {str(exc).removeprefix('calibration: ')}") from None
+
+
+# which shipped calibration each accelerator takes by default (file names under it)
+SHIPPED_INDEX = "defaults.yaml"
+
+
+@functools.cache
+def _shipped() -> dict[str, Calibration]:
+    """Accelerator key to its shipped calibration (named by its file), read once."""
+    folder = resources.files("shardlab") / "data" / "calibrations"
+    index = yaml.safe_load((folder / SHIPPED_INDEX).read_text()) or {}
+    by_file = {
+        name: replace(
+            Calibration.load(Path(str(folder / name))), shipped=name.removesuffix(".yaml")
+        )
+        for name in sorted(set(index.values()))
+    }
+    return {key: by_file[name] for key, name in index.items()}
+
+
+def shipped_for(accelerator_key: str) -> Calibration | None:
+    """The calibration shardlab ships for an accelerator (None: it needs none, its
+    kernels are measured or its roofline is not corrected)."""
+    return _shipped().get(accelerator_key)
+
+
+def shipped_name(calibration: Calibration) -> str | None:
+    """The name of the shipped fit a problem took by default (its file, e.g.
+    ``amd-cdna3``); None for a calibration given, even one read from a shipped file."""
+    return calibration.shipped or None
+
+
+def chosen(calibration: Calibration | None, accelerator_key: str) -> Calibration | None:
+    """The calibration a problem on ``accelerator_key`` runs with: the one given, else
+    the accelerator's shipped one. A shipped one taken by default for other GPUs (a
+    problem moved to other GPUs, as sizing does) gives way to this one's."""
+    if calibration is None or calibration.shipped:
+        return shipped_for(accelerator_key)
+    return calibration

@@ -10,7 +10,7 @@ from typing import Any, Literal, get_args
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.cached_hash import CachedHash
-from shardlab.problems.calibration import Calibration
+from shardlab.problems.calibration import Calibration, chosen
 from shardlab.problems.catalog import load_model
 from shardlab.problems.cluster import Cluster, parse_cluster
 from shardlab.problems.dtypes import BYTES_PER_VALUE
@@ -47,7 +47,9 @@ class Problem(CachedHash):
     # memory budget and limits, and with space "engine" what it can launch
     engine: Engine = DEFAULT_ENGINE
     space_kind: SpaceKind = "free"
-    calibration: Calibration | None = None  # corrections fitted to measurements
+    # corrections fitted to measurements; none given: the accelerator's shipped ones
+    # (AMD's, fitted to public runs: shardlab.problems.calibration.shipped_for)
+    calibration: Calibration | None = None
     # the engine's requests and tokens per iteration per attention-DP rank (None: its
     # default, see shardlab.costmodel.engines)
     max_batch: int | None = None
@@ -62,6 +64,9 @@ class Problem(CachedHash):
     exclude: tuple[Degrees, ...] = ()
 
     def __post_init__(self) -> None:
+        cal = chosen(self.calibration, self.cluster.accelerator.key)
+        if cal is not self.calibration:  # frozen: set once, before anything reads it
+            object.__setattr__(self, "calibration", cal)
         for key in ("max_batch", "max_tokens"):
             value = getattr(self, key)
             if value is not None and (

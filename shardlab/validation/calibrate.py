@@ -127,7 +127,8 @@ def linearize(m: Measurement, timing: str, engine: str) -> Linearized:
             tokens=0.0,
             collective=True,
         )
-    problem, _ = problem_of(m, timing, engine)
+    # from no correction at all, not even the GPU's shipped one (a fit replaces it)
+    problem, _ = problem_of(m, timing, engine, Calibration(timing=timing))
     if m.disagg is not None:
         plan = measured_disagg(problem, m.disagg)
         prefill, decode = pool_problems(problem, plan)

@@ -33,12 +33,13 @@ def load_measurements(
     columns = set(rows[0]) if rows else set()
     if rows and columns >= SAMPLE_COLUMNS:
         return sample_rows(rows, str(path), **filters)
+    gpus = set(filters.pop("gpu", []))  # shardlab's own columns filter by GPU alone
     if filters:
         raise ShardlabError(
             f"filtering by {', '.join(filters)}: filters rows of measured serving (the "
             f"sample's columns); {str(path)!r} is in shardlab's own columns",
             field="filters",
-            fix="filter none, or give measurements in the sample's columns",
+            fix="filter by gpu alone, or give measurements in the sample's columns",
         )
     if not rows:
         raise ShardlabError(f"measurements {str(path)!r}: no rows")
@@ -55,4 +56,12 @@ def load_measurements(
             out.append(measurement_of(row, path.parent, where))
         except ShardlabError as exc:
             refused.append(Refusal(id=(row.get("id") or "").strip(), line=n, reason=str(exc)))
+    if gpus:
+        out = [m for m in out if m.gpu in gpus]
+        if not out:
+            raise ShardlabError(
+                f"measurements {str(path)!r}: no row on gpu {', '.join(sorted(gpus))}",
+                field="filters",
+                fix="name a GPU of the file's cluster column",
+            )
     return MeasurementSet(source=str(path), rows=out, refused=refused)

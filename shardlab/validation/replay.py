@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from shardlab.costmodel import engine_limits, serving_costs
 from shardlab.errors import ShardlabError
-from shardlab.problems.calibration import KERNEL_CLASSES, Calibration
+from shardlab.problems.calibration import KERNEL_CLASSES, Calibration, shipped_for
 from shardlab.problems.problem import Problem
 from shardlab.simulate import Deployment, Pool, PoolCosts, Simulation, price, simulate_priced
 from shardlab.validation.measurements import Measurement
@@ -94,9 +94,13 @@ def _plain(problem: Problem) -> Problem:
             simulated_request_ms=None,
             simulated_iteration_ms=None,
             fitted_on="",
+            shipped="",  # kept as stripped here, not swapped back for the shipped whole
         )
-        if all(cal.factor(k) == 1.0 for k in KERNEL_CLASSES):
-            cal = None  # factors of 1 price exactly as none: the shipped costs' tables
+        # factors of 1 price exactly as none (the shipped costs' tables), where none
+        # means none: not on a GPU whose problems take a shipped fit by default
+        key = problem.cluster.accelerator.key
+        if all(cal.factor(k) == 1.0 for k in KERNEL_CLASSES) and shipped_for(key) is None:
+            cal = None
     return dataclasses.replace(problem, workload=w, calibration=cal, max_tokens=None)
 
 

@@ -14,12 +14,19 @@ with MIRROR a clone of that repository (SOURCES.md names the commits and blobs):
         git -C MIRROR show $c:$F/benchmarks.json > /tmp/b-${c:0:8}.json
         git -C MIRROR show $c:$F/benchmarks-history.json > /tmp/h-${c:0:8}.json
     done
-    python tests/data/percentiles/make_measured_percentiles.py /tmp/b-528c4146.json \
-        /tmp/b-cac6246e.json /tmp/h-528c4146.json /tmp/h-cac6246e.json \
+    J="/tmp/b-528c4146.json /tmp/b-cac6246e.json /tmp/h-528c4146.json /tmp/h-cac6246e.json"
+    python tests/data/percentiles/make_measured_percentiles.py $J \
         > tests/data/percentiles/measured_percentiles.csv
+    python tests/data/percentiles/make_measured_percentiles.py --gpus mi300x,mi325x,mi355x $J \
+        > tests/data/percentiles/measured_percentiles_amd.csv
+    python tests/data/percentiles/make_measured_percentiles.py --gpus b300,gb200,gb300 $J \
+        > tests/data/percentiles/measured_percentiles_blackwell.csv
 
-Kept: runs on H100, H200 and B200 (shardlab's catalog GPUs) without speculative
-decoding (shardlab does not model MTP), aggregated or disaggregated. A run that
+Kept: runs on the GPUs asked for (``--gpus``; by default H100, H200 and B200, the
+first file) without speculative decoding (shardlab does not model MTP), aggregated or
+disaggregated, served by an engine shardlab models (:data:`ENGINES`: not AMD's ATOM,
+nor ``mori-sglang``, SGLang development builds with AMD's MoRI for expert dispatch
+and the KV-cache transfer, see SOURCES.md), and stating their workers. A run that
 appears in more than one capture (same layout, load, date and GitHub run) is written
 once, from the capture that states the most statistics. One row per (run, metric,
 statistic): TTFT, TPOT and end-to-end latency at the mean, median, p90 and p99 the
@@ -35,6 +42,9 @@ from collections.abc import Iterable
 from typing import Any
 
 GPUS = ("h100", "h200", "b200")
+# GPUs per host where a host is not 8: a disaggregated run's cluster is its pools' GPUs
+# rounded up to whole hosts
+HOST = {"gb200": 4, "gb300": 4}
 ENGINES = {"trt": "trtllm", "dynamo-trt": "trtllm", "sglang": "sglang", "dynamo-sglang": "sglang"}
 # ITL is left out: the engines stream tokens in chunks (their stream interval, not
 # stated per run), so InferenceX's ITL is a gap between chunks, 5 to 100 x its TPOT
@@ -74,13 +84,25 @@ def pool(count: int, degrees: dict[str, int], kind: str) -> str:
     return f"{count}{kind}({inner})"
 
 
-def runs(paths: Iterable[str]) -> list[dict[str, Any]]:
-    """Every kept run once, in a stable order."""
+def stated(r: dict[str, Any]) -> bool:
+    """Whether a run states its deployment: a disaggregated one its workers (a few
+    GB200 runs give 0 prefill and decode workers of 20 to 72 GPUs)."""
+    return not r["disagg"] or (r["prefill_num_workers"] > 0 and r["decode_num_workers"] > 0)
+
+
+def runs(paths: Iterable[str], gpus: Iterable[str] = GPUS) -> list[dict[str, Any]]:
+    """Every kept run on ``gpus`` once, in a stable order."""
     kept: dict[tuple, dict[str, Any]] = {}
+    gpus = tuple(gpus)
     for path in paths:
         with open(path) as f:
             for r in json.load(f):
-                if r["hardware"] not in GPUS or r["spec_method"] != "none":
+                if (
+                    r["hardware"] not in gpus
+                    or r["spec_method"] != "none"
+                    or r["framework"] not in ENGINES
+                    or not stated(r)
+                ):
                     continue
                 key = tuple(r.get(k) for k in RUN_KEYS)
                 if key not in kept or len(r["metrics"]) > len(kept[key]["metrics"]):
@@ -118,7 +140,8 @@ def rows_of(n: int, r: dict[str, Any]) -> list[dict[str, Any]]:
         prefill = layout(r["prefill_tp"], r["prefill_ep"], r["prefill_dp_attention"])
         x, y = r["prefill_num_workers"], r["decode_num_workers"]
         gpus = x * r["prefill_tp"] + y * r["decode_tp"]
-        base["cluster"] = f"{gpu}x{-(-gpus // 8) * 8 if gpus > 8 else gpus}"
+        host = HOST.get(gpu, 8)
+        base["cluster"] = f"{gpu}x{-(-gpus // host) * host if gpus > host else gpus}"
         base["serving"] = f"{pool(x, prefill, 'P')} + {pool(y, decode, 'D')}"
         where = f"disaggregated, {gpus} GPUs"
     else:
@@ -146,10 +169,13 @@ def rows_of(n: int, r: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def main(paths: list[str]) -> None:
+def main(args: list[str]) -> None:
+    gpus = GPUS
+    if args[:1] == ["--gpus"]:
+        gpus, args = tuple(args[1].split(",")), args[2:]
     writer = csv.DictWriter(sys.stdout, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
-    for n, r in enumerate(runs(paths), start=1):
+    for n, r in enumerate(runs(args, gpus), start=1):
         writer.writerows(rows_of(n, r))
 
 
