@@ -42,6 +42,14 @@ EnginesOpt = Annotated[
         "shardlab ships (shardlab/data/serving/engines.yaml).",
     ),
 ]
+TieOpt = Annotated[
+    str,
+    typer.Option(
+        help="Which kernel classes share a fitted factor: classes (each its own), shared "
+        "(one for all four: an efficiency of the roofline, what rows of one model family "
+        "can identify) or compute (one for GEMM, attention and MoE, one for communication)."
+    ),
+]
 ReportPathOpt = Annotated[
     str | None, typer.Option("--report", help="Markdown of the fit's errors to write.")
 ]
@@ -65,6 +73,7 @@ def calibrate(
         "trtllm"
     ),
     hold_out: HoldOutOpt = None,
+    tie: TieOpt = "classes",
     engines: EnginesOpt = False,
     simulate: SimulateFitOpt = False,
     report_path: ReportPathOpt = None,
@@ -82,12 +91,16 @@ def calibrate(
 
     from shardlab.validation import load_measurements
     from shardlab.validation.calibrate import calibrate as fit_calibration
-    from shardlab.validation.calibrate import write_fit_report
+    from shardlab.validation.fit_report import write_fit_report
 
     if simulate and not engines:
         raise ShardlabError(
             "calibrate: --simulate fits the engines' costs through the simulator",
             fix="add --engines",
+        )
+    if engines and tie != "classes":
+        raise ShardlabError(
+            "calibrate: --engines fits no kernel factors, so none to tie", fix="drop --tie"
         )
     if out_path is not None:
         check_output_file(out_path, flag="--out", parents=True)
@@ -106,6 +119,7 @@ def calibrate(
             described,
             hold_out=[g.strip() for g in groupings if g.strip()],
             factors=not engines,
+            tie=tie,
             per_engine=engines,
             progress=lambda done, total: progress(done, f"{timing} timing"),
         )
@@ -130,6 +144,7 @@ def calibrate(
         timing=timing,
         engine=engine if engine != "trtllm" else None,
         hold_out=hold_out,
+        tie=tie if tie != "classes" else None,
         out=out_path,
         report=report_path,
         engines=engines,

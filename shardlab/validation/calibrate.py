@@ -1,7 +1,9 @@
 """Fitting corrections to measurements, judged on rows the fit did not see.
 
 What can be fitted: one factor per kernel class (GEMMs, attention, routed experts,
-communication: every kernel of the class is multiplied by it) and the engine's fixed
+communication: every kernel of the class is multiplied by it), or one factor shared by
+classes tied together (:data:`TIES`: ``shared`` ties all four, an efficiency of the
+roofline, the one rows of a single model family can identify), and the engine's fixed
 costs, per request (in TTFT) and per iteration (in every round)
 (:mod:`shardlab.costmodel.engines`). ``shardlab calibrate`` fits all of them into a
 calibration file; ``shardlab calibrate --engines`` fits only the fixed costs, one pair
@@ -18,8 +20,8 @@ kept as priced otherwise.
 The fit minimizes a robust loss of the log errors (soft L1 with a scale of 0.2: a row
 off by more than about 1.2x counts linearly, so that a few rows whose TTFT is seconds
 at a handful of clients cannot set the constants) plus a small pull of each factor
-towards 1 (:data:`RIDGE`), with factors in ``[1/5, 5]``; classes no row exercises stay
-at 1.
+towards 1 (:data:`RIDGE`), with factors in ``[1/5, 5]``; a class of its own that no
+row exercises stays at 1.
 
 Judged on held-out rows: every report gives the error of the fit on its own rows
 (in-sample) and of each row predicted by a fit that did not see its group, for each
@@ -33,7 +35,6 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,6 @@ from shardlab.costmodel import (
     tokens,
 )
 from shardlab.errors import ShardlabError
-from shardlab.files import markdown_table
 from shardlab.problems.calibration import KERNEL_CLASSES, Calibration
 from shardlab.problems.engines import ENGINES
 from shardlab.problems.plan import Plan
@@ -67,7 +67,6 @@ from shardlab.validation import (
     measured_disagg,
     measured_plan,
     problem_of,
-    write_output,
 )
 from shardlab.validation.predictions import DERIVED, fittable
 
@@ -77,6 +76,15 @@ REQUEST_MS_MAX = 2000.0
 ITERATION_MS_MAX = 50.0
 LOSS_SCALE = 0.2  # soft L1 on log errors: linear beyond about 1.2x
 CLASSES = (*KERNEL_CLASSES, "other")
+# Which kernel classes share one fitted factor. Rows of one model family exercise the
+# classes in nearly fixed proportions, so their factors are not identifiable apart (one
+# class's factor offsets another's) and do not carry to another model; one factor for
+# every class is an efficiency of the roofline, which does.
+TIES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "classes": tuple((k,) for k in KERNEL_CLASSES),  # each class its own
+    "shared": (KERNEL_CLASSES,),  # one for every class
+    "compute": (KERNEL_CLASSES[:-1], KERNEL_CLASSES[-1:]),  # kernels; communication
+}
 NO_COSTS = ServingCosts(request_ns=0, iteration_ns=0, simulated_request_ns=0,
                         simulated_iteration_ns=0, prefill_first=False)  # fmt: skip
 
@@ -306,30 +314,39 @@ class Fitted:
         return rows.values(*self.arrays())
 
 
-def fit(rows: Rows, *, factors: bool = True, per_engine: bool = False) -> Fitted:
+def tied(tie: str) -> tuple[tuple[str, ...], ...]:
+    """The groups of kernel classes that share a factor under ``tie``."""
+    if tie not in TIES:
+        raise ShardlabError(f"calibrate: tie {tie!r} is not one of {', '.join(TIES)}", field="tie")
+    return TIES[tie]
+
+
+def fit(
+    rows: Rows, *, factors: bool = True, tie: str = "classes", per_engine: bool = False
+) -> Fitted:
     """The corrections that best explain ``rows`` (see the module docstring):
-    ``factors``: kernel factors too (else 1); ``per_engine``: fixed costs per engine
-    (else one pair for every row's engine)."""
+    ``factors``: kernel factors too (else 1), one per group of classes that ``tie``
+    names in :data:`TIES` (a group's factor holds for each of its classes, even one no
+    row exercises); ``per_engine``: fixed costs per engine (else one pair for every
+    row's engine)."""
     from scipy.optimize import least_squares
 
     if not len(rows):
         raise ShardlabError("calibrate: no rows to fit")
-    used = (
-        [
-            k
-            for i, k in enumerate(KERNEL_CLASSES)
-            if (rows.round_parts[:, i] + rows.prompt_parts[:, i]).any()
-        ]
-        if factors
-        else []
-    )
+    groups = tied(tie)
+    exercised = {
+        k
+        for i, k in enumerate(KERNEL_CLASSES)
+        if (rows.round_parts[:, i] + rows.prompt_parts[:, i]).any()
+    }
+    used = [g for g in groups if exercised & set(g)] if factors else []
     engines = sorted({ENGINES[e] for e in rows.engine}) if per_engine else ["all"]
     request_on = bool(rows.request.any())
     iteration_on = bool(rows.iteration.any())
     n_f, n_e = len(used), len(engines)
 
     def unpack(theta: np.ndarray) -> Fitted:
-        factor = {k: math.exp(float(x)) for k, x in zip(used, theta[:n_f], strict=True)}
+        factor = {k: math.exp(float(x)) for g, x in zip(used, theta[:n_f], strict=True) for k in g}
         at = n_f
         req = np.zeros(n_e)
         if request_on:
@@ -426,6 +443,7 @@ class Report:
     after: list[float]  # with the corrections fitted on all rows (in-sample)
     held_out: list[float]  # each row by a fit without its group (the first grouping)
     held_out_by: Mapping[str, list[float]]  # per grouping
+    tie: str = "classes"  # which kernel classes shared a factor (TIES)
 
     @property
     def held_out_name(self) -> str:
@@ -467,13 +485,16 @@ def calibrate(
     *,
     hold_out: Sequence[str] = ("row",),
     factors: bool = True,
+    tie: str = "classes",
     per_engine: bool = False,
     linearized: Rows | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Report:
     """Fit on every row, and judge each row by a fit on the groups it is not in (each
-    grouping of ``hold_out``; ``row``: leave-one-out). ``progress(done, total)`` hears
+    grouping of ``hold_out``; ``row``: leave-one-out); ``tie``: which kernel classes
+    share a factor (:data:`TIES`). ``progress(done, total)`` hears
     of each row priced (the slow part: one cost-model run per row), on the rows :func:`fittable`."""
+    tied(tie)  # before the slow pricing
     measurements = fittable(measurements)
     if linearized is not None:
         rows = linearized
@@ -490,7 +511,7 @@ def calibrate(
         )
 
     def fitter(part: Rows) -> Fitted:
-        return fit(part, factors=factors, per_engine=per_engine)
+        return fit(part, factors=factors, tie=tie, per_engine=per_engine)
 
     fitted = fitter(rows)
     shipped = rows.predict(Calibration(timing=timing))
@@ -507,11 +528,14 @@ def calibrate(
         after=list(after / rows.measured - 1.0),
         held_out=by[hold_out[0]],
         held_out_by=by,
+        tie=tie,
     )
     s = report.summary()
     name = {"row": "leave-one-out"}.get(hold_out[0], f"each {hold_out[0]} held out")
     note = (
-        f"{source}: {s['rows']} rows, {timing} timing, {engine}; median |error| "
+        f"{source}: {s['rows']} rows, {timing} timing, {engine}"
+        + (f", kernel factors tied {tie}" if factors and tie != "classes" else "")
+        + "; median |error| "
         f"{s['median_before']:.1%} before, {s['median_after']:.1%} fitted, "
         f"{s['median_cross_validated']:.1%} {name}"
     )
@@ -525,76 +549,3 @@ def calibrate(
         fitted_on=note,
     )
     return dataclasses.replace(report, calibration=cal)
-
-
-def _error_cells(s: Mapping[str, float]) -> list[str]:
-    """One group's errors as table cells: its rows, median |error|, median ratio, and
-    the shares within 15%, off by 1.5x and off by 2x."""
-    n = max(s["rows"], 1)
-    shares = (s[k] / n for k in ("within_15pct", "beyond_1_5x", "beyond_2x"))
-    cells = [f"{s['rows']:,}", f"{s['median_abs_error']:.1%}", f"{s['median_ratio']:.2f}"]
-    return cells + [f"{v:.0%}" for v in shares]
-
-
-def write_fit_report(report: Report, command: str, source: str, *, path: Path | None = None) -> str:
-    """A fit's corrections and its errors per metric: before, fitted (in-sample) and on
-    rows held out of the fit, per grouping and per group, as markdown written to ``path``
-    if given."""
-    f = report.fitted
-    lines = [
-        "# A fit and the rows it did not see",
-        "",
-        f"Produced by `{command}` from {source}; do not edit by hand.",
-        "",
-        *markdown_table(
-            ["engine", "per request (ms)", "per iteration (ms)"],
-            "lrr",
-            (
-                [e, f"{f.request_ms[e]:.2f}", f"{f.iteration_ms[e]:.3f}"]
-                for e in sorted(f.request_ms)
-            ),
-        ),
-        "",
-    ]
-    if f.factors:
-        lines += [
-            "Kernel factors: " + ", ".join(f"{k} {v:.3f}" for k, v in f.factors.items()),
-            "",
-        ]
-    head = ["metric", "rows", "median \\|error\\|", "median predicted/measured", "within 15%"]
-    head += ["off 1.5x+", "off 2x+"]
-    sets = {
-        "shipped before this fit": report.before,
-        "fitted on every row (in-sample)": report.after,
-        **{
-            ("leave-one-out" if g == "row" else f"each {g} held out"): e
-            for g, e in report.held_out_by.items()
-        },
-    }
-    lines += markdown_table(
-        ["predicted by", *head],
-        "ll" + "r" * 6,
-        (
-            [name, metric, *_error_cells(s)]
-            for name, rel in sets.items()
-            for metric, s in report.by_metric(rel).items()
-        ),
-    )
-    for grouping, rel in report.held_out_by.items():
-        if grouping == "row":
-            continue
-        labels = groups_of(report.rows, grouping)
-        ratio = 1.0 + np.asarray(rel)
-        metrics = np.array([lin.measurement.metric for lin in report.rows.rows])
-        body: list[list[str]] = []
-        for g in sorted(set(labels)):
-            mask = np.array(labels) == g
-            for metric in dict.fromkeys(metrics.tolist()):
-                sel = mask & (metrics == metric)
-                s = errors(ratio[sel], np.ones(int(sel.sum())))
-                if not s["rows"]:
-                    continue
-                body.append([g, metric, *_error_cells(s)])
-        lines += ["", f"## Each {grouping} held out, one at a time", ""]
-        lines += markdown_table([grouping, *head], "ll" + "r" * 6, body)
-    return write_output(path, "\n".join(lines) + "\n")

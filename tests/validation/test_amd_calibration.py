@@ -110,18 +110,26 @@ def test_the_outputs_say_the_timing_is_a_calibrated_roofline_and_name_the_fit() 
     assert timing_label(nvidia) == "silicon timing (trtllm measurements)"
 
 
-def test_the_shipped_fits_are_what_calibrate_writes_from_the_committed_runs() -> None:
-    """The shipped CDNA 3 fit, re-fitted from the committed runs: a fit starts from no
-    correction, not from the GPU's shipped one (else each re-fit would move it)."""
+@pytest.mark.parametrize(
+    ("name", "gpus", "rows"),
+    [("amd-cdna3", ["mi300x", "mi325x"], 88), ("amd-cdna4", ["mi355x"], 80)],
+)
+def test_the_shipped_fits_are_what_calibrate_writes_from_the_committed_runs(
+    name: str, gpus: list[str], rows: int
+) -> None:
+    """Each shipped fit, re-fitted from the committed runs with one factor shared by
+    every kernel class: a fit starts from no correction, not from the GPU's shipped one
+    (else each re-fit would move it)."""
     index = yaml.safe_load((CALIBRATIONS / "defaults.yaml").read_text())
     assert index == {"mi300x": "amd-cdna3.yaml", "mi325x": "amd-cdna3.yaml",
                      "mi355x": "amd-cdna4.yaml"}  # fmt: skip
-    rows = load_measurements(AMD, {"gpu": ["mi300x", "mi325x"]}).rows
-    report = calibrate(rows, "roofline", "sglang", hold_out=("gpu",))
-    shipped = Calibration.load(CALIBRATIONS / "amd-cdna3.yaml")
-    for key in ("gemm", "attention", "moe", "communication", "request_ms"):
+    measured = load_measurements(AMD, {"gpu": gpus}).rows
+    report = calibrate(measured, "roofline", "sglang", hold_out=("row",), tie="shared")
+    shipped = Calibration.load(CALIBRATIONS / f"{name}.yaml")
+    for key in ("gemm", "attention", "moe", "communication", "request_ms", "iteration_ms"):
         assert getattr(report.calibration, key) == pytest.approx(getattr(shipped, key), rel=1e-6)
-    assert "mi300x,mi325x: 88 rows, roofline timing, sglang" in shipped.fitted_on
+    assert f"{','.join(gpus)}: {rows} rows, roofline timing, sglang" in shipped.fitted_on
+    assert "kernel factors tied shared" in shipped.fitted_on
 
 
 def test_a_shipped_file_given_by_the_user_is_theirs_on_any_gpu(tmp_path: Path) -> None:
