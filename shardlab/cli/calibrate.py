@@ -84,8 +84,9 @@ def calibrate(
     protocol: FilterOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
-    """Fit per-kernel-class corrections (GEMM, attention, MoE, communication) and the
-    engine's fixed costs per request and per iteration to measurements; report the
+    """Fit per-kernel-class corrections (GEMM, attention, MoE, communication; --tie
+    shares one between classes) and the engine's fixed costs per request and per
+    iteration to measurements; report the
     error before, fitted, and on rows held out of the fit (by row, model family or
     GPU). Apply them with --calibration."""
 

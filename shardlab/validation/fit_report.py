@@ -3,7 +3,7 @@ of the fit, per grouping and per group (``shardlab calibrate --report``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -75,18 +75,25 @@ def write_fit_report(report: Report, command: str, source: str, *, path: Path | 
     for grouping, rel in report.held_out_by.items():
         if grouping == "row":
             continue
-        labels = groups_of(report.rows, grouping)
-        ratio = 1.0 + np.asarray(rel)
-        metrics = np.array([lin.measurement.metric for lin in report.rows.rows])
-        body: list[list[str]] = []
-        for g in sorted(set(labels)):
-            mask = np.array(labels) == g
-            for metric in dict.fromkeys(metrics.tolist()):
-                sel = mask & (metrics == metric)
-                s = errors(ratio[sel], np.ones(int(sel.sum())))
-                if not s["rows"]:
-                    continue
-                body.append([g, metric, *_error_cells(s)])
         lines += ["", f"## Each {grouping} held out, one at a time", ""]
-        lines += markdown_table([grouping, *head], "ll" + "r" * 6, body)
+        lines += _per_group(report, grouping, rel, head)
+        # the same groups under the fit on every row: a fit that holds on the rows it
+        # saw but not on a group held out is one that does not carry to a new group
+        lines += ["", f"## Fitted on every row (in-sample), per {grouping}", ""]
+        lines += _per_group(report, grouping, report.after, head)
     return write_output(path, "\n".join(lines) + "\n")
+
+
+def _per_group(report: Report, grouping: str, rel: Sequence[float], head: list[str]) -> list[str]:
+    """Errors (relative, one per row) per group of ``grouping`` and metric, as a table."""
+    labels = np.array(groups_of(report.rows, grouping))
+    ratio = 1.0 + np.asarray(rel)
+    metrics = np.array([lin.measurement.metric for lin in report.rows.rows])
+    body: list[list[str]] = []
+    for g in sorted(set(labels.tolist())):
+        for metric in dict.fromkeys(metrics.tolist()):
+            sel = (labels == g) & (metrics == metric)
+            s = errors(ratio[sel], np.ones(int(sel.sum())))
+            if s["rows"]:
+                body.append([g, metric, *_error_cells(s)])
+    return markdown_table([grouping, *head], "ll" + "r" * 6, body)
