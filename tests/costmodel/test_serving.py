@@ -313,8 +313,11 @@ def test_cli_validates_and_fits_measured_serving(tmp_path: Path) -> None:
     written = yaml.safe_load((tmp_path / "e.yaml").read_text())
     assert set(written["engines"]) == {"vllm", "trtllm"}
     assert "leave-one-out" in (tmp_path / "fit.md").read_text()
-    done = cli_process("validate", "--gpu", "h100", cwd=tmp_path)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    # shardlab's own columns filter by GPU alone; another filter is refused in one line
+    done = cli_process("validate", "--gpu", "nosuch", cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no row on gpu" in done.stderr
+    done = cli_process("validate", "--backend", "vllm", cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "gpu alone" in done.stderr
 
 
 @pytest.mark.slow
