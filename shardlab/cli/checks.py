@@ -73,7 +73,8 @@ ReplayHoldOutOpt = Annotated[
     typer.Option(
         "--hold-out",
         help="With the replay: also replay each row under engine costs fitted on measured "
-        "serving (aiconfigurator-sample) without its family or gpu; comma-separated.",
+        "serving (aiconfigurator-sample) without its family or gpu; measured serving: also "
+        "predict each row so; comma-separated.",
     ),
 ]
 
@@ -127,17 +128,17 @@ def validate(
         no_replay=not replay,
         hold_out=hold_out,
     )
-    if measured.serving:
-        _validate_serving(measured, timing or "silicon", cal, out_path, command, peer, fmt)
-        return
-    if peer is not None:
-        raise ShardlabError("--peer compares measured serving rows (the sample's columns)")
     groups = [g.strip() for g in (hold_out or "").split(",") if g.strip()]
     for g in groups:
         if g not in ("family", "gpu"):
             raise ShardlabError(
                 f"--hold-out {g!r}: a replay holds out a family or a gpu", field="hold_out"
             )
+    if measured.serving:
+        _validate_serving(measured, timing or "silicon", cal, out_path, command, peer, fmt, groups)
+        return
+    if peer is not None:
+        raise ShardlabError("--peer compares measured serving rows (the sample's columns)")
     if groups and not replay:
         raise ShardlabError("--hold-out judges the replay: drop --no-replay", field="hold_out")
     replayed = _replay(measured.rows, timing or "silicon", engine, cal, groups) if replay else {}
@@ -335,22 +336,48 @@ def _validate_serving(
     command: str,
     peer: str | None,
     fmt: Format,
+    groups: list[str],
 ) -> None:
-    """Measured serving: predicted with one timing backend, reported by group."""
+    """Measured serving: predicted with one timing backend, reported by group; with
+    ``groups``, each row also under engine costs fitted without its group."""
     from pathlib import Path
 
     from shardlab.validation import predict
-    from shardlab.validation.serving_report import peer_section, write_serving_report
+    from shardlab.validation.held_out import held_out_costs
+    from shardlab.validation.report import write_output
+    from shardlab.validation.serving_report import (
+        held_out_csv,
+        held_out_section,
+        peer_section,
+        write_serving_report,
+    )
 
     if peer is not None and not Path(peer).is_file():
         raise ShardlabError(f"--peer {peer!r}: no such file")
+    if groups and cal is not None:
+        raise ShardlabError(
+            "--hold-out fits the engine costs itself: drop --calibration", field="hold_out"
+        )
     rows: list[Any] = []
     with task_progress("validate", len(measured.rows), unit="rows") as report:
         for m in measured.rows:
             rows.append(predict(m, timing, m.engine or "trtllm", cal))
             report(len(rows), f"{timing} timing")
+    held: dict[str, list[Any]] = {}
+    for g in groups:
+        with task_progress(f"{g} held out", unit="rows") as report:
+            costs = held_out_costs(
+                g,
+                timing,
+                progress=lambda d, t, g=g: report(d, f"{g} fit: rows priced", total=t),
+                through_simulator=False,
+            )
+            held[g] = [predict(m, timing, m.engine or "trtllm", costs(m)) for m in measured.rows]
     sections = peer_section(rows, Path(peer)) if peer is not None else []
+    sections += held_out_section(rows, held) if held else []
     md = _path(out_path)
+    if held and md is not None:
+        write_output(md.with_suffix(".held-out.csv"), held_out_csv(rows, held))
     summary = write_serving_report(
         rows,
         measured,

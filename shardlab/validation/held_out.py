@@ -20,6 +20,7 @@ def held_out_costs(
     progress: Callable[[int, int], None] | None = None,
     sample: Sequence[Measurement] | None = None,
     replayed: Sequence[Replayed0] | None = None,
+    through_simulator: bool = True,
 ) -> Callable[[Measurement], Calibration]:
     """Each row's engine costs (per request, per iteration) fitted on measured serving
     (aiconfigurator-core's sample: aggregated InferenceX-protocol runs, the rows the
@@ -28,7 +29,9 @@ def held_out_costs(
     serving rows to fit on instead. The simulator's own costs are fitted through the
     simulator (:mod:`shardlab.validation.simulated_costs`) on ``replayed``, the
     sample's TTFT and TPOT rows replayed without engine costs (default: replayed
-    here)."""
+    here); ``through_simulator`` False: those are not fitted (a
+    replay would take the forms' fitted costs), for predictions by the analytic
+    forms, which read only the forms' costs."""
     from shardlab.validation.calibrate import GROUPINGS, Rows, fit, linearize
     from shardlab.validation.predictions import fittable
     from shardlab.validation.serving_sample import read_sample
@@ -49,7 +52,7 @@ def held_out_costs(
             progress(len(linear), len(sample))
     priced = Rows(linear)
     labels = [label(m) for m in sample]
-    if replayed is None:
+    if replayed is None and through_simulator:
         replayed = replay_without_costs(sample, timing)
     fits: dict[str, Any] = {}
 
@@ -57,20 +60,25 @@ def held_out_costs(
         group = label(m)
         if group not in fits:
             keep = np.array([i for i, g in enumerate(labels) if g != group], dtype=np.int64)
-            others = [r for r in replayed if label(r.measurement) != group]
+            others = [r for r in replayed or () if label(r.measurement) != group]
             fits[group] = (
                 fit(priced.take(keep), factors=False, per_engine=True),
-                fit_costs(others),
+                fit_costs(others) if through_simulator else None,
             )
-        f, (simulated, simulated_it) = fits[group]
+        f, through = fits[group]
         engine = m.engine or "trtllm"
+        simulated: dict[str, float | None] = {}
+        if through is not None:
+            simulated = {
+                "simulated_request_ms": through[0].get(engine, f.request_ms.get(engine)),
+                "simulated_iteration_ms": through[1].get(engine, f.iteration_ms.get(engine)),
+            }
         return Calibration(
             timing=timing,
             request_ms=f.request_ms.get(engine),
             iteration_ms=f.iteration_ms.get(engine),
-            simulated_request_ms=simulated.get(engine, f.request_ms.get(engine)),
-            simulated_iteration_ms=simulated_it.get(engine, f.iteration_ms.get(engine)),
             fitted_on=f"measured serving without {grouping} {group}",
+            **simulated,  # type: ignore[arg-type]
         )
 
     return costs

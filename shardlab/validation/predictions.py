@@ -4,6 +4,7 @@ the cost model, and how far a set of predictions is off."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,22 +152,27 @@ def _within_capacity(problem: Problem, plan: Plan) -> Plan:
 
 
 def collective_seconds(m: Measurement, timing: str, engine: str) -> float:
-    """Seconds of a collective row's all-reduce, uncalibrated."""
-    key = m.cluster.accelerator.key
+    """Seconds of a collective row's all-reduce over its cluster's GPUs, uncalibrated
+    (measured where the tables have the group inside one NVLink domain)."""
+    c = m.cluster
+    key, ranks = c.accelerator.key, c.num_gpus
     nbytes = np.array(float(m.message_bytes or 0))
     measured = None
-    if timing == "silicon" and silicon.covers(key):
-        measured = silicon.kernels(key, engine).collective("all_reduce", 8, nbytes, nccl=True)
+    if timing == "silicon" and silicon.covers(key) and ranks <= c.domain_size:
+        kernels = silicon.kernels(key, engine)
+        measured = kernels.collective("all_reduce", ranks, nbytes, nccl=True)
     if measured is None:
-        measured = collective_time("all_reduce", Span(size=8, local=8), nbytes, m.cluster)
+        local = math.gcd(ranks, c.domain_size)  # whole domains, or one domain's share
+        measured = collective_time("all_reduce", Span(size=ranks, local=local), nbytes, c)
     return float(measured)
 
 
 def collective_value(m: Measurement, seconds: float) -> float:
     """A collective row's metric from its all-reduce's seconds (bus bandwidth counts the
-    2(n-1)/n of the message a ring moves)."""
+    2(n-1)/n of the message a ring over the cluster's n GPUs moves)."""
     if m.metric == "allreduce_busbw_gbps":
-        return 2 * 7 / 8 * float(m.message_bytes or 0) / seconds / 1e9
+        n = m.cluster.num_gpus
+        return 2 * (n - 1) / n * float(m.message_bytes or 0) / seconds / 1e9
     return seconds * 1e6
 
 

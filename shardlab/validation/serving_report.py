@@ -17,7 +17,7 @@ import numpy as np
 
 from shardlab.errors import ShardlabError
 from shardlab.files import markdown_table
-from shardlab.validation import MeasurementSet, Row, write_output
+from shardlab.validation import Measurement, MeasurementSet, Row, write_output
 
 METRICS = ("ttft_ms", "tpot_ms")
 # clients per attention-DP rank
@@ -351,4 +351,138 @@ def _csv(rows: list[Row], measured: MeasurementSet) -> str:
         )  # fmt: skip
     for x in measured.refused:
         w.writerow([x.id, "", "refused", "", "", "", "", "", "", "", "", "", "", x.reason])
+    return buf.getvalue()
+
+
+# The issue's goals for a GPU held out of the fit: mean |error| of each metric.
+HELD_OUT_GOALS = {"ttft_ms": 0.25, "tpot_ms": 0.20}
+
+
+def _abs_errors(rows: Sequence[Row]) -> np.ndarray:
+    return np.abs(np.array([r.ratio for r in rows], dtype=float) - 1)
+
+
+def held_out_section(in_sample: Sequence[Row], held_out: Mapping[str, Sequence[Row]]) -> list[str]:
+    """Each row's error under the shipped engine costs (in-sample: fitted on every
+    GPU's and family's rows) beside its error under costs fitted without its group,
+    per grouping of ``held_out`` (``gpu`` or ``family``, rows in the order of
+    ``in_sample``): by group and metric against :data:`HELD_OUT_GOALS`, then by group,
+    engine, mode and metric."""
+    from shardlab.validation.calibrate import GROUPINGS
+
+    lines: list[str] = []
+    for grouping, rows in held_out.items():
+        label = GROUPINGS[grouping]
+        lines += [
+            f"## Each {grouping} held out",
+            "",
+            "*In-sample*: predicted with the engine costs shardlab ships, fitted (`shardlab "
+            "calibrate --engines`, `results/serving/fit.md`) on the aggregated InferenceX rows "
+            f"of every {grouping}, this one's included. *Held out*: the same fit without the "
+            f"row's {grouping} (`shardlab.validation.held_out`), so nothing fitted saw it. "
+            "Only the engines' fixed costs (per request, per iteration) are fitted; kernel "
+            "times are each GPU's own measured tables. Disaggregated and gap-analysis rows are "
+            "never in the fit: their in-sample and held-out errors differ only by the fitted "
+            "costs. Errors are |predicted / measured - 1|; the goals are on the mean.",
+            "",
+        ]
+        body = []
+        by_metric = _paired(in_sample, rows, lambda r, f=label: (f(r.measurement), r.metric))
+        for (group, metric), pair in by_metric:
+            goal = HELD_OUT_GOALS.get(metric)
+            mean = float(np.mean(_abs_errors([h for _, h in pair])))
+            verdict = "-" if goal is None else f"{goal:.0%}: {'met' if mean <= goal else 'missed'}"
+            body.append([group, metric, *_pair_cells(pair), verdict])
+        lines += markdown_table(
+            [grouping, "metric", *PAIR_HEAD, "goal (mean)"], "ll" + "r" * len(PAIR_HEAD) + "l", body
+        )
+        lines += [
+            "",
+            f"### By {grouping}, engine, mode, protocol and span",
+            "",
+            "*Span*: where one instance's GPUs sit (a disaggregated row's decode instance, "
+            "an aggregated row's replica): in one host, over hosts of one NVLink domain "
+            "(GB200 and GB300 trays of 4 in a 72-GPU domain), or over domains.",
+            "",
+        ]
+
+        def key(r: Row, f: Callable[[Measurement], str] = label) -> tuple[str, ...]:
+            m = r.measurement
+            assert m is not None
+            return (f(m), m.engine or "", m.mode, m.protocol, _span(m), r.metric)
+
+        lines += markdown_table(
+            [grouping, "engine", "mode", "protocol", "span", "metric", *PAIR_HEAD],
+            "llllll" + "r" * len(PAIR_HEAD),
+            ([*g, *_pair_cells(pair)] for g, pair in _paired(in_sample, rows, key)),
+        )
+        lines.append("")
+    return lines
+
+
+def _span(m: Measurement) -> str:
+    """Where one instance of a row sits: one host, hosts of one domain, or domains."""
+    degrees = m.disagg.decode.degrees if m.disagg is not None else m.degrees
+    if degrees is None:
+        return "-"
+    gpus = degrees.num_gpus
+    if gpus <= m.cluster.gpus_per_node:
+        return "one host"
+    return "one domain" if gpus <= m.cluster.gpus_per_domain else "domains"
+
+
+PAIR_HEAD = (
+    "rows",
+    "in-sample mean \\|error\\|",
+    "in-sample median \\|error\\|",
+    "held-out mean \\|error\\|",
+    "held-out median \\|error\\|",
+    "held-out median predicted/measured",
+)
+
+
+def _paired(
+    in_sample: Sequence[Row],
+    held_out: Sequence[Row],
+    key: Callable[[Row], tuple[str, ...]],
+) -> list[tuple[tuple[str, ...], list[tuple[Row, Row]]]]:
+    """The rows' (in-sample, held-out) pairs grouped by ``key``, groups sorted."""
+    groups: dict[tuple[str, ...], list[tuple[Row, Row]]] = {}
+    for a, b in zip(in_sample, held_out, strict=True):
+        if (a.id, a.metric) != (b.id, b.metric):
+            raise ValueError(f"held-out rows out of order: {a.id} {a.metric} vs {b.id} {b.metric}")
+        groups.setdefault(key(a), []).append((a, b))
+    return sorted(groups.items())
+
+
+def _pair_cells(pair: Sequence[tuple[Row, Row]]) -> list[str]:
+    ins, out = _abs_errors([a for a, _ in pair]), _abs_errors([b for _, b in pair])
+    ratio = np.array([b.ratio for _, b in pair], dtype=float)
+    return [
+        f"{len(pair):,}",
+        f"{float(np.mean(ins)):.1%}",
+        f"{float(np.median(ins)):.1%}",
+        f"{float(np.mean(out)):.1%}",
+        f"{float(np.median(out)):.1%}",
+        f"{float(np.median(ratio)):.2f}",
+    ]
+
+
+def held_out_csv(in_sample: Sequence[Row], held_out: Mapping[str, Sequence[Row]]) -> str:
+    """One line per row and grouping: measured, predicted in-sample and held out."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(
+        ["id", "metric", "held_out", "measured", "in_sample", "held_out_predicted", "gpu",
+         "engine", "family", "mode", "protocol", "setup"]
+    )  # fmt: skip
+    for grouping, rows in held_out.items():
+        for a, b in zip(in_sample, rows, strict=True):
+            m = a.measurement
+            assert m is not None
+            w.writerow(
+                [a.id, a.metric, grouping, f"{a.measured:.4f}", f"{a.predicted:.4f}",
+                 f"{b.predicted:.4f}", m.gpu, m.engine or "", m.family, m.mode, m.protocol,
+                 a.description]
+            )  # fmt: skip
     return buf.getvalue()

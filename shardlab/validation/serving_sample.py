@@ -15,8 +15,11 @@ How a row becomes a problem and a plan (each choice stated once):
   where shardlab cannot read it, the catalog model of the same shapes in
   :data:`SHAPES_OF` (Kimi-K2.5's text model is Kimi-K2's); reports group models by
   the family in :data:`FAMILIES` (DeepSeek-R1 is a DeepSeek-V3);
-- the GPUs: H100, H200 and B200 SXM (the catalog's; GB200, B300 and GB300 rows are
-  refused), ``tp * pp * attention_dp`` of them, in nodes of 8;
+- the GPUs: the catalog's GPU of the row's aiconfigurator system (:data:`GPUS`;
+  a system the catalog does not hold is refused), ``tp * pp * attention_dp`` of them,
+  in the accelerator's hosts (8 on an HGX board, 4 on a GB200 or GB300 tray, whose
+  72-GPU NVLink domain the cluster keeps: a pool's groups up to 72 GPUs are priced on
+  NVLink);
 - the degrees: TP, PP and attention DP as stated, the MoE block's EP and TP from
   ``moe_ep_size`` and ``moe_tp_size`` (a dense model's are ignored); Megatron's
   operator options on them (what the engines run). Some rows write InferenceX's
@@ -26,7 +29,9 @@ How a row becomes a problem and a plan (each choice stated once):
   ``tp_size`` 8, ``moe_tp_size`` 1 and ``moe_ep_size`` 8 with the same TTFT and TPOT.
   Such a row (``moe_tp_size`` = ``moe_ep_size`` > 1, their product the stated TP times
   attention DP) is read as that run: T GPUs, attention TP (or DP) T, experts over EP
-  E, the same clients (:func:`_restated`);
+  E, the same clients (:func:`_restated`). An aggregated MoE row over more than a
+  host with no expert parallelism is refused: the sample's only such rows (GB200,
+  ``2026-04-06``) state ``tp_size`` 12 to 72, mostly no TP degree of the model;
 - precision: the GEMM quant mode gives the weights' format (``fp8`` and
   ``fp8_block``: fp8; ``nvfp4``: fp4; none: the row's precision, else bf16);
   ``int4_wo`` (4-bit weights, 16-bit math) has no counterpart and is refused. The
@@ -62,9 +67,10 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
+from shardlab.costmodel import silicon
 from shardlab.errors import ShardlabError
 from shardlab.problems.catalog import load_model
-from shardlab.problems.cluster import parse_cluster
+from shardlab.problems.cluster import builtin_accelerators, parse_cluster
 from shardlab.problems.disagg import DisaggPlan
 from shardlab.problems.engines import ENGINES
 from shardlab.problems.model import Model
@@ -90,7 +96,13 @@ SAMPLE_COLUMNS = frozenset(
         "silicon_tpot_ms",
     }
 )
-GPUS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200"}
+# aiconfigurator-core's system -> the catalog's GPU: every system with measured tables
+# (silicon.SYSTEMS), and the estimate-only ones the catalog holds (timed by the roofline).
+GPUS = {
+    **{system: key for key, system in silicon.SYSTEMS.items()},
+    "h100_pcie": "h100pcie",
+    "l4": "l4",
+}
 # Catalog models of the same shapes, for configs shardlab cannot read as shipped.
 SHAPES_OF = {"moonshotai/Kimi-K2.5": "kimi-k2"}
 # The family each model path is reported (and held out) under.
@@ -349,7 +361,8 @@ def _measurements(row: Mapping[str, str], rid: str) -> list[Measurement]:
     system = (row.get("system") or "").strip()
     if system not in GPUS:
         raise ShardlabError(
-            f"system {system!r}: shardlab's catalog has H100, H200 and B200 SXM, not it"
+            f"system {system!r}: not one of the aiconfigurator-core systems shardlab's "
+            f"catalog holds ({', '.join(sorted(GPUS))})"
         )
     engine = (row.get("backend") or "").strip()
     if engine not in ENGINES:
@@ -434,6 +447,15 @@ def _agg(
     stated: re.Match | None,
 ) -> tuple[Problem, Degrees, None, int, str]:
     d = _degrees(row, "", model)
+    host = builtin_accelerators()[GPUS[row["system"].strip()]].gpus_per_node
+    if model.moe is not None and d.ep == 1 and d.num_gpus > host:
+        # only the sample's GB200 rows of 2026-04-06 are so; 53 of their 55 tp_size
+        # values (12 to 72, with moe_ep_size 1) are no TP degree of DeepSeek-R1's heads
+        raise ShardlabError(
+            f"an aggregated row of an MoE model as tensor parallelism alone over {d.num_gpus} "
+            "GPUs, more than a host (moe_ep_size 1): the sample's rows so state tp_size 12 "
+            "to 72, mostly no TP degree of the model; the layout run is unknown"
+        )
     requests_per_rank = _count(row, "batch_size")
     clients = requests_per_rank * d.dp_attn
     note = ""
@@ -464,9 +486,14 @@ def _disagg(
     clients = int(stated.group(1)) if stated is not None else bd * dd.dp_attn * y
     pools = Pools(prefill=dp_, prefill_instances=x, decode=dd, decode_instances=y)
     gpus = pools.num_gpus
-    nodes = -(-gpus // 8)  # the nodes the pools take, some GPUs of the last maybe idle
+    host = builtin_accelerators()[GPUS[row["system"].strip()]].gpus_per_node
+    hosts = -(-gpus // host)  # the hosts the pools take, some GPUs of the last maybe idle
     problem = _problem(
-        row, model, engine, _workload(row, clients, weights, kv), nodes * 8 if gpus > 8 else gpus
+        row,
+        model,
+        engine,
+        _workload(row, clients, weights, kv),
+        hosts * host if gpus > host else gpus,
     )
     plan = disagg_plan(problem, pools, prefill_requests=bp, decode_requests=bd)
     return problem, dd, plan, bd, ""

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardlab import ShardlabError
-from shardlab.costmodel import evaluate
+from shardlab.costmodel import evaluate, pool_problems
+from shardlab.costmodel.collectives import axis_span
 from shardlab.costmodel.engines import ServingCosts, serving_constants, serving_costs
 from shardlab.costmodel.modes import ARRAYS, ARRAYS_NS, EXACT
 from shardlab.costmodel.regimes import forms
@@ -165,7 +166,7 @@ OWN_ROWS = (
     "1024,1024,fp8,,16,4,1,1,4,1,,,,,,,,,,,,,,,150,20\n"
     "b,db-dump,trtllm,1.2,deepseek-ai/DeepSeek-V3,h200_sxm,fp8,disagg,1024,1024,fp8,fp8,,,,,,,"
     "1,2,8,1,1,1,8,32,1,8,1,1,1,8,400,30\n"
-    "c,db-dump,trtllm,1.2,meta-llama/Llama-3.1-70B,gb200,fp8,agg,1024,1024,fp8,,8,4,1,1,4,1,"
+    "c,db-dump,trtllm,1.2,meta-llama/Llama-3.1-70B,b60,fp8,agg,1024,1024,fp8,,8,4,1,1,4,1,"
     ",,,,,,,,,,,,,,150,20\n"
     "d,db-dump,trtllm,1.2,meta-llama/Llama-3.1-70B,h100_sxm,int4,agg,1024,1024,int4_wo,,8,4,1,"
     "1,4,1,,,,,,,,,,,,,,,150,20\n"
@@ -186,7 +187,7 @@ def test_a_users_file_in_the_samples_columns_reports_its_good_rows(tmp_path: Pat
     assert sorted({m.id for m in measured.rows}) == ["a", "b"]
     reasons = {x.id: x.reason for x in measured.refused}
     assert sorted(reasons) == ["c", "d", "e", "f"]
-    assert "gb200" in reasons["c"] and "int4_wo" in reasons["d"]
+    assert "system 'b60'" in reasons["c"] and "int4_wo" in reasons["d"]
     assert "silicon_ttft_ms" in reasons["e"] and "worker counts" in reasons["f"]
     a = next(m for m in measured.rows if m.id == "a" and m.metric == "ttft_ms")
     assert a.problem is not None and a.problem.workload.clients == 16
@@ -247,10 +248,41 @@ def test_the_installed_sample_is_read_with_every_refusal_explained() -> None:
     assert measured.source == SAMPLE and len(measured.rows) >= 50
     assert {m.metric for m in measured.rows} == {"ttft_ms", "tpot_ms"}
     assert {m.gpu for m in measured.rows} == {"h100"}
-    everything = read_sample(mode=["disagg"])
-    reasons = " ".join(x.reason for x in everything.refused)
-    assert "gb200" in reasons and "worker counts" in reasons
+    everything = read_sample()
     assert all(x.reason for x in everything.refused)
+    # every system of the sample is a catalog GPU: none refused for an unknown GPU
+    assert not [x for x in everything.refused if x.reason.startswith("system ")]
+    assert {m.gpu for m in everything.rows} == {"h100", "h200", "b200", "b300", "gb200", "gb300"}
+    reasons = " ".join(x.reason for x in everything.refused)
+    assert "worker counts" in reasons
+
+
+def test_a_gb200_decode_pool_of_16_gpus_is_priced_inside_its_nvlink_domain(
+    tmp_path: Path,
+) -> None:
+    """GB200 trays hold 4 GPUs on a 72-GPU NVLink domain: a decode pool of 16 GPUs (4
+    trays) keeps its expert-parallel all-to-all on NVLink, where pricing the tray as
+    the domain would send it over the network."""
+    path = tmp_path / "mine.csv"
+    path.write_text(
+        SAMPLE_HEADER
+        + "nvl,db-dump; silicon_concurrency=256,trtllm,1.2,deepseek-ai/DeepSeek-V3,gb200,fp8,"
+        "disagg,1024,1024,fp8,fp8,,,,,,,1,1,4,1,1,1,4,16,1,1,1,16,1,16,400,30\n"
+    )
+    measured = load_measurements(path)
+    assert not measured.refused
+    tpot = next(m for m in measured.rows if m.metric == "tpot_ms")
+    assert tpot.problem is not None and tpot.disagg is not None
+    cluster = tpot.problem.cluster
+    assert (cluster.num_gpus, cluster.host_size, cluster.domain_size) == (20, 4, 20)
+    _, decode = pool_problems(tpot.problem, tpot.disagg)
+    d = tpot.disagg.decode.degrees
+    assert (d.dp_attn, d.ep, decode.cluster.num_gpus) == (16, 16, 16)
+    assert axis_span("ep", d, decode.cluster).nodes == 1  # one domain, over 4 hosts
+    on_nvlink = predict(tpot, "silicon", "trtllm").predicted
+    trays = dataclasses.replace(cluster, gpus_per_domain=4)  # as if each tray stood alone
+    alone = dataclasses.replace(tpot, problem=dataclasses.replace(tpot.problem, cluster=trays))
+    assert predict(alone, "silicon", "trtllm").predicted > 1.2 * on_nvlink
 
 
 def test_a_fit_recovers_the_engine_costs_that_made_the_measurements(tmp_path: Path) -> None:

@@ -129,3 +129,30 @@ def test_little_rate_pairs_a_setups_ttft_and_tpot() -> None:
     assert rate.metric == "requests_per_s"
     assert rate.predicted == pytest.approx(64 / 1.110)
     assert rate.measured == pytest.approx(64 / 2.100)
+
+
+def test_held_out_section_sets_each_gpus_in_sample_and_held_out_errors_against_the_goals() -> None:
+    import dataclasses
+
+    from shardlab.validation.serving_report import held_out_csv, held_out_section
+
+    in_sample = [
+        _row("a", "ttft_ms", 110.0, 100.0, 4),  # 10% off
+        _row("b", "ttft_ms", 90.0, 100.0, 4),  # 10% off
+        _row("a", "tpot_ms", 10.0, 10.0, 4),
+    ]
+    # held out: TTFT 20% and 40% off (mean 30%, goal 25% missed), TPOT 10% (goal 20% met)
+    held = [
+        dataclasses.replace(in_sample[0], predicted=120.0),
+        dataclasses.replace(in_sample[1], predicted=60.0),
+        dataclasses.replace(in_sample[2], predicted=11.0),
+    ]
+    text = "\n".join(held_out_section(in_sample, {"gpu": held}))
+    assert "## Each gpu held out" in text
+    assert "| h100 | ttft_ms | 2 | 10.0% | 10.0% | 30.0% | 30.0% | 0.90 | 25%: missed |" in text
+    assert "| h100 | tpot_ms | 1 | 0.0% | 0.0% | 10.0% | 10.0% | 1.10 | 20%: met |" in text
+    assert "| h100 | vllm | agg | inferencex | - | ttft_ms | 2 |" in text
+    lines = held_out_csv(in_sample, {"gpu": held}).splitlines()
+    assert lines[1].startswith("a,ttft_ms,gpu,100.0000,110.0000,120.0000,h100,vllm,llama,")
+    with pytest.raises(ValueError, match="out of order"):
+        held_out_section(in_sample, {"gpu": held[::-1]})

@@ -69,6 +69,32 @@ def test_a_collective_rows_value_is_bus_bandwidth_or_latency() -> None:
     assert collective_value(m("allreduce_latency_us"), 2e-6) == pytest.approx(2.0)
 
 
+def test_a_collective_row_is_an_all_reduce_over_its_clusters_gpus() -> None:
+    """Over two 8-GPU boards the ring moves 2 * 15/16 of the message, and the time is
+    the two-level one (each board, then the network between them)."""
+    from shardlab.validation import collective_seconds
+
+    def m(cluster: str) -> Measurement:
+        return Measurement(
+            id="c", metric="allreduce_busbw_gbps", value=1.0, unit="", setup="", note="",
+            source="", cluster=parse_cluster(cluster), problem=None, degrees=None,
+            message_bytes=16 * 10**9,
+        )  # fmt: skip
+
+    import numpy as np
+
+    from shardlab.costmodel import Span, collective_time
+
+    assert collective_value(m("h100x16"), 1.0) == pytest.approx(30.0)
+    one, two = (collective_seconds(m(c), "roofline", "trtllm") for c in ("h100x8", "h100x16"))
+    boards = Span(size=16, local=8)
+    nbytes = np.array(16e9)
+    assert two == pytest.approx(
+        float(collective_time("all_reduce", boards, nbytes, parse_cluster("h100x16")))
+    )
+    assert two > one
+
+
 def test_a_set_with_no_readable_row_is_refused() -> None:
     with pytest.raises(ShardlabError, match="no row could be read"):
         MeasurementSet(source="x.csv", rows=[])
