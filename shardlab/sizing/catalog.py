@@ -161,6 +161,7 @@ def size_curve(curve: CatalogCurve, gpus: Sequence[str]) -> tuple[Sizer, list[Si
         output_len=curve.output_len,
         ttft_ms=curve.ttft_ms,
         tpot_ms=curve.tpot_ms,
+        rate=min(curve.rates),  # as `shardlab size --rates` offers it: the lowest
     )
     sizer = Sizer(problem, accs, prices=example_prices(gpus))
     answers = sizer.curve(curve.rates)

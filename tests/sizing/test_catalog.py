@@ -11,6 +11,7 @@ import pytest
 
 from shardlab.bench import SizingRun, sizing_speed
 from shardlab.problems.cluster import builtin_accelerators
+from shardlab.problems.workload import RATE_IN_FLIGHT
 from shardlab.sizing.catalog import (
     EXAMPLE_PRICES,
     CatalogCurve,
@@ -18,6 +19,7 @@ from shardlab.sizing.catalog import (
     example_prices,
     run_catalog,
     size_command,
+    size_curve,
 )
 
 SMALL = CatalogCurve(model="llama-3.1-8b", rates=(2.0, 8.0))
@@ -79,3 +81,12 @@ def test_a_priced_bench_run_sizes_at_the_example_prices() -> None:
     row = sizing_speed(run)
     assert row.gpus == "h100,l4 (vllm, example prices)"
     assert row.answer_gpus is not None and "/h" in row.answer
+
+
+def test_a_curve_is_sized_as_its_size_command_offers_it() -> None:
+    """``shardlab size --rates`` offers the workload at the lowest rate (requests in
+    flight bounded by the engine and the KV cache, not the preset's batch)."""
+    sizer, answers, _ = size_curve(CatalogCurve(model="llama-3.1-8b", rates=(2.0,)), ("h100",))
+    w = sizer.problem.workload
+    assert (w.rate, w.objective, w.batch) == (2.0, "request_rate", RATE_IN_FLIGHT)
+    assert [s.rate for s in answers] == [2.0]
