@@ -129,21 +129,12 @@ def evaluator_markdown(command: str, rows: list[EvaluatorSpeed], repeats: int) -
         head,
         "l" + "r" * 9,
         (
-            [
-                r.instance,
-                r.degree_tuples,
-                f"{r.warm_plans_s:,.0f}",
-                f"{r.points_per_plan:,.1f}",
-                f"{r.warm_points_s:,.0f}",
-                f"{r.first_plans_s:,.0f}",
-                f"{r.batch64_plans_s:,.0f}",
-                f"{r.single_ms:.2f}",
-                f"{r.metrics_ms:.2f}",
-                f"{r.scalar_ms:.2f}",
-            ]
+            [r.instance, r.degree_tuples, f"{r.warm_plans_s:,.0f}", f"{r.points_per_plan:,.1f}",
+             f"{r.warm_points_s:,.0f}", f"{r.first_plans_s:,.0f}", f"{r.batch64_plans_s:,.0f}",
+             f"{r.single_ms:.2f}", f"{r.metrics_ms:.2f}", f"{r.scalar_ms:.2f}"]
             for r in rows
         ),
-    )
+    )  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -187,21 +178,15 @@ def exact_speed(model: str, cluster: str, tie: str, batch: int, seconds: float) 
     r = solve(problem, "cpsat", budget=Budget(max_evals=None, seconds=seconds))
     wall = time.perf_counter() - t0
     return ExactSpeed(
-        model=model,
-        cluster=cluster,
-        tie=tie,
-        batch=batch,
-        layers=problem.model.num_layers,
-        degree_tuples=len(problem.space.degree_tuples),
-        subproblems=r.facts.get("subproblems"),
-        status=r.status,
-        seconds=wall,
+        model=model, cluster=cluster, tie=tie, batch=batch, layers=problem.model.num_layers,
+        degree_tuples=len(problem.space.degree_tuples), subproblems=r.facts.get("subproblems"),
+        status=r.status, seconds=wall,
         throughput_tok_s=r.metrics.throughput_tok_s if r.metrics is not None else None,
         degrees=r.plan.degrees.short() if r.plan is not None else None,
         cpsat_solves=int(r.facts.get("solves") or 0),
         by_shortest_path=int(r.facts.get("by_shortest_path") or 0),
         by_memory_bound=int(r.facts.get("by_memory_bound") or 0),
-    )
+    )  # fmt: skip
 
 
 def exact_markdown(command: str, rows: list[ExactSpeed], seconds: float) -> str:
@@ -226,33 +211,21 @@ def exact_markdown(command: str, rows: list[ExactSpeed], seconds: float) -> str:
         head,
         "llrlrrrlrrlrrr",
         (
-            [
-                r.model,
-                r.cluster,
-                f"{r.batch:,}",
-                r.tie,
-                r.layers,
-                r.degree_tuples,
-                r.subproblems if r.subproblems is not None else "-",
-                r.status,
-                f"{r.seconds:.1f}",
-                f"{r.throughput_tok_s:,.0f}" if r.throughput_tok_s is not None else "-",
-                r.degrees or "-",
-                r.cpsat_solves,
-                r.by_shortest_path,
-                r.by_memory_bound,
-            ]
+            [r.model, r.cluster, f"{r.batch:,}", r.tie, r.layers, r.degree_tuples,
+             r.subproblems if r.subproblems is not None else "-", r.status, f"{r.seconds:.1f}",
+             f"{r.throughput_tok_s:,.0f}" if r.throughput_tok_s is not None else "-",
+             r.degrees or "-", r.cpsat_solves, r.by_shortest_path, r.by_memory_bound]
             for r in rows
         ),
-    )
+    )  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True, kw_only=True)
 class SizingSpeed:
     model: str
-    rate: float
-    gpus: str
+    rate: float | None  # None: one cluster solved (SizingRun.cluster)
+    gpus: str  # the GPU types, and the engine
     slos: str  # as the workload states them (a percentile: simulated)
     traffic: str
     seconds: float
@@ -270,6 +243,10 @@ class SizingRun:
     ttft_ms: float = 2000
     tpot_ms: float = 50
     trace: str | None = None  # "conv": the Azure conversation hour (None: Poisson, 1024/256)
+    gpus: tuple[str, ...] = ("h100", "h200", "b200")
+    engine: str = "trtllm"
+    priced: bool = False  # at the catalog's example prices (shardlab.sizing.catalog)
+    cluster: str | None = None  # instead: `shardlab solve --method cpsat` of it, free space
 
 
 # Issue 36's goals: 1k/256 traffic, TTFT <= 2 s, TPOT <= 50 ms, trtllm's space, over
@@ -287,17 +264,31 @@ SIZING_RUNS = (
         model="llama-3.1-70b", rate=None, percentile=99, ttft_ms=3000, tpot_ms=100,
         trace="conv",
     ),
+    # issue 52's: one GB200 NVL72 domain solved exactly (30 s); DeepSeek-V3 over the
+    # rack-scale, Blackwell Ultra and AMD GPUs with prices (120 s); Llama-3.1-70B over
+    # the inference cards (30 s), on an engine that runs on AMD
+    SizingRun(model="deepseek-v3", rate=None, cluster="gb200x72"),
+    SizingRun(
+        model="deepseek-v3", rate=50.0, engine="sglang", priced=True,
+        gpus=("h100", "h200", "b200", "b300", "gb200", "gb300", "mi355x"),
+    ),
+    SizingRun(
+        model="llama-3.1-70b", rate=20.0, engine="sglang", priced=True,
+        gpus=("l40s", "l4", "a100", "h100"),
+    ),
 )  # fmt: skip
-SIZING_GPUS = ("h100", "h200", "b200")
 
 
 def sizing_speed(run: SizingRun) -> SizingSpeed:
     """Wall seconds of one ``shardlab size`` from nothing solved to the proven answer."""
     from shardlab.problems.cluster import builtin_accelerators
     from shardlab.problems.traces import read_trace
+    from shardlab.sizing.catalog import example_prices
     from shardlab.sizing.size import DEFAULT_MAX_GPUS, Sizer, sizing_cluster
 
-    accs = {g: builtin_accelerators()[g] for g in SIZING_GPUS}
+    if run.cluster is not None:
+        return _solve_run(run)
+    accs = {g: builtin_accelerators()[g] for g in run.gpus}
     start = time.perf_counter()
     trace = None if run.trace is None else read_trace(AZURE_CONV)
     rate = run.rate if trace is None else (run.rate or trace.rate)
@@ -309,7 +300,7 @@ def sizing_speed(run: SizingRun) -> SizingSpeed:
         run.model,
         sizing_cluster(accs, DEFAULT_MAX_GPUS),
         "chat",
-        engine="trtllm",
+        engine=run.engine,
         space_kind="engine",
         input_len=lengths[0],
         output_len=lengths[1],
@@ -318,7 +309,8 @@ def sizing_speed(run: SizingRun) -> SizingSpeed:
         slo_percentile=run.percentile,
         rate=rate,
     )
-    sizer = Sizer(problem, accs, serving="best", traffic=trace)
+    prices = example_prices(run.gpus) if run.priced else None
+    sizer = Sizer(problem, accs, prices=prices, serving="best", traffic=trace)
     sized = sizer.size(rate)
     best = sized.best
     seconds = time.perf_counter() - start
@@ -326,18 +318,33 @@ def sizing_speed(run: SizingRun) -> SizingSpeed:
     return SizingSpeed(
         model=run.model,
         rate=rate,
-        gpus=",".join(SIZING_GPUS),
+        gpus=f"{','.join(run.gpus)} ({run.engine}{', example prices' if prices else ''})",
         slos=f"{at}TTFT <= {run.ttft_ms:g} ms, {at}TPOT <= {run.tpot_ms:g} ms",
         traffic=f"Azure conv, {lengths[0]}/{lengths[1]}" if trace else "Poisson, 1024/256",
         seconds=seconds,
         solves=sizer.caps.solves,
-        answer=best.label() if best else _refusal(sizer, rate),
+        answer=(best.label() + (f", ${best.cost:,.2f}/h" if prices else ""))
+        if best
+        else _refusal(sizer, rate),
         answer_gpus=best.gpus if best else None,
         simulated=", ".join(
             f"{k.removesuffix('_ms').upper()} {v:,.0f} ms"
             for k, v in (sized.simulated or {}).items()
         ),
     )
+
+
+def _solve_run(run: SizingRun) -> SizingSpeed:
+    """``shardlab solve --method cpsat`` of the run's one cluster in a fresh process."""
+    args = ("--model", run.model, "--cluster", run.cluster, *_NEXT, "--space", "free")
+    wall, status, objective, solves = solve_speed(args)  # type: ignore[arg-type]
+    return SizingSpeed(
+        model=run.model, rate=None, gpus=f"{run.cluster} (trtllm, free space)",
+        slos=f"TTFT <= {run.ttft_ms:g} ms, TPOT <= {run.tpot_ms:g} ms",
+        traffic="8,192 offered, 1024/256", seconds=wall, solves=solves or 0,
+        answer=f"`shardlab solve --method cpsat {' '.join(args)}`: {status}, {objective or 0:,.0f} "
+        "tok/s", answer_gpus=int(run.cluster.rsplit("x", 1)[1]),  # type: ignore[union-attr]
+    )  # fmt: skip
 
 
 def _refusal(sizer: Sizer, rate: float) -> str:
@@ -351,20 +358,23 @@ def sizing_markdown(command: str, rows: list[SizingSpeed]) -> str:
         "# Time to a proven sizing",
         "",
         f"Produced by `{command}`; numbers are written by the code, never by hand. "
-        f"Machine: {machine()}. trtllm's launchable space, silicon timing, serving agg or "
-        "disagg, up to 256 GPUs, fewest GPUs; from nothing solved to the proven answer "
+        f"Machine: {machine()}. The engine's launchable space, silicon timing (roofline on "
+        "GPUs without measured kernels), serving agg or disagg, up to 256 GPUs, fewest GPUs "
+        "or, with prices, least $/hour; from nothing solved to the proven answer "
         "(instance capacities solved by CP-SAT, the rest pruned by bounds; a rate past what "
         "every instance shape's CP-SAT bounds reach is refused before any solve). SLOs at a "
         "percentile: each instance's capacity bisected over rate in the simulator, the "
-        "answer simulated whole at the rate (its percentiles in the last column).",
+        "answer simulated whole at the rate (its percentiles in the last column). A row "
+        "without a rate is one cluster solved by `shardlab solve` in a fresh process.",
         "",
     ]
     lines += markdown_table(
-        ["model", "requests/s", "traffic", "SLOs", "seconds", "CP-SAT solves", "answer",
-         "GPUs", "simulated"],
-        "lrllrrlrl",
+        ["model", "GPU types", "requests/s", "traffic", "SLOs", "seconds", "CP-SAT solves",
+         "answer", "GPUs", "simulated"],
+        "llrllrrlrl",
         (
-            [r.model, f"{r.rate:.3g}", r.traffic, r.slos, f"{r.seconds:.1f}", r.solves,
+            [r.model, r.gpus, "-" if r.rate is None else f"{r.rate:.3g}", r.traffic, r.slos,
+             f"{r.seconds:.1f}", r.solves,
              r.answer, r.answer_gpus if r.answer_gpus is not None else "-", r.simulated or "-"]
             for r in rows
         ),

@@ -114,7 +114,8 @@ CompareSuiteOpt = Annotated[
     typer.Option(
         help=f"{listed(SUITES)}, or instance names; comma-separated. sizing: the sizing "
         "suite (shardlab size over models, SLO levels and rates); melange: Mélange's "
-        "experiment (each GPU type against the mix, on short, long and mixed lengths)."
+        "experiment (each GPU type against the mix, on short, long and mixed lengths); "
+        "catalog: the sizing curve of every GPU of the catalog, alone and together."
     ),
 ]
 BudgetsOpt = Annotated[
@@ -208,7 +209,8 @@ def compare(
     SLO levels and rates) into results/sizing/, beside AIConfigurator's answers given
     with ``--aiconfigurator``; ``--suite melange``: Mélange's experiment, each GPU type
     alone against the mix on short, long and mixed lengths, into
-    results/sizing/melange.md."""
+    results/sizing/melange.md; ``--suite catalog``: every GPU of the catalog alone and
+    all together, at example prices, into results/sizing/catalog.md."""
     from shardlab.compare import comparison, run_comparison, summarize, write_results
 
     if suite is not None and (problem.workload.tail or traffic is not None):
@@ -223,6 +225,18 @@ def compare(
         _compare_sizing(
             Path(results_dir),
             aiconfigurator,
+            methods=methods,
+            budgets=budgets,
+            policy=policy,
+            engines=engines,
+            vs_free=vs_free,
+            name=name,
+        )
+        return
+    if suite == "catalog":
+        _compare_catalog(
+            Path(results_dir),
+            aiconfigurator=aiconfigurator,
             methods=methods,
             budgets=budgets,
             policy=policy,
@@ -371,6 +385,22 @@ def _compare_melange(results_dir: Path, **unused: object) -> None:
     out.print(f"sized {len(rows)} (mix, SLO, rate) cells; wrote {out_dir}/melange.md, .json")
 
 
+def _compare_catalog(results_dir: Path, **unused: object) -> None:
+    from shardlab.sizing.catalog import run_catalog
+    from shardlab.sizing.suite import check_suite_options
+
+    check_suite_options(**unused)
+    out_dir = check_output_dir(results_dir / "sizing", flag="--results-dir")
+    command = "shardlab compare " + " ".join(sys.argv[2:])
+    rows = _with_progress(
+        "compare --suite catalog",
+        "curves",
+        lambda on_case: run_catalog(out_dir, command, on_case),
+        lambda row: f"{row['curve_seconds']} s",
+    )
+    out.print(f"sized {len(rows)} (model, rate, GPU) cells; wrote {out_dir}/catalog.*")
+
+
 def _journal(out_dir: Path, fresh: bool) -> Journal:
     """The comparison's journal: emptied with ``--fresh``; else started from the
     committed results.json when the journal itself is not there."""
@@ -458,7 +488,7 @@ def bench(
         for run in b.SIZING_RUNS:
             rows.append(b.sizing_speed(run))
             r = rows[-1]
-            err.print(f"  {r.model} at {r.rate:.3g}/s, {r.slos}: {r.seconds:.1f} s")
+            err.print(f"  {r.model}, {r.gpus}, {r.slos}: {r.seconds:.1f} s")
         text = b.sizing_markdown(command, rows)
     elif what == "solves":
         if instances:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -35,7 +34,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from shardlab.costmodel import BatchMetrics, Metrics, instance_rate, little_rate, prefix_capacity
+from shardlab.costmodel import (
+    BatchMetrics,
+    Metrics,
+    forget_tables,
+    instance_rate,
+    little_rate,
+    prefix_capacity,
+)
 from shardlab.errors import ShardlabError
 from shardlab.problems.cluster import Accelerator, Cluster
 from shardlab.problems.disagg import decode_problem, prefill_problem
@@ -161,9 +167,6 @@ class Capacities:
         self._ceilings: dict[tuple[Role, str, int], float] = {}
         # where :meth:`prefetch` computes side by side (None: one at a time, here)
         self.parallel: Parallel | None = None
-        # processes bounding one instance's subproblems (as many as a CP-SAT solve
-        # bounds them with; one in a sizing's worker, its siblings share the cores)
-        self.bound_workers = os.cpu_count() or 1
         # capacities asked for since the last clear that are not proven (the time limit
         # stopped or prevented their solve): what a partial answer names
         self.unproven: dict[tuple, Capacity] = {}
@@ -332,8 +335,15 @@ class Capacities:
             if self.expired():
                 raise _OutOfTime
 
+        # bounded in this process, not in forked ones (largest_bound's workers): a forked
+        # bound builds the measured kernels' curves of its instance and takes them with it
+        # when it exits, while a sizing's instances of one GPU type share them (every role
+        # and shape). The degree tables of the instances bounded before are dropped (a few
+        # MB each, thousands in a sizing), this one's kept for the solve that may follow:
+        # DeepSeek-V3 over seven GPU types at 50 requests/s took 191 s forked (issue 52)
+        forget_tables()
         try:
-            top = largest_bound(problem, check, workers=self.bound_workers)
+            top = largest_bound(problem, check)
         except _OutOfTime:
             return math.inf
         if not math.isfinite(top) or top <= 0:

@@ -107,7 +107,6 @@ def _work(
     problem, accelerators, seed, left, key = task
     deadline = None if left is None else time.perf_counter() + left
     caps = Capacities(problem, accelerators, seed=seed, deadline=deadline)
-    caps.bound_workers = 1
     return {"value": caps.compute(key)}
 
 
@@ -115,7 +114,6 @@ def _search(task: tuple[Sizer, dict[Key, Any], float | None, float, str]) -> dic
     """In a worker: one GPU type's own cheapest deployment, and what it solved."""
     sizer, known, left, rate, gpu = task
     caps = sizer.caps
-    caps.bound_workers = 1
     if left is not None:
         caps.deadline = time.perf_counter() + left
     for key, value in known.items():
