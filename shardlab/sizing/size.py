@@ -5,7 +5,7 @@ of the model on a power-of-two number of GPUs of one listed type: 1, 2, 4 ... wi
 a node, then 2, 4 ... whole nodes) behind one router that splits the rate over them in
 proportion to their capacities (Mélange's mix of GPU types); disaggregated, a prefill
 pool of identical instances and a decode pool of identical instances, each pool of any
-listed type, the prefill instances handing each prompt's KV cache to the decode
+listed type of one vendor, the prefill instances handing each prompt's KV cache to the decode
 instances over the network (the pools own separate nodes). Every instance runs the
 plan that CP-SAT proves best for it (:mod:`shardlab.sizing.capacity`). Cost is
 ``sum GPUs x $/GPU-hour``, or the GPU count without prices; at most ``max_gpus`` GPUs.
@@ -339,6 +339,10 @@ class Sizer:
             for p_unit, pgpu, pn in pre_kinds:
                 if d_least + p_unit >= bound * (1 - _SAME):
                     break
+                if self.accelerators[pgpu].vendor != self.accelerators[dgpu].vendor:
+                    # no engine's P/D connector (NIXL, Mooncake) documents a CUDA
+                    # build handing its KV cache to a ROCm build, or back
+                    continue
                 least = (d_least, y_least * dn)  # the decode pool's, at the least
                 if not self._open("prefill", (p_unit, pgpu, pn), rate, bound, least):
                     continue

@@ -53,6 +53,8 @@ def _enumerate(sizer: Sizer, rate: float, gpus: list[str]) -> float:
                 if dec.rate <= 0:
                     continue
                 for pg, pn in shapes:
+                    if ACC[pg].vendor != ACC[dg].vendor:
+                        continue
                     pre = caps.prefill(pg, pn, (dg, layout))
                     if pre.rate <= 0:
                         continue
@@ -107,3 +109,14 @@ def test_a_rate_no_deployment_serves_refuses_every_higher_rate_unsolved() -> Non
     assert all(d is None for d in high.by_gpu.values())
     with pytest.raises(ShardlabError, match="rate 400 requests/s"):
         raise sizer.why_unserved(400.0)
+
+
+def test_a_prefill_pool_hands_its_cache_only_to_its_own_vendors_gpus() -> None:
+    """Mixed aggregated instances of NVIDIA and AMD GPUs sit behind one router; a prefill
+    pool of one vendor's GPUs never hands its KV cache to a decode pool of the other's."""
+    sizer = Sizer(small_problem(), {g: ACC[g] for g in ("h100", "mi300x")}, serving="disagg")
+    assert sizer.disagg(1.0, ["h100"], ["mi300x"]) is None
+    assert sizer.disagg(1.0, ["mi300x"], ["h100"]) is None
+    same = sizer.disagg(1.0, ["h100", "mi300x"], ["h100", "mi300x"])
+    assert same is not None
+    assert len({ACC[p.gpu].vendor for p in same.pools}) == 1
