@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 # aiconfigurator-core's name of each built-in accelerator.
-# Only the systems with measured tables: its h100_pcie, l4, a100_pcie and a30 are
+# Only the systems with measured tables (b60: vLLM's only, collectives on oneCCL, so
+# priced by the alpha-beta model here): its h100_pcie, l4, a100_pcie and a30 are
 # estimate-only specs (an empty data directory), timed here by the roofline.
 SYSTEMS = {
     "h100": "h100_sxm",
@@ -43,6 +44,7 @@ SYSTEMS = {
     "gb300": "gb300",
     "l40s": "l40s",
     "rtxpro6000": "rtx_pro_6000_server",
+    "b60": "b60",
 }
 
 # Engine versions whose measurements price each accelerator: the "current" slot of
@@ -72,6 +74,7 @@ ENGINE_VERSIONS = {
     ("rtx_pro_6000_server", "trtllm"): "1.3.0rc20",
     ("rtx_pro_6000_server", "vllm"): "0.24.0",
     ("rtx_pro_6000_server", "sglang"): "0.5.14",
+    ("b60", "vllm"): "0.26.0",
     ("a100_sxm", "trtllm"): "1.0.0",
     ("a100_sxm", "vllm"): "0.14.0",
     ("a100_sxm", "sglang"): "0.5.10",

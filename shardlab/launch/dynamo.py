@@ -133,12 +133,14 @@ def _service_name(group: PodGroup) -> str:
 def dynamo_objects(groups: list[PodGroup], opts: PodOptions) -> list[dict[str, Any]]:
     """The graph deployment (and a ConfigMap when a worker reads a file)."""
     engines = {g.engine for g in groups}
-    amd = sorted({g.gpu for g in groups if g.server.problem.cluster.accelerator.vendor == "amd"})
-    if amd:
+    other = sorted(
+        {g.gpu for g in groups if g.server.problem.cluster.accelerator.vendor != "nvidia"}
+    )
+    if other:
         raise ShardlabError(
-            f"target dynamo: {', '.join(amd)} is an AMD GPU, and Dynamo's runtime images "
-            f"(nvcr.io/nvidia/ai-dynamo, {DYNAMO_VERSION}) are CUDA builds; its AMD support "
-            "is not checked",
+            f"target dynamo: {', '.join(other)} is not an NVIDIA GPU, and Dynamo's runtime "
+            f"images (nvcr.io/nvidia/ai-dynamo, {DYNAMO_VERSION}) are CUDA builds; its AMD "
+            "and Intel support is not checked",
             field="target",
             fix="use target k8s or llm-d (vLLM's and SGLang's ROCm images)",
         )

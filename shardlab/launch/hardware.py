@@ -47,7 +47,9 @@ ROCM_IMAGES = {
     ("sglang", "mi30x"): "lmsysorg/sglang:v0.5.14-rocm720-mi30x",
     ("sglang", "mi35x"): "lmsysorg/sglang:v0.5.14-rocm720-mi35x",
 }
-GPU_RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
+# Intel's device plugin (intel/intel-device-plugins-for-kubernetes) names a GPU by its
+# kernel driver; the Arc Pro B60 (Battlemage) runs the xe driver.
+GPU_RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu", "intel": "gpu.intel.com/xe"}
 MNNVL_ENV = (("NCCL_MNNVL_ENABLE", "1"), ("NCCL_CUMEM_ENABLE", "1"))
 # What `docker run` needs to reach AMD GPUs (ROCm docs, "vLLM inference and serving on
 # ROCm" and "SGLang inference and serving on ROCm"); in Kubernetes the device plugin
@@ -65,9 +67,17 @@ def gpu_resource(acc: Accelerator) -> str:
 
 def image(engine: str, acc: Accelerator) -> str:
     """The engine's image for ``acc``: its release image on NVIDIA, the ROCm build for
-    the GPU's family on AMD (refused for an AMD GPU whose family is not known)."""
+    the GPU's family on AMD (refused for an AMD GPU whose family is not known, and on
+    Intel, whose images are the user's to give)."""
     if acc.vendor == "nvidia":
         return RELEASE_IMAGES[engine]
+    if acc.vendor == "intel":
+        raise ShardlabError(
+            f"accelerator {acc.key!r}: no image of {engine}'s XPU build is pinned here "
+            "(none checked against a release)",
+            field="image",
+            fix=f"give {engine}'s XPU image for it",
+        )
     family = AMD_FAMILIES.get(acc.key)
     if family is None:
         raise ShardlabError(

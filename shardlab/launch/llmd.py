@@ -53,6 +53,8 @@ PROXY_PORT = 8200  # routing.proxy.targetPort: the decode server behind the side
 NIXL_SIDE_PORT = "5600"
 NIXL_KV = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, separators=(",", ":"))
 MODEL_MOUNT = "/model-cache"
+# the chart's accelerator.type per vendor (Intel's by its xe driver, as its resource)
+LLMD_ACCELERATORS = {"nvidia": "nvidia", "amd": "amd", "intel": "intel-xe"}
 
 
 def _argv(group: PodGroup, argv: list[str], disagg: bool) -> list[str]:
@@ -182,7 +184,9 @@ def llmd_values(groups: list[PodGroup], opts: PodOptions) -> dict[str, Any]:
         "fullnameOverride": opts.name,
         "multinode": any(g.nodes > 1 for g in groups),
         # the chart's accelerator (its default resource names and environment)
-        "accelerator": {"type": groups[0].server.problem.cluster.accelerator.vendor},
+        "accelerator": {
+            "type": LLMD_ACCELERATORS[groups[0].server.problem.cluster.accelerator.vendor]
+        },
         "modelArtifacts": artifacts,
         "routing": {
             "servicePort": PORT,

@@ -31,7 +31,7 @@ import yaml
 from shardlab.errors import ShardlabError
 from shardlab.problems.limits import MAX_GPUS, MAX_GPUS_PER_NODE, check_count, check_finite
 
-VENDORS = ("nvidia", "amd")
+VENDORS = ("nvidia", "amd", "intel")
 
 
 def check_domain(per_host: int, per_domain: int, *, where: str) -> None:
@@ -61,7 +61,7 @@ class Accelerator:
     net_latency_us: float
     gpus_per_node: int  # GPUs per host
     gpus_per_domain: int  # GPUs per scale-up fabric (NVLink, xGMI, PCIe), whole hosts
-    vendor: str  # nvidia or amd
+    vendor: str  # nvidia, amd or intel
 
     def __post_init__(self) -> None:
         positive = ("bf16_tflops", "hbm_gb", "hbm_gbps", "nvlink_gbps", "net_gbps")

@@ -22,6 +22,7 @@ from typing import Any
 
 from shardlab.files import make_dir, markdown_table, write_text
 from shardlab.problems.cluster import builtin_accelerators
+from shardlab.problems.engines import VENDOR_ENGINES
 from shardlab.problems.problem import Problem
 from shardlab.sizing.answer import sizing_json
 from shardlab.sizing.deployment import Deployment
@@ -122,8 +123,8 @@ class CatalogCurve:
     tpot_ms: float = 50
 
 
-# vLLM and SGLang run on every GPU of the catalog (TensorRT-LLM on none of AMD's);
-# SGLang is the engine of InferenceX's AMD runs.
+# SGLang runs on every NVIDIA and AMD GPU of the catalog (TensorRT-LLM on none of
+# AMD's) and is the engine of InferenceX's AMD runs; Intel's B60 runs vLLM only.
 ENGINE = "sglang"
 CURVES = (
     CatalogCurve(model="llama-3.1-70b", rates=(5, 10, 20, 40, 80)),
@@ -132,8 +133,8 @@ CURVES = (
 
 
 def catalog_gpus() -> tuple[str, ...]:
-    """Every GPU of the built-in catalog, in its order."""
-    return tuple(builtin_accelerators())
+    """Every GPU of the built-in catalog the suite's engine runs on, in its order."""
+    return tuple(k for k, a in builtin_accelerators().items() if ENGINE in VENDOR_ENGINES[a.vendor])
 
 
 def size_command(curve: CatalogCurve, gpus: Sequence[str]) -> str:
@@ -272,6 +273,10 @@ def run_catalog(
             on_case(curve.model, [{**these[0], "curve_seconds": round(seconds, 1)}])
     head = [
         "# Sizing across the whole catalog",
+        "",
+        f"Every catalog GPU that {ENGINE} runs on; left out: "
+        + ", ".join(k for k in builtin_accelerators() if k not in catalog_gpus())
+        + f" ({ENGINE} does not run there).",
         "",
         f"Produced by `{command}`; numbers are written by the code, never by hand. Each "
         "model's curve is also one `shardlab size` command, written under its table. "

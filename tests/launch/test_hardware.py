@@ -208,7 +208,7 @@ def test_amd_gpus_get_rocm_images_and_amd_resources(engine: str, gpu: str) -> No
     check_flags(engine, shell)  # mori is one of the pinned versions' choices
     assert not any(c.env for c in shell.commands)
     assert any(ROCM_DOCKER in n and AMD_IMAGES[(engine, gpu)] in n for n in shell.notes)
-    with pytest.raises(ShardlabError, match="AMD GPU") as caught:
+    with pytest.raises(ShardlabError, match="not an NVIDIA GPU") as caught:
         dynamo_objects(plan_groups(problem, plan, model_path=MODEL), OPTS)
     assert caught.value.field == "target" and "\n" not in str(caught.value)
     if engine == "vllm":
@@ -219,6 +219,29 @@ def test_amd_gpus_get_rocm_images_and_amd_resources(engine: str, gpu: str) -> No
         assert lc["resources"]["limits"] == {"amd.com/gpu": "8"}
         assert lc["image"] == AMD_IMAGES[(engine, gpu)]
     assert unpinned_note(plan_groups(problem, plan, model_path=MODEL))  # AMD: not pinned
+
+
+def test_an_intel_gpu_runs_vllm_with_the_image_given_and_intels_resource() -> None:
+    """The Arc Pro B60: vLLM only (its XPU backend), no pinned image (the user's to
+    give), ``gpu.intel.com/xe`` in every manifest, and Dynamo refused."""
+    problem, plan = case_plan("vllm", "llama-3.1-8b", "b60x4", Degrees(tp=4, etp=4), ())
+    groups = plan_groups(problem, plan, model_path=MODEL)
+    with pytest.raises(ShardlabError, match="XPU") as caught:
+        k8s_objects(groups, OPTS)
+    assert caught.value.field == "image"
+    given = dataclasses.replace(OPTS, image="my/vllm-xpu:1")
+    objects = k8s_objects(groups, given)
+    for obj in objects:
+        check_k8s(obj)
+    (dep,) = _objects_of(objects, "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "my/vllm-xpu:1"
+    assert c["resources"]["limits"] == {"gpu.intel.com/xe": 4}
+    doc = llmd_values(groups, given)
+    check_llmd(doc)
+    assert doc["accelerator"] == {"type": "intel-xe"}
+    with pytest.raises(ShardlabError, match="not an NVIDIA GPU"):
+        dynamo_objects(groups, OPTS)
 
 
 def test_an_amd_gpu_of_unknown_family_needs_an_image() -> None:

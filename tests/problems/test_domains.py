@@ -59,12 +59,12 @@ def test_every_catalog_gpu_states_its_host_domain_and_vendor() -> None:
     accs = builtin_accelerators()
     expected = {
         "h100", "h200", "b200", "a100", "b300", "gb200", "gb300",
-        "h100pcie", "l40s", "l4", "rtxpro6000", "mi300x", "mi325x", "mi355x",
+        "h100pcie", "l40s", "l4", "rtxpro6000", "mi300x", "mi325x", "mi355x", "b60",
     }  # fmt: skip
     assert set(accs) == expected
     for a in accs.values():
         assert a.gpus_per_domain % a.gpus_per_node == 0
-        assert a.vendor in ("nvidia", "amd")
+        assert a.vendor in ("nvidia", "amd", "intel")
     assert {k for k, a in accs.items() if a.vendor == "amd"} == {"mi300x", "mi325x", "mi355x"}
     assert {k for k, a in accs.items() if a.gpus_per_domain > a.gpus_per_node} == {
         "gb200",
@@ -194,3 +194,9 @@ def test_disaggregated_optimum_equals_enumeration_on_a_small_rack(tmp_path: Path
     truth = brute_force(problem)
     assert truth > 0 and r.status == "optimal" and r.metrics is not None
     assert r.metrics.request_rate == pytest.approx(truth, rel=1e-9)
+
+
+def test_the_intel_card_runs_vllm_only() -> None:
+    with pytest.raises(ShardlabError, match="INTEL GPUs are served by vllm"):
+        Problem.build("llama-3.1-8b", "b60x4", "chat", engine="sglang")
+    assert Problem.build("llama-3.1-8b", "b60x4", "chat", engine="vllm").engine == "vllm"

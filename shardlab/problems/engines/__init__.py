@@ -20,8 +20,13 @@ from shardlab.problems.operators import HEAD_OPS, layer_ops
 Engine = Literal["trtllm", "vllm", "sglang"]
 ENGINES: tuple[str, ...] = get_args(Engine)
 # The engines each vendor's GPUs run: TensorRT-LLM is CUDA only; vLLM and SGLang ship
-# ROCm builds for AMD Instinct.
-VENDOR_ENGINES: dict[str, tuple[str, ...]] = {"nvidia": ENGINES, "amd": ("vllm", "sglang")}
+# ROCm builds for AMD Instinct; on Intel's Arc Pro, vLLM's XPU backend (the one engine
+# aiconfigurator-core measures there).
+VENDOR_ENGINES: dict[str, tuple[str, ...]] = {
+    "nvidia": ENGINES,
+    "amd": ("vllm", "sglang"),
+    "intel": ("vllm",),
+}
 
 CAPABILITIES: dict[str, Capability] = {
     "trtllm": TensorRTLLM(),
