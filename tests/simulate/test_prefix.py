@@ -104,13 +104,15 @@ def _unshared(traffic, block: int):
 @pytest.mark.parametrize("engine", ["vllm", "trtllm", "sglang"])
 def test_prefixes_no_prompt_shares_change_nothing(engine: str) -> None:
     """A run whose prompts share no block is the run without prefixes, to the bit,
-    under enough load that the cache fills, vLLM and SGLang preempt, and cached blocks
-    must give way to running requests."""
+    under enough load that the cache fills and cached blocks must give way to running
+    requests. Short of preemption: a preempted request finds its own prompt's blocks
+    again, which a run without prefixes recomputes (the test below); at 5 requests/s
+    SGLang preempts 5 requests under the engine costs fitted in deb6c38."""
     deployment, pcs = priced(engine)
     traffic = synthetic_traffic(
         requests=1500,
         lengths=Lengths(kind="uniform", input_len=6000, output_len=1500, range_ratio=0.2),
-        arrivals=Arrivals(kind="gamma", rate=5.0, cv=3.0),
+        arrivals=Arrivals(kind="gamma", rate=4.0, cv=3.0),
         seed=3,
     )
     # every rank's prompts fill its cache three times over: blocks are evicted
@@ -121,7 +123,7 @@ def test_prefixes_no_prompt_shares_change_nothing(engine: str) -> None:
     assert cached.prefix_hit_rate == 0.0
     for name in ("arrival_s", "first_s", "finish_s", "rank", "itl_s", "itl_n"):
         assert np.array_equal(getattr(plain, name), getattr(cached, name)), name
-    assert plain.preemptions == cached.preemptions
+    assert plain.preemptions == cached.preemptions == 0
 
 
 def test_a_preempted_request_finds_its_own_prompt_again_uncounted() -> None:
