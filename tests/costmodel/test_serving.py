@@ -166,7 +166,7 @@ OWN_ROWS = (
     "1024,1024,fp8,,16,4,1,1,4,1,,,,,,,,,,,,,,,150,20\n"
     "b,db-dump,trtllm,1.2,deepseek-ai/DeepSeek-V3,h200_sxm,fp8,disagg,1024,1024,fp8,fp8,,,,,,,"
     "1,2,8,1,1,1,8,32,1,8,1,1,1,8,400,30\n"
-    "c,db-dump,trtllm,1.2,meta-llama/Llama-3.1-70B,b60,fp8,agg,1024,1024,fp8,,8,4,1,1,4,1,"
+    "c,db-dump,trtllm,1.2,meta-llama/Llama-3.1-70B,a30,fp8,agg,1024,1024,fp8,,8,4,1,1,4,1,"
     ",,,,,,,,,,,,,,150,20\n"
     "d,db-dump,trtllm,1.2,meta-llama/Llama-3.1-70B,h100_sxm,int4,agg,1024,1024,int4_wo,,8,4,1,"
     "1,4,1,,,,,,,,,,,,,,,150,20\n"
@@ -187,7 +187,7 @@ def test_a_users_file_in_the_samples_columns_reports_its_good_rows(tmp_path: Pat
     assert sorted({m.id for m in measured.rows}) == ["a", "b"]
     reasons = {x.id: x.reason for x in measured.refused}
     assert sorted(reasons) == ["c", "d", "e", "f"]
-    assert "system 'b60'" in reasons["c"] and "int4_wo" in reasons["d"]
+    assert "system 'a30'" in reasons["c"] and "int4_wo" in reasons["d"]
     assert "silicon_ttft_ms" in reasons["e"] and "worker counts" in reasons["f"]
     a = next(m for m in measured.rows if m.id == "a" and m.metric == "ttft_ms")
     assert a.problem is not None and a.problem.workload.clients == 16
