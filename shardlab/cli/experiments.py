@@ -221,32 +221,9 @@ def compare(
             fix="drop --suite to compare the methods on this problem, or drop them",
         )
     traffic = simulated(problem, traffic)
-    if suite == "sizing":
-        _compare_sizing(
-            Path(results_dir),
-            aiconfigurator,
-            methods=methods,
-            budgets=budgets,
-            policy=policy,
-            engines=engines,
-            vs_free=vs_free,
-            name=name,
-        )
-        return
-    if suite == "catalog":
-        _compare_catalog(
-            Path(results_dir),
-            aiconfigurator=aiconfigurator,
-            methods=methods,
-            budgets=budgets,
-            policy=policy,
-            engines=engines,
-            vs_free=vs_free,
-            name=name,
-        )
-        return
-    if suite == "melange":
-        _compare_melange(
+    tables = {"sizing": _compare_sizing, "catalog": _compare_catalog, "melange": _compare_melange}
+    if suite in tables:
+        tables[suite](
             Path(results_dir),
             aiconfigurator=aiconfigurator,
             methods=methods,
