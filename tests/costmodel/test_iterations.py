@@ -9,7 +9,7 @@ from functools import cache
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shardlab import Degrees, Problem, ShardlabError
@@ -217,6 +217,8 @@ def test_analytic_iteration_times_grow_with_their_work(
 
 @pytest.mark.slow  # samples every plan and engine: a dozen builds of 1-4 s
 @settings(max_examples=60, deadline=None)
+# a one-token chunk where SGLang's measured prefill dips (found by CI)
+@example(case=("dsv3-dp8-ep8-pp2", "sglang"), c=0, context=1.0, prompt=1.0, prompt_context=19.0)
 @given(
     case=st.sampled_from(CASES),
     c=st.integers(0, 16),
