@@ -19,7 +19,7 @@ from shardlab.errors import ShardlabError
 from shardlab.problems.datafile import load_records
 from shardlab.problems.problem import Problem
 
-Size = Literal["small", "medium", "large", "paper", "slo", "disagg"]
+Size = Literal["small", "medium", "large", "paper", "transfer", "slo", "disagg"]
 Split = Literal["train", "heldout"]
 
 
@@ -53,7 +53,18 @@ class Instance:
 # The instances, in data/instances.yaml.
 INSTANCES: tuple[Instance, ...] = tuple(load_records("instances.yaml", Instance).values())
 
-SUITES = ("small", "medium", "large", "paper", "slo", "disagg", "train", "heldout", "all")
+SUITES = (
+    "small",
+    "medium",
+    "large",
+    "paper",
+    "transfer",
+    "slo",
+    "disagg",
+    "train",
+    "heldout",
+    "all",
+)
 
 
 def get_instance(name: str) -> Instance:
@@ -73,7 +84,7 @@ def get_suite(name: str) -> tuple[Instance, ...]:
         return tuple(dict.fromkeys(i for part in parts for i in part))
     if name == "all":
         return INSTANCES
-    if name in ("small", "medium", "large", "paper", "slo", "disagg"):
+    if name in ("small", "medium", "large", "paper", "transfer", "slo", "disagg"):
         return tuple(i for i in INSTANCES if i.size == name)
     if name in ("train", "heldout"):
         return tuple(i for i in INSTANCES if i.split == name)

@@ -98,7 +98,15 @@ def test_the_shipped_tables() -> None:
     )
     assert PRESETS["latency"].objective == "latency" and PRESETS["latency"].batch == 1
     assert len(INSTANCES) == len({i.name for i in INSTANCES}) == 30
-    assert {i.size for i in INSTANCES} == {"small", "medium", "large", "paper", "slo", "disagg"}
+    assert {i.size for i in INSTANCES} == {
+        "small",
+        "medium",
+        "large",
+        "paper",
+        "transfer",
+        "slo",
+        "disagg",
+    }
     gemma3, gemma4 = FAMILIES["gemma3_text"], FAMILIES["gemma4_text"]
     assert gemma3.defaults["vocab_size"] == 262208 and gemma4.defaults["vocab_size"] == 262144
     assert gemma4.norms_per_layer == gemma3.norms_per_layer == 4

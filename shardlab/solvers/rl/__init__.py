@@ -3,24 +3,29 @@
 Method (one iteration; nothing depends on the budget, so the run is anytime):
 
 1. the **elite history** is the ``elite_size`` best distinct plans evaluated so far
-   (seeded by the Megatron plans priced for the reward's reference; with
-   ``elite_per_degrees`` at most that many of one degree tuple);
+   (seeded by the Megatron plans priced for the reward's reference and, with
+   ``start_recipes``, the engine's recipe plans; with ``elite_per_degrees`` at most
+   that many of one degree tuple: edit keeps the best plan of each of the best tuples);
 2. the **policy** reads it with attention and proposes ``batch_size`` new plans. Two
    ways (``proposal``): **"edit"** (the default, :mod:`~shardlab.solvers.rl.edit`)
-   picks an elite plan and the decisions to change in it and what they become;
+   picks an elite plan and the decisions to change in it and what they become (a
+   move to another degree tuple starts from the best plan seen there, ``rebase``; an
+   option's logit weighs its cost under the tuple, ``cost_features``,
+   :mod:`~shardlab.solvers.rl.costs`);
    **"decode"** (:mod:`~shardlab.solvers.rl.policy`, the paper's decoder) builds every
    plan decision by decision from scratch. Both mask every decision to the values
    valid given the others, so every proposal is a valid plan;
 3. the plans go to the shared evaluator; their **reward** is their rank in the elite
-   history (edit) or ``log(objective / megatron objective)`` (decode; latency: the
-   inverse ratio); infeasible plans get ``-infeasible_base - infeasible_scale *
-   log1p(miss)``, graded by how far they miss memory and the SLOs
+   history averaged with whether they beat their parent (edit) or ``log(objective /
+   megatron objective)`` (decode; latency: the inverse ratio); infeasible plans get
+   ``-infeasible_base - infeasible_scale * log1p(miss)``, graded by how far they miss
+   memory and the SLOs, just below the feasible range
    (:mod:`~shardlab.solvers.rl.reward`);
 4. **PPO** (clipped surrogate, normalized advantages, optional entropy bonus; one
    step per batch for edit, four for decode; or REINFORCE with a moving baseline)
    updates the policy on the batch, and the elite
-   history is updated. After an iteration without progress (edit: no new best;
-   decode: no new plan) the sampling temperature rises, up to ``max_temperature``.
+   history is updated. After an iteration that proposed no new plan the sampling
+   temperature rises (``reheat_on``), up to ``max_temperature``.
 
 Why two: with options chosen per layer (the paper's 1.6T MoE, ~800 decisions) a plan
 decoded from scratch by a policy that has not yet learned each decision is mostly
@@ -55,6 +60,6 @@ an initialization learned by Reptile) starts the search on others
 (``get_solver("rl", policy=path)``).
 
 torch is imported only by the modules that need it (``policy``, ``search``, ``solver``,
-``checkpoint``, ``train``); ``decisions``, ``features``, ``reward`` and ``config`` are
-numpy only, for the gymnasium environment.
+``checkpoint``, ``train``); ``decisions``, ``features``, ``costs``, ``reward`` and
+``config`` are numpy only, for the gymnasium environment.
 """

@@ -11,7 +11,7 @@ from shardlab.solvers.choices import check_choices, hints, read_text
 Algorithm = Literal["ppo", "reinforce"]
 Proposal = Literal["edit", "decode"]
 EliteEncoding = Literal["attention", "mean"]
-Reward = Literal["log", "rank"]
+Reward = Literal["log", "rank", "parent"]
 ReheatOn = Literal["repeat", "stall"]
 # Knobs that shape the network: a loaded checkpoint keeps its own.
 NETWORK_FIELDS: tuple[str, ...] = (
@@ -31,9 +31,9 @@ NETWORK_FIELDS: tuple[str, ...] = (
 PROPOSAL_DEFAULTS: dict[str, dict[str, Any]] = {
     "edit": {
         "entropy_coef": 0.0,
-        "reward": "rank",
-        "elite_per_degrees": 4,
-        "reheat_on": "stall",
+        "reward": "parent",
+        "elite_per_degrees": 1,
+        "reheat_on": "repeat",
         "max_temperature": 2.0,
         "ppo_epochs": 1,
     },
@@ -45,6 +45,16 @@ PROPOSAL_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_temperature": 8.0,
         "ppo_epochs": 4,
     },
+}
+
+
+# The infeasible penalty by reward: just below its feasible range. A penalty far below
+# it (5 under a rank reward in [0, 1]) teaches an edit policy to flee the memory limit,
+# where the best plans of a large model sit (results/rl-ablation).
+PENALTY_DEFAULTS: dict[str, dict[str, float]] = {
+    "log": {"infeasible_base": 5.0, "infeasible_scale": 1.0},
+    "rank": {"infeasible_base": 0.5, "infeasible_scale": 0.2},
+    "parent": {"infeasible_base": 0.5, "infeasible_scale": 0.2},
 }
 
 
@@ -84,7 +94,13 @@ class RLConfig:
     elite_per_degrees: int | None = None
     """*Improvement*: at most this many elite plans share one degree tuple (0: no cap), so
     the history keeps several degree regions in view instead of K variants of one.
-    Default by proposal (:data:`PROPOSAL_DEFAULTS`): 4 for "edit", 0 for "decode"."""
+    Default by proposal (:data:`PROPOSAL_DEFAULTS`): 1 for "edit" (the elite is the best
+    plan of each of the K best tuples, each a parent of its own), 0 for "decode"."""
+    start_recipes: bool = True
+    """*Improvement*: the elite history starts with the engine's recipe plans
+    (:func:`~shardlab.solvers.recipe.recipe_plans`: attention DP with wide EP for a
+    DeepSeek-class model) besides the Megatron plans, so the first proposals edit what
+    a user would deploy by following the engine's guide."""
     batch_size: int = 16
     """Plans sampled (and evaluated) per iteration."""
     elite_features: bool = True
@@ -106,6 +122,35 @@ class RLConfig:
     """edit: initial shift of every class's "keep" logit in a proposal whose degree tuple
     changed (negative: such a proposal also re-chooses whole classes, whose best
     values differ between tuples; learned from there)."""
+    decoupled_stay: bool = True
+    """*Improvement*, edit: a decision's held value scores its stay logit over the log-sum
+    of the other valid values' logits, so the stay logit alone sets how often it
+    changes and the candidates' logits (pointer, elite share, cost) only what it
+    becomes; added to the held value's own logit instead, a value every elite plan
+    shares (+4 from the elite share) almost never changes."""
+    stay_range: float = 3.0
+    """*Improvement*, edit: the learned part of each stay and keep logit is bounded to
+    ``±stay_range`` (a factor of e**3 = 20 in the odds of a change); 0 leaves it
+    unbounded."""
+    degree_follow: bool = True
+    """*Improvement*, edit: once one degree axis of a proposal moved, the axes after it
+    choose without the pull towards the parent's values, so moving two axes together
+    (tensor parallel up and attention DP down, the replica's size kept) is as likely as
+    moving one."""
+    rebase: bool = True
+    """*Improvement*, edit: a proposal that moves to another degree tuple keeps the
+    options of the best plan seen on that tuple (when one was seen) instead of its
+    parent's, which were chosen for the parent's tuple; the elite's best per tuple are
+    then the parents of every move between tuples."""
+    cost_features: bool = True
+    """*Improvement*, edit: each option candidate's logit gains a learned per-operator
+    weighting of what it costs under the proposal's degree tuple (its time and memory
+    over the decision's cheapest, :mod:`~shardlab.solvers.rl.costs`), so a proposal on
+    a new tuple re-chooses options by what they cost there, and a pretrained preference
+    is about cost rather than option names."""
+    cost_prior: float = 1.0
+    """edit: initial weight on ``log(time / fastest)`` (an option twice as slow as the
+    decision's fastest starts ``cost_prior * log 2`` lower); memory starts at 0."""
     degree_edit: float = 0.6
     """edit: probability that an untrained policy changes the parent's degree tuple."""
     reheat: float = 1.5
@@ -114,9 +159,9 @@ class RLConfig:
     spending its budget instead of stalling; 1 disables it."""
     reheat_on: ReheatOn | None = None
     """When the temperature rises: after an iteration that proposed no new plan
-    ("repeat", the default of "decode") or no plan better than the best so far
-    ("stall", the default of "edit": a converged edit policy keeps proposing new but
-    worse neighbours, never repeats)."""
+    ("repeat", the default) or no plan better than the best so far ("stall": hotter
+    proposals change more decisions at once, which near the memory limit of a large
+    model makes most of them infeasible; results/rl-ablation)."""
     max_temperature: float | None = None
     """Ceiling of the reheated temperature while the iterations still propose new plans
     (default 2 for "edit", 8 for "decode")."""
@@ -160,20 +205,29 @@ class RLConfig:
     (below); "rank" (the default of "edit"): the share of the elite history a plan
     beats (0 to 1; infeasible plans keep the penalty below), which does not depend on
     how far apart objectives are and stays informative when every proposal is close to
-    the elite."""
+    the elite; "parent" (edit): the mean of that share and whether the plan beats its
+    parent (1, a tie 0.5), so improving an elite plan of a degree tuple behind the best
+    pays too and the search tunes several tuples' options side by side instead of
+    only the leading tuple's."""
     feasible_floor: float = 4.0
     """A feasible plan's reward, log(objective / reference), is at least ``-feasible_floor``."""
-    infeasible_base: float = 5.0
+    infeasible_base: float | None = None
     """An infeasible plan gets ``-infeasible_base - infeasible_scale * log1p(excess)``:
-    below every feasible plan, and worse the further it misses memory and the SLOs."""
-    infeasible_scale: float = 1.0
-    """Slope of the infeasible penalty in log1p of the relative miss."""
+    below every feasible plan, and worse the further it misses memory and the SLOs.
+    Default by reward (:data:`PENALTY_DEFAULTS`): 5 for "log", 0.5 for the ranks, whose
+    feasible rewards lie in [0, 1]."""
+    infeasible_scale: float | None = None
+    """Slope of the infeasible penalty in log1p of the relative miss (default 1 for
+    "log", 0.2 for the ranks)."""
 
     def __post_init__(self) -> None:
         if self.proposal in PROPOSAL_DEFAULTS:
             for name, value in PROPOSAL_DEFAULTS[self.proposal].items():
                 if getattr(self, name) is None:
                     object.__setattr__(self, name, value)
+        for name, value in PENALTY_DEFAULTS.get(self.reward, {}).items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
         check_choices(self, "rl config")
         if self.edits <= 0 or self.class_edits <= 0 or not 0 < self.degree_edit < 1:
             raise ShardlabError(
@@ -190,9 +244,11 @@ class RLConfig:
             raise ShardlabError(
                 "rl config: reheat, max_temperature and repeat_temperature must be at least 1"
             )
-        if self.feasible_floor <= 0 or self.infeasible_base < self.feasible_floor:
+        if self.feasible_floor <= 0 or self.infeasible_base <= 0:
+            raise ShardlabError("rl config: feasible_floor and infeasible_base must be positive")
+        if self.reward == "log" and self.infeasible_base < self.feasible_floor:
             raise ShardlabError(
-                "rl config: infeasible_base must be at least feasible_floor (> 0) so every "
+                "rl config: infeasible_base must be at least feasible_floor so every "
                 "infeasible plan scores below every feasible one"
             )
 

@@ -50,7 +50,14 @@ import torch
 from torch import nn
 
 from shardlab.solvers.rl.config import RLConfig
-from shardlab.solvers.rl.features import CAND_DIM, CONTEXT_DIM, STEP_DIM, decision_classes
+from shardlab.solvers.rl.costs import COST_DIM
+from shardlab.solvers.rl.features import (
+    CAND_DIM,
+    CONTEXT_DIM,
+    OP_VOCAB,
+    STEP_DIM,
+    decision_classes,
+)
 from shardlab.solvers.rl.policy import NEG, Elite, ProblemTensors, mlp
 
 
@@ -60,6 +67,8 @@ class EditRollout:
 
     actions: torch.Tensor  # (B, T)
     parents: torch.Tensor  # (B,) index into the elite (0 when the elite is empty)
+    held: torch.Tensor  # (B, T) what each decision stays at: the parent's, or rebased
+    rebased: torch.Tensor  # (B,) bool: options taken from the best plan of a new tuple
     moves: torch.Tensor  # (B, C) class moves: a value slot, or W for "keep"
     move_masks: torch.Tensor  # (B, C, W + 1) bool
     masks: torch.Tensor  # (B, T, W + 1) bool
@@ -100,7 +109,9 @@ def static_of(pt: ProblemTensors, config: RLConfig) -> Static:
     p_deg = 1.0 - (1.0 - config.degree_edit) ** (1.0 / max(k, 1))
 
     def offset(n_values: int, p: float) -> float:
-        return math.log(max(n_values - 1, 1) * (1.0 - p) / p)
+        # decoupled, the stay logit is against the other values' log-sum: n plays no part
+        n = 2 if config.decoupled_stay else n_values
+        return math.log(max(n - 1, 1) * (1.0 - p) / p)
 
     offsets = [
         offset(len(step.values), p_deg if t < k else p_rest) for t, step in enumerate(dec.steps)
@@ -168,6 +179,12 @@ class EditPolicy(nn.Module):
         self.attend = config.elite_encoding == "attention"
         self.elite_gain = nn.Parameter(torch.tensor(float(config.elite_prior)))
         self.regroup = nn.Parameter(torch.tensor(float(config.regroup_prior)))
+        # per operator, a gain on each candidate's cost features under the chosen degree
+        # tuple (:mod:`~shardlab.solvers.rl.costs`): slower options start less likely
+        gain = torch.zeros(len(OP_VOCAB), COST_DIM)
+        gain[:, 0] = -config.cost_prior
+        self.cost_gain = nn.Parameter(gain)
+        self.use_costs = config.cost_features
         self.step_embed = mlp(STEP_DIM, d)
         self.cand_embed = mlp(CAND_DIM, d)
         self.query_embed = mlp(CONTEXT_DIM, d)
@@ -232,26 +249,93 @@ class EditPolicy(nn.Module):
         if self.logit_clip > 0:  # bounded logits keep every valid candidate reachable
             logits = self.logit_clip * torch.tanh(logits / self.logit_clip)
         base = torch.cat([logits + self.elite_gain * share, torch.zeros(n_steps, 1)], 1)
-        stay = self.stay_head(h)[:, 0] + st.offsets
+        stay = self._bounded(self.stay_head(h)[:, 0]) + st.offsets
         # a class moves all its decisions to one value, scored by its members' means
-        keep = self.keep_head(st.members @ h)[:, 0] + st.keep_offsets
+        keep = self._bounded(self.keep_head(st.members @ h)[:, 0]) + st.keep_offsets
         move = torch.cat([st.members @ base[:, :width], keep[:, None]], 1)
         return Scores(parent=parent, base=base, stay=stay, move=move, regroup=self.regroup)
 
-    @staticmethod
-    def _decisions(s: Scores, held: torch.Tensor, t: slice, mask: torch.Tensor) -> torch.Tensor:
-        """Logits of steps ``t`` given the values ``held`` there (the stay targets)."""
-        base, stay = s.base[t], s.stay[t]
-        onehot = torch.nn.functional.one_hot(held, base.shape[-1]).float()
-        return (base + stay[:, None] * onehot).masked_fill(~mask, NEG)
+    def _decisions(
+        self,
+        s: Scores,
+        held: torch.Tensor,
+        t: slice,
+        mask: torch.Tensor,
+        cost: torch.Tensor | float,
+    ) -> torch.Tensor:
+        """Logits of steps ``t`` given the values ``held`` there (the stay targets) and
+        the candidates' ``cost`` logits there. ``decoupled_stay``: the held value's logit
+        is the stay logit over the log-sum of the other valid values', so the stay logit
+        alone sets the chance of a change and the candidates' logits only which value a
+        change takes (added to them, a held value that every elite plan shares, +4 from
+        the elite share, made a quarter of the proposals copy their parent)."""
+        base, stay = s.base[t] + cost, s.stay[t]
+        onehot = torch.nn.functional.one_hot(held, base.shape[-1]).bool()
+        if not self.config.decoupled_stay:
+            return (base + stay[:, None] * onehot).masked_fill(~mask, NEG)
+        others = base.masked_fill(~mask | onehot, NEG)
+        any_other = (mask & ~onehot).any(-1)
+        at_held = torch.where(any_other, torch.logsumexp(others, -1) + stay, 0.0)
+        return torch.where(onehot, at_held[..., None], base).masked_fill(~mask, NEG)
+
+    def _bounded(self, learned: torch.Tensor) -> torch.Tensor:
+        """A learned stay or keep logit within ``stay_range`` of its offset: unbounded, PPO
+        on normalized advantages keeps pushing it one way batch after batch, until a
+        proposal changes hundreds of decisions (or none)."""
+        r = self.config.stay_range
+        return r * torch.tanh(learned / r) if r > 0 else learned
+
+    def _stay_at(self, held: torch.Tensor, moved: torch.Tensor, none: int) -> torch.Tensor:
+        """The degree axes' stay targets: the parent's values, or (``degree_follow``)
+        none after an earlier axis moved, so the later axes re-choose freely and a move
+        can keep the replica's size (tensor parallel up, attention DP down)."""
+        if not self.config.degree_follow:
+            return held
+        return torch.where(moved, torch.full_like(held, none), held)
 
     @staticmethod
-    def _moves(s: Scores, regrouped: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``(n, C, W + 1)`` class-move logits, "keep" shifted where the tuple changed."""
+    def _moves(
+        s: Scores, st: Static, regrouped: torch.Tensor, mask: torch.Tensor, cost: torch.Tensor
+    ) -> torch.Tensor:
+        """``(n, C, W + 1)`` class-move logits (their members' mean cost logits added),
+        "keep" shifted where the tuple changed."""
         move = s.move.expand(len(regrouped), *s.move.shape)
         shift = torch.zeros_like(move)
+        shift[..., :-1] = torch.einsum("ct,ntw->ncw", st.members, cost[..., :-1])
         shift[..., -1] = s.regroup * regrouped.float()[:, None]
         return (move + shift).masked_fill(~mask, NEG)
+
+    def _rebase(
+        self, elite: Elite, held: torch.Tensor, tuples: np.ndarray, changed: np.ndarray, k: int
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """``held`` with the option and cut decisions of each child that moved to another
+        degree tuple taken from the best plan seen on that tuple, where there is one
+        (``rebase``): options tuned for the parent's tuple misprice the new one. Which
+        children were rebased."""
+        rebased = np.zeros(len(held), dtype=bool)
+        if not self.config.rebase or not len(elite.tuples):
+            return held, rebased
+        row = {int(d): i for i, d in enumerate(elite.tuples)}
+        out = held.clone()
+        for i in np.flatnonzero(changed):
+            j = row.get(int(tuples[i]))
+            if j is not None:
+                out[i, k:] = torch.from_numpy(elite.bests[j, k:])
+                rebased[i] = True
+        return out, rebased
+
+    def _costs(
+        self, pt: ProblemTensors, degree_index: np.ndarray, held: torch.Tensor
+    ) -> torch.Tensor:
+        """``(n, T, W + 1)`` each candidate's cost logit under its row's degree tuple,
+        the rest of the plan ``held`` (0 for the "none" slot, and everywhere without
+        ``cost_features``)."""
+        n, (n_steps, width) = len(degree_index), pt.cands.shape[:2]
+        if not self.use_costs:
+            return torch.zeros(n, n_steps, width + 1)
+        feats = pt.cost_features(degree_index, held)  # (n, T, W, COST_DIM)
+        term = (feats * self.cost_gain[pt.ops][None, :, None, :]).sum(-1)
+        return torch.nn.functional.pad(term, (0, 1))
 
     @torch.no_grad()
     def sample(
@@ -279,26 +363,36 @@ class EditPolicy(nn.Module):
         k = dec.n_degree_steps
         for t in range(k):
             masks[:, t, :width] = dec.degree_mask(t, actions[:, :t])
+            moved = (actions[:, :t] != held[:, :t].numpy()).any(1)
+            stay_at = self._stay_at(held[:, t : t + 1], torch.from_numpy(moved)[:, None], width)
             logits = self._decisions(
-                s, held[:, t : t + 1], slice(t, t + 1), torch.from_numpy(masks[:, t : t + 1])
+                s, stay_at, slice(t, t + 1), torch.from_numpy(masks[:, t : t + 1]), 0.0
             )
             a = _draw(logits, temperature, gen)
             logp += _logp(logits, a).sum(1)
             actions[:, t] = a[:, 0].numpy()
-        masks[:, k:, :width] = dec.rest_masks(dec.degree_index(actions[:, :k]))
-        regrouped = torch.from_numpy((actions[:, :k] != held[:, :k].numpy()).any(1))
+        tuples = dec.degree_index(actions[:, :k])
+        masks[:, k:, :width] = dec.rest_masks(tuples)
+        changed = (actions[:, :k] != held[:, :k].numpy()).any(1)
+        held, rebased = self._rebase(elite, held, tuples, changed, k)
+        cost = self._costs(pt, tuples, held)
+        regrouped = torch.from_numpy(changed & ~rebased)
         move_masks = torch.from_numpy(_class_masks(st, masks))
-        move_logits = self._moves(s, regrouped, move_masks)
+        move_logits = self._moves(s, st, regrouped, move_masks, cost)
         moves = _draw(move_logits, temperature, gen)
         logp += _logp(move_logits, moves).sum(1)
+        based = held
         held = _moved(st, held, moves, width)
-        logits = self._decisions(s, held[:, k:], slice(k, None), torch.from_numpy(masks[:, k:]))
+        rest_mask = torch.from_numpy(masks[:, k:])
+        logits = self._decisions(s, held[:, k:], slice(k, None), rest_mask, cost[:, k:])
         a = _draw(logits, temperature, gen)
         logp += _logp(logits, a).sum(1)
         actions[:, k:] = a.numpy()
         return EditRollout(
             actions=torch.from_numpy(actions),
             parents=parents,
+            held=based,
+            rebased=torch.from_numpy(rebased),
             moves=moves,
             move_masks=move_masks,
             masks=torch.from_numpy(masks),
@@ -313,7 +407,7 @@ class EditPolicy(nn.Module):
         ~700 decisions would outweigh the reward)."""
         st = self.static(pt)
         s = self.scores(pt, elite)
-        n_steps, w1 = s.base.shape
+        w1 = s.base.shape[1]
         b = len(roll.actions)
         k = pt.dec.n_degree_steps
         logp = torch.zeros(b)
@@ -322,14 +416,24 @@ class EditPolicy(nn.Module):
             lp = torch.log_softmax(s.parent, 0)
             logp = logp + lp[roll.parents]
             entropy = entropy - (lp.exp() * lp).sum()
-            held = torch.from_numpy(elite.actions)[roll.parents]
-        else:
-            held = torch.full((b, n_steps), w1 - 1, dtype=torch.int64)
-        deg = self._decisions(s, held[:, :k], slice(0, k), roll.masks[:, :k])
-        regrouped = (roll.actions[:, :k] != held[:, :k]).any(1)
-        move_logits = self._moves(s, regrouped, roll.move_masks)
+        held = roll.held
+        diff = (roll.actions[:, :k] != held[:, :k]).long()
+        before = (torch.cumsum(diff, 1) - diff) > 0  # an earlier axis moved
+        deg = self._decisions(
+            s, self._stay_at(held[:, :k], before, w1 - 1), slice(0, k), roll.masks[:, :k], 0.0
+        )
+        changed = (roll.actions[:, :k] != held[:, :k]).any(1)
+        regrouped = changed & ~roll.rebased
+        cost = self._costs(pt, pt.dec.degree_index(roll.actions[:, :k].numpy()), held)
+        move_logits = self._moves(s, st, regrouped, roll.move_masks, cost)
         moved = _moved(st, held, roll.moves, w1 - 1)
-        rest = self._decisions(s, moved[:, k:], slice(k, None), roll.masks[:, k:])
+        rest = self._decisions(
+            s,
+            moved[:, k:],
+            slice(k, None),
+            roll.masks[:, k:],
+            cost[:, k:],
+        )
         logp = logp + _logp(deg, roll.actions[:, :k]).sum(1)
         logp = logp + _logp(move_logits, roll.moves).sum(1)
         logp = logp + _logp(rest, roll.actions[:, k:]).sum(1)

@@ -121,6 +121,17 @@ def candidate_features(dec: Decisions) -> np.ndarray:
     return out
 
 
+def step_ops(dec: Decisions) -> np.ndarray:
+    """``(n_steps,)`` each decision's operator as an index into :data:`OP_VOCAB` (degree
+    axes and cuts: the last, "other")."""
+    out = np.full(dec.n_steps, len(OP_VOCAB) - 1, dtype=np.int64)
+    for t, step in enumerate(dec.steps):
+        if step.kind == "option":
+            op = dec.space.variables[step.var].op
+            out[t] = OP_VOCAB.index(op) if op in OP_VOCAB else len(OP_VOCAB) - 1
+    return out
+
+
 def context_features(problem: Problem) -> np.ndarray:
     """``(CONTEXT_DIM,)`` scalars describing the model, the cluster and the workload."""
     m, c, w = problem.model, problem.cluster, problem.workload

@@ -15,13 +15,15 @@ only changes how many tokens and candidates there are.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
+from shardlab.problems.problem import Problem
 from shardlab.solvers.rl.config import RLConfig
+from shardlab.solvers.rl.costs import OptionCosts
 from shardlab.solvers.rl.decisions import Decisions
 from shardlab.solvers.rl.features import (
     CAND_DIM,
@@ -32,6 +34,7 @@ from shardlab.solvers.rl.features import (
     context_features,
     elite_features,
     step_features,
+    step_ops,
 )
 
 NEG = -1e9  # logit of an invalid candidate
@@ -49,15 +52,24 @@ class ProblemTensors:
     steps: torch.Tensor  # (T, STEP_DIM)
     cands: torch.Tensor  # (T, W, CAND_DIM)
     context: torch.Tensor  # (CONTEXT_DIM,)
+    ops: torch.Tensor  # (T,) each decision's operator in OP_VOCAB (options; else "other")
+    costs: OptionCosts  # the candidates' cost features under each degree tuple
 
     @classmethod
-    def build(cls, problem: object, dec: Decisions) -> ProblemTensors:
+    def build(cls, problem: Problem, dec: Decisions) -> ProblemTensors:
         return cls(
             dec=dec,
             steps=torch.from_numpy(step_features(dec)),
             cands=torch.from_numpy(candidate_features(dec)),
-            context=torch.from_numpy(context_features(problem)),  # type: ignore[arg-type]
+            context=torch.from_numpy(context_features(problem)),
+            ops=torch.from_numpy(step_ops(dec)),
+            costs=OptionCosts(problem, dec),
         )
+
+    def cost_features(self, degree_index: np.ndarray, held: torch.Tensor) -> torch.Tensor:
+        """``(n, T, W, COST_DIM)`` the candidates' costs under each row's degree tuple,
+        the rest of its plan at the slots ``held``."""
+        return torch.from_numpy(self.costs.features(degree_index, held.numpy()))
 
 
 @dataclass(kw_only=True)
@@ -66,6 +78,10 @@ class Elite:
 
     actions: np.ndarray  # (K, T) action sequences, best first
     rewards: np.ndarray  # (K,)
+    # the best plan seen on each degree tuple (edit's rebase): tuple indices and actions
+    tuples: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    bests: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    best_fit: np.ndarray = field(default_factory=lambda: np.zeros(0))  # their fitness
 
 
 @dataclass(kw_only=True)

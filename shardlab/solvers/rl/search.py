@@ -13,6 +13,7 @@ import torch
 
 from shardlab.problems.problem import Problem
 from shardlab.solvers.evaluator import INFEASIBLE, Evaluator
+from shardlab.solvers.recipe import recipe_plans
 from shardlab.solvers.rl.config import RLConfig
 from shardlab.solvers.rl.decisions import Decisions
 from shardlab.solvers.rl.edit import EditPolicy, EditRollout
@@ -94,9 +95,15 @@ class Search:
     def elite(self, order: np.ndarray) -> Elite:
         """The elite history (rows ``order``, from :meth:`_elite_rows`) as the policy
         reads it."""
+        # the best plan seen on each degree tuple (the codes' first variable)
+        by_fit = np.argsort(-self.fit, kind="stable")
+        tuples, first = np.unique(self.codes[by_fit, 0], return_index=True)
         return Elite(
             actions=self.dec.to_actions(self.codes[order]),
             rewards=rewards(self.fit[order], self.reference, self.config),
+            tuples=tuples,
+            bests=self.dec.to_actions(self.codes[by_fit[first]]),
+            best_fit=self.fit[by_fit[first]],
         )
 
     def _elite_rows(self) -> np.ndarray:
@@ -119,14 +126,23 @@ class Search:
     # -- the loop ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Price the Megatron plans in the order the megatron rule does: the reference,
-        and the first members of the elite history."""
+        """Price the Megatron plans in the order the megatron rule does (the reference),
+        then (``start_recipes``) the engine's recipe plans: the first members of the
+        elite history."""
         for row in megatron_codes(self.problem):
             m = self.ev.metrics(row[None])
             self._record(row[None], self.ev.evaluate(row[None]))
             if not m.memory_violation[0]:
                 self.megatron_ref = float(m.objective[0]) if m.feasible[0] else None
                 break
+        if self.config.start_recipes:
+            space = self.problem.space
+            plans = recipe_plans(self.problem)
+            if plans:
+                codes = np.array([space.encode(p) for p in plans], dtype=np.int64)
+                codes = codes[~self._repeats(codes)]
+                if len(codes):
+                    self._record(codes, self.ev.evaluate(codes))
 
     def step(self) -> None:
         """One iteration: sample a batch, evaluate it, learn from it."""
@@ -152,11 +168,25 @@ class Search:
                 cfg.max_temperature if new else max(cfg.max_temperature, cfg.repeat_temperature)
             )
             self.temperature = min(self.temperature * cfg.reheat, ceiling)
-        if cfg.reward == "rank":
+        if cfg.reward in ("rank", "parent"):
             r = rank_rewards(fit, elite_fit, cfg)
+            if cfg.reward == "parent" and isinstance(roll, EditRollout) and len(elite_fit):
+                # a rebased child's parent is the best plan of its tuple
+                at = np.minimum(np.searchsorted(elite.tuples, codes[:, 0]), len(elite.tuples) - 1)
+                parent = np.where(
+                    roll.rebased.numpy(), elite.best_fit[at], elite_fit[roll.parents.numpy()]
+                )
+                better = (fit > parent) + 0.5 * (fit == parent)
+                r = np.where(fit > INFEASIBLE, 0.5 * (r + better), r)
         else:
             r = rewards(fit, self.reference, cfg)
-        r = r - cfg.repeat_penalty * repeat
+        if cfg.proposal == "edit":
+            # a repeat scores as a plan that misses memory, less the penalty: above that,
+            # a policy whose edits near the memory limit are often infeasible learns to
+            # change nothing and moves every proposal to another degree tuple instead
+            r = np.where(repeat, -cfg.infeasible_base - cfg.repeat_penalty, r)
+        else:
+            r = r - cfg.repeat_penalty * repeat
         self.learn(elite, roll, r)
         self.iterations += 1
 

@@ -1,0 +1,139 @@
+"""The edit policy's moves between degree tuples: the recipe start, rebasing on a tuple's
+best plan, the parent reward and the candidates' cost features."""
+
+from __future__ import annotations
+
+import time
+from functools import cache
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from shardlab import Problem  # noqa: E402
+from shardlab.problems.suite import get_instance  # noqa: E402
+from shardlab.solvers.evaluator import INFEASIBLE, Evaluator  # noqa: E402
+from shardlab.solvers.recipe import recipe_plans  # noqa: E402
+from shardlab.solvers.rl.config import RLConfig  # noqa: E402
+from shardlab.solvers.rl.costs import OptionCosts  # noqa: E402
+from shardlab.solvers.rl.decisions import Decisions  # noqa: E402
+from shardlab.solvers.rl.policy import Elite, ProblemTensors  # noqa: E402
+from shardlab.solvers.rl.search import Search, new_policy  # noqa: E402
+
+
+@cache
+def deepseek() -> Problem:
+    """A DeepSeek-class model: its engine recipe is attention DP with wide EP."""
+    return get_instance("deepseek-v3-h100x64-chat").problem()
+
+
+@cache
+def mixtral_layers() -> Problem:
+    return Problem.build("mixtral-8x7b", "h100x4", "chat", tie="layer")
+
+
+def _search(problem: Problem, cfg: RLConfig) -> Search:
+    ev = Evaluator(problem, None, None, None, time.perf_counter())
+    policy = new_policy(cfg, 0)
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    return Search(problem, ev, policy, opt, cfg, torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("start_recipes", [True, False])
+def test_the_elite_starts_with_the_recipe_plans(start_recipes: bool) -> None:
+    problem = deepseek()
+    search = _search(problem, RLConfig(start_recipes=start_recipes))
+    search.start()
+    recipes = {problem.space.encode(p).tobytes() for p in recipe_plans(problem)}
+    seen = {row.tobytes() for row in search.codes}
+    assert recipes and (recipes <= seen) == start_recipes
+
+
+def test_a_move_to_a_seen_tuple_holds_that_tuples_best_options() -> None:
+    """A child whose degree tuple differs from its parent's stays at the options of the
+    best plan seen on its tuple (rebase), not at its parent's; without rebase, at its
+    parent's."""
+    problem = mixtral_layers()
+    dec = Decisions(problem.space)
+    pt = ProblemTensors.build(problem, dec)
+    k = dec.n_degree_steps
+    codes = problem.space.sample(400, seed=2)
+    tuples, first = np.unique(codes[:, 0], return_index=True)
+    bests = dec.to_actions(codes[first])
+    elite_actions = dec.to_actions(codes[first[:4]])
+    elite = Elite(
+        actions=elite_actions,
+        rewards=np.linspace(1.0, 0.0, len(elite_actions)),
+        tuples=tuples,
+        bests=bests,
+        best_fit=np.zeros(len(tuples)),
+    )
+    for rebase in (True, False):
+        policy = new_policy(RLConfig(degree_edit=0.9, rebase=rebase), 0)
+        roll = policy.sample(pt, elite, 128, torch.Generator().manual_seed(0))
+        parents = elite_actions[roll.parents.numpy()]
+        moved = (roll.actions.numpy()[:, :k] != parents[:, :k]).any(1)
+        child = dec.degree_index(roll.actions.numpy()[:, :k])
+        held = roll.held.numpy()
+        assert moved.sum() > 10
+        expected = np.where(
+            (rebase & moved)[:, None], bests[np.searchsorted(tuples, child)], parents
+        )
+        assert np.array_equal(held[:, k:], expected[:, k:])
+        assert np.array_equal(roll.rebased.numpy(), rebase & moved)
+
+
+def test_the_parent_reward_pays_for_beating_the_parent() -> None:
+    """Under "parent" a plan below the whole elite that beats its own parent scores
+    above one that does not; under "rank" the two score the same."""
+    problem = mixtral_layers()
+    rewards = {}
+    for reward in ("rank", "parent"):
+        search = _search(problem, RLConfig(reward=reward, batch_size=8))
+        search.start()
+        codes = problem.space.sample(64, seed=5)
+        search._record(codes, search.ev.evaluate(codes))
+        captured = {}
+        search.learn = lambda elite, roll, r, c=captured: c.update(roll=roll, r=r)  # type: ignore[method-assign]
+        search.step()
+        rewards[reward] = captured
+    r_rank, r_parent = rewards["rank"]["r"], rewards["parent"]["r"]
+    # the same seed proposes the same batch: the rewards differ only by the parent term
+    assert np.array_equal(rewards["rank"]["roll"].actions, rewards["parent"]["roll"].actions)
+    assert not np.allclose(r_rank, r_parent)
+
+
+def test_cost_features_rank_the_valid_options_and_read_the_neighbours() -> None:
+    problem = mixtral_layers()
+    dec = Decisions(problem.space)
+    costs = OptionCosts(problem, dec)
+    codes = problem.space.sample(16, seed=4)
+    actions = dec.to_actions(codes)
+    tuples = codes[:, 0]
+    f = costs.features(tuples, actions)
+    k = dec.n_degree_steps
+    option = np.array([s.kind == "option" for s in dec.steps])
+    assert f.shape == (16, dec.n_steps, dec.width, 2)
+    assert np.all(f[:, ~option] == 0) and np.all(f >= 0) and np.all(np.isfinite(f))
+    valid = np.stack([dec.rest_masks(np.array([d]))[0] for d in tuples])  # (n, T - k, W)
+    time_ = f[:, k:, :, 0]
+    assert np.all(time_[~valid] == 0)
+    # the fastest valid option of every option decision is at 0
+    rows = option[k:]
+    masked = np.where(valid, time_, np.inf)[:, rows]
+    has = valid[:, rows].any(-1)
+    assert np.all(masked.min(-1)[has] == 0)
+    # an option's time counts the redistributions to its neighbours at their held values
+    changed = actions.copy()
+    changed[:, k:][:, rows] = 0
+    assert not np.array_equal(costs.features(tuples, changed)[..., 0], f[..., 0])
+
+
+def test_rank_penalties_sit_just_below_the_feasible_rewards() -> None:
+    """Under a rank reward an infeasible plan scores just below 0, not -5: far below, it
+    teaches the policy to flee the memory limit, where large models' best plans sit."""
+    rank, log = RLConfig(reward="rank"), RLConfig(reward="log")
+    assert rank.infeasible_base == 0.5 and log.infeasible_base == 5.0
+    assert RLConfig(reward="rank", infeasible_base=2.0).infeasible_base == 2.0
+    assert INFEASIBLE < 0
