@@ -1,13 +1,16 @@
 """TPE's Parzen estimator with its categorical parameters handled a block at a time.
 
 Optuna's estimator loops over the parameters in Python, a few numpy calls each, when it
-is built (twice a trial), when it samples and when it scores the candidates: on the
-shared encoding of the 1.6T MoE (640 categorical parameters of 659) that was 60-70% of
-the sampler's time. :class:`BlockParzenEstimator` computes the same numbers with the
+is built (twice a trial), when it samples and when it scores the candidates. On the
+shared encoding of moe1.6t-h100x256-chat-layer (659 parameters, 640 categorical of 2, 3
+or 4 choices) with 1,025 trials, Optuna's took 41 ms to build, 19-32 ms to sample and
+25-28 ms to score; :class:`BlockParzenEstimator` takes 4.5 ms, 1.1 ms and 22 ms
+(median of 10 calls, one core of a shared VM). It computes the same numbers with the
 categorical parameters stacked by number of choices:
 
-- each block's kernel weights are built, sampled and scored in a few numpy calls, with
-  the same elementwise operations and reductions along the same (choice) axis;
+- a kernel's weights are one of ``c + 1`` rows (the prior's, plus 1 where a trial chose
+  ``r``), so each parameter's rows are computed once with Optuna's arithmetic and each
+  kernel names its row; sampling and scoring read the rows, a block in a few numpy calls;
 - the random numbers are drawn from the same generator in the same order (one
   ``rand`` per categorical parameter in the space's order is one ``rand`` of them all);
 - the log densities are summed over the parameters in the space's order, numerical
