@@ -5,8 +5,9 @@ is built (twice a trial), when it samples and when it scores the candidates. On 
 shared encoding of moe1.6t-h100x256-chat-layer (659 parameters, 640 categorical of 2, 3
 or 4 choices) with 1,025 trials, Optuna's took 41-55 ms to build, 19-32 ms to sample
 and 25-41 ms to score; :class:`BlockParzenEstimator` takes 4.5-4.8 ms, 1.1-1.2 ms and
-22 ms (median of 10 calls in each of three runs, one core of a shared VM). It computes the same numbers with the
-categorical parameters stacked by number of choices:
+22 ms (median of 10 calls; three runs of Optuna's, two of this; one core of a shared
+VM). It computes the same numbers with the categorical parameters stacked by number of
+choices:
 
 - a kernel's weights are one of ``c + 1`` rows (the prior's, plus 1 where a trial chose
   ``r``), so each parameter's rows are computed once with Optuna's arithmetic and each
