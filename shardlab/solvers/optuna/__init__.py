@@ -90,7 +90,11 @@ Samplers (option ``sampler``)
   latest ``history`` ones (:mod:`.history`), so its time per
   trial stays flat instead of growing with the study; its good-trials model is plain
   TPE's, and a study within ``history`` + 25 trials samples exactly as plain TPE.
-  ``0`` models every trial (plain TPE).
+  ``0`` models every trial (plain TPE). The same sampler converts each finished trial
+  for TPE once and fits the Parzen estimator a block of parameters at a time
+  (:mod:`.parzen`), with Optuna's numbers bit for bit: on the 659 parameters of
+  moe1.6t-h100x256-chat-layer, 5,000 evaluations take 316 s instead of 2,436 s, the
+  same trials and plan for the same seed (measurements in :mod:`.history`).
 - ``gp``: ``GPSampler`` (deterministic objective; imports torch when it first fits,
   which this module itself never does). Its fit grows with the cube of the trials: fine
   for a few hundred, not for thousands.

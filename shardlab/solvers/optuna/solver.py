@@ -35,6 +35,7 @@ from shardlab.solvers.optuna.study import (
     open_study,
     pareto,
     storage_kind,
+    tell,
 )
 from shardlab.solvers.registry import register
 
@@ -278,9 +279,9 @@ class OptunaSolver(Solver):
         else:
             trial.set_user_attr(ATTR_CONSTRAINTS, [float(c) for c in cons])
         if pareto(ctx.problem):
-            study.tell(trial, [float(v) for v in front_values(ctx.problem, m)[0]])
+            tell(study, trial, [float(v) for v in front_values(ctx.problem, m)[0]])
         else:
-            study.tell(trial, float(m.objective[0]))
+            tell(study, trial, float(m.objective[0]))
         facts["sampler_s"] += time.perf_counter() - start
         facts["trials"] += 1
         facts["repeated_trials"] += int(seen)

@@ -11,6 +11,8 @@ import numpy as np
 import optuna
 import sqlalchemy.exc
 from optuna.storages import BaseStorage
+from optuna.study._tell import _tell_with_warning
+from optuna.trial import Trial
 
 from shardlab.costmodel import BatchMetrics
 from shardlab.errors import ShardlabError
@@ -43,26 +45,41 @@ ANOTHER_STUDY = "give another study name"
 SCHEMA_RETRIES = 4
 
 
+# Bytes of the validity mask hashed at a time (its hex text is twice as long).
+FINGERPRINT_CHUNK = 1 << 24
+
+
 def fingerprint(problem: Problem) -> str:
-    """Hash of the problem and its encoding: a study holds trials of one problem only."""
+    """Hash of the problem and its encoding: a study holds trials of one problem only.
+
+    The SHA-256 of the lines ``repr(problem)``, the variables, the degree labels and
+    ``repr`` of the validity mask's hex text. The mask is hashed a chunk at a time: on
+    moe1.6t-h100x256-chat-layer it is 462 MB, and its text built whole (hex, repr,
+    encode: three ~0.9 GB copies) took 5.9 s where this takes 2.6 s, once per run.
+    """
     space = problem.space
-    text = "\n".join(
+    head = "\n".join(
         [
             repr(problem),
             repr([(v.name, v.cardinality, v.role) for v in space.variables]),
             repr([space.label(i) for i in range(space.num_degree_tuples)]),
-            repr(space.mask_table().tobytes().hex()),
         ]
     )
-    return hashlib.sha256(text.encode()).hexdigest()
+    digest = hashlib.sha256(f"{head}\n'".encode())  # the hex text's repr is quoted
+    mask = memoryview(np.ascontiguousarray(space.mask_table())).cast("B")
+    for start in range(0, len(mask), FINGERPRINT_CHUNK):
+        digest.update(mask[start : start + FINGERPRINT_CHUNK].hex().encode())
+    digest.update(b"'")
+    return digest.hexdigest()
 
 
-def default_study_name(problem: Problem) -> str:
+def default_study_name(problem: Problem, fp: str | None = None) -> str:
     """``shardlab:<model>:<cluster>:<workload>:<tie>:<hash>``; the hash covers the whole
-    problem (SLOs, overrides, dtypes), so changing any of them starts another study."""
+    problem (SLOs, overrides, dtypes), so changing any of them starts another study
+    (``fp``: the problem's :func:`fingerprint`, when known)."""
     return (
         f"shardlab:{problem.model.name}:{problem.cluster.name}:{problem.workload.name}:"
-        f"{problem.tie}:{fingerprint(problem)[:10]}"
+        f"{problem.tie}:{(fp or fingerprint(problem))[:10]}"
     )
 
 
@@ -113,6 +130,12 @@ def constraint_values(problem: Problem, m: BatchMetrics) -> np.ndarray:
     return np.stack(cols, axis=1)
 
 
+def tell(study: optuna.Study, trial: Trial, values: float | list[float]) -> None:
+    """``study.tell(trial, values)`` without the deep copy of the told trial that
+    ``tell`` returns and nothing here reads (26 ms a trial at 659 parameters)."""
+    _tell_with_warning(study=study, trial=trial, value_or_values=values)
+
+
 # -- opening -------------------------------------------------------------------------
 
 
@@ -122,7 +145,8 @@ def open_study(
     """The study ``name`` (default: :func:`default_study_name`) in ``storage``, created
     or continued, and claimed for ``problem`` and ``layout``'s encoding; refused when
     another problem, encoding or program made it."""
-    name = name or default_study_name(problem)
+    fp = fingerprint(problem)
+    name = name or default_study_name(problem, fp)
     study = _create(problem, storage, name)
     wanted = [optuna.study.StudyDirection[d.upper()] for d in directions(problem)]
     if study.directions != wanted:
@@ -132,7 +156,6 @@ def open_study(
             field="study",
             fix=ANOTHER_STUDY,
         )
-    fp = fingerprint(problem)
     attrs = _claim(study, problem, layout, fp)
     if attrs[ATTR_FINGERPRINT] != fp:
         raise ShardlabError(
