@@ -180,13 +180,7 @@ class Search:
                 r = np.where(fit > INFEASIBLE, 0.5 * (r + better), r)
         else:
             r = rewards(fit, self.reference, cfg)
-        if cfg.proposal == "edit":
-            # a repeat scores as a plan that misses memory, less the penalty: above that,
-            # a policy whose edits near the memory limit are often infeasible learns to
-            # change nothing and moves every proposal to another degree tuple instead
-            r = np.where(repeat, -cfg.infeasible_base - cfg.repeat_penalty, r)
-        else:
-            r = r - cfg.repeat_penalty * repeat
+        r = r - cfg.repeat_penalty * repeat
         self.learn(elite, roll, r)
         self.iterations += 1
 
