@@ -97,7 +97,7 @@ def test_the_shipped_tables() -> None:
         name="interactive", batch=32, ttft_ms=1000.0, tpot_ms=25.0
     )
     assert PRESETS["latency"].objective == "latency" and PRESETS["latency"].batch == 1
-    assert len(INSTANCES) == len({i.name for i in INSTANCES}) == 30
+    assert len(INSTANCES) == len({i.name for i in INSTANCES}) == 32
     assert {i.size for i in INSTANCES} == {
         "small",
         "medium",
