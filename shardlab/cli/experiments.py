@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -221,7 +222,11 @@ def compare(
             fix="drop --suite to compare the methods on this problem, or drop them",
         )
     traffic = simulated(problem, traffic)
-    tables = {"sizing": _compare_sizing, "catalog": _compare_catalog, "melange": _compare_melange}
+    tables = {
+        "sizing": _compare_sizing,
+        "catalog": partial(_compare_curves, "catalog"),
+        "melange": partial(_compare_curves, "melange"),
+    }
     if suite in tables:
         tables[suite](
             Path(results_dir),
@@ -346,36 +351,26 @@ def _with_progress(
         return run(on_case)
 
 
-def _compare_melange(results_dir: Path, **unused: object) -> None:
+def _compare_curves(suite: str, results_dir: Path, **unused: object) -> None:
+    """``--suite melange`` or ``catalog``: sizing curves into results/sizing/<suite>.*"""
+    from shardlab.sizing.catalog import run_catalog
     from shardlab.sizing.melange_report import run_melange
     from shardlab.sizing.suite import check_suite_options
 
+    run, cells = {
+        "melange": (run_melange, "(mix, SLO, rate)"),
+        "catalog": (run_catalog, "(model, rate, GPU)"),
+    }[suite]
     check_suite_options(**unused)
     out_dir = check_output_dir(results_dir / "sizing", flag="--results-dir")
     command = "shardlab compare " + " ".join(sys.argv[2:])
     rows = _with_progress(
-        "compare --suite melange",
+        f"compare --suite {suite}",
         "curves",
-        lambda on_case: run_melange(out_dir, command, on_case),
+        lambda on_case: run(out_dir, command, on_case),
         lambda row: f"{row['curve_seconds']} s",
     )
-    out.print(f"sized {len(rows)} (mix, SLO, rate) cells; wrote {out_dir}/melange.md, .json")
-
-
-def _compare_catalog(results_dir: Path, **unused: object) -> None:
-    from shardlab.sizing.catalog import run_catalog
-    from shardlab.sizing.suite import check_suite_options
-
-    check_suite_options(**unused)
-    out_dir = check_output_dir(results_dir / "sizing", flag="--results-dir")
-    command = "shardlab compare " + " ".join(sys.argv[2:])
-    rows = _with_progress(
-        "compare --suite catalog",
-        "curves",
-        lambda on_case: run_catalog(out_dir, command, on_case),
-        lambda row: f"{row['curve_seconds']} s",
-    )
-    out.print(f"sized {len(rows)} (model, rate, GPU) cells; wrote {out_dir}/catalog.*")
+    out.print(f"sized {len(rows)} {cells} cells; wrote {out_dir}/{suite}.*")
 
 
 def _journal(out_dir: Path, fresh: bool) -> Journal:

@@ -13,7 +13,7 @@ each plan's concurrency.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from shardlab.errors import ShardlabError
 from shardlab.problems.datafile import load_records
@@ -21,6 +21,8 @@ from shardlab.problems.problem import Problem
 
 Size = Literal["small", "medium", "large", "paper", "transfer", "slo", "disagg"]
 Split = Literal["train", "heldout"]
+SIZES: tuple[str, ...] = get_args(Size)
+SPLITS: tuple[str, ...] = get_args(Split)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,18 +55,7 @@ class Instance:
 # The instances, in data/instances.yaml.
 INSTANCES: tuple[Instance, ...] = tuple(load_records("instances.yaml", Instance).values())
 
-SUITES = (
-    "small",
-    "medium",
-    "large",
-    "paper",
-    "transfer",
-    "slo",
-    "disagg",
-    "train",
-    "heldout",
-    "all",
-)
+SUITES = (*SIZES, *SPLITS, "all")
 
 
 def get_instance(name: str) -> Instance:
@@ -84,9 +75,9 @@ def get_suite(name: str) -> tuple[Instance, ...]:
         return tuple(dict.fromkeys(i for part in parts for i in part))
     if name == "all":
         return INSTANCES
-    if name in ("small", "medium", "large", "paper", "transfer", "slo", "disagg"):
+    if name in SIZES:
         return tuple(i for i in INSTANCES if i.size == name)
-    if name in ("train", "heldout"):
+    if name in SPLITS:
         return tuple(i for i in INSTANCES if i.split == name)
     if any(i.name == name for i in INSTANCES):
         return (get_instance(name),)

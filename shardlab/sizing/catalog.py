@@ -22,6 +22,7 @@ from typing import Any
 
 from shardlab.files import make_dir, markdown_table, write_text
 from shardlab.problems.cluster import builtin_accelerators
+from shardlab.problems.datafile import load_records
 from shardlab.problems.engines import VENDOR_ENGINES
 from shardlab.problems.problem import Problem
 from shardlab.sizing.answer import sizing_json
@@ -31,85 +32,21 @@ from shardlab.sizing.size import DEFAULT_MAX_GPUS, Sizer, Sizing, sizing_cluster
 
 @dataclass(frozen=True, kw_only=True)
 class ExamplePrice:
-    gpu: str  # catalog key
+    name: str  # the GPU's catalog key
     usd_per_gpu_hour: float
     source: str  # where the figure was read, and what it is
     date: str  # the date the page gives for it
 
 
-EXAMPLE_PRICES: tuple[ExamplePrice, ...] = (
-    ExamplePrice(
-        gpu="h100", usd_per_gpu_hour=2.99, date="2026-05-18",
-        source="Lambda on-demand H100 SXM, as quoted by cliffcenter.com/research/"
-        "amd-inference-economics",
-    ),
-    ExamplePrice(
-        gpu="h200", usd_per_gpu_hour=4.54, date="2026-03-17",
-        source="Spheron on-demand H200 SXM, spheron.network/blog/nvidia-h200-vs-b200-vs-gb200",
-    ),
-    ExamplePrice(
-        gpu="b200", usd_per_gpu_hour=6.03, date="2026-03-17",
-        source="Spheron on-demand B200 SXM, spheron.network/blog/nvidia-h200-vs-b200-vs-gb200",
-    ),
-    ExamplePrice(
-        gpu="a100", usd_per_gpu_hour=1.39, date="2026-03-21",
-        source="RunPod on-demand A100 SXM 80GB, as quoted by deploybase.ai/articles/"
-        "best-gpu-for-llm-training",
-    ),
-    ExamplePrice(
-        gpu="b300", usd_per_gpu_hour=10.31, date="2026-04-06",
-        source="Signwl blended price (spot, on-demand and 1-year reserved averaged), North "
-        "America, signwl.com/articles/gpu-market-pulse-week-of-2026-04-06",
-    ),
-    ExamplePrice(
-        gpu="gb200", usd_per_gpu_hour=4.54, date="2026-03-17",
-        source="Spheron on-demand GB200, $9.08/h per Superchip of 2 GPUs, "
-        "spheron.network/blog/nvidia-h200-vs-b200-vs-gb200",
-    ),
-    ExamplePrice(
-        gpu="gb300", usd_per_gpu_hour=12.32, date="2026-04-06",
-        source="Signwl blended price (spot, on-demand and 1-year reserved averaged), North "
-        "America, signwl.com/articles/gpu-market-pulse-week-of-2026-04-06",
-    ),
-    ExamplePrice(
-        gpu="h100pcie", usd_per_gpu_hour=1.99, date="2026-03-21",
-        source="RunPod on-demand H100 PCIe, as quoted by deploybase.ai/articles/"
-        "best-gpu-for-llm-training",
-    ),
-    ExamplePrice(
-        gpu="l40s", usd_per_gpu_hour=0.79, date="2026-03-10",
-        source="RunPod L40S, deploybase.ai/articles/runpod-gpu-pricing (the column its "
-        "2026-03-21 article calls on-demand for A100, H100 and H200)",
-    ),
-    ExamplePrice(
-        gpu="l4", usd_per_gpu_hour=0.44, date="2026-03-10",
-        source="RunPod L4, deploybase.ai/articles/runpod-gpu-pricing (same column)",
-    ),
-    ExamplePrice(
-        gpu="rtxpro6000", usd_per_gpu_hour=0.89, date="2026-03-10",
-        source="RunPod RTX PRO 6000, deploybase.ai/articles/runpod-gpu-pricing (same column)",
-    ),
-    ExamplePrice(
-        gpu="mi300x", usd_per_gpu_hour=1.50, date="2026-05-18",
-        source="TensorWave MI300X, as quoted by cliffcenter.com/research/"
-        "amd-inference-economics",
-    ),
-    ExamplePrice(
-        gpu="mi325x", usd_per_gpu_hour=1.95, date="2026-05-18",
-        source="TensorWave MI325X, as quoted by cliffcenter.com/research/"
-        "amd-inference-economics",
-    ),
-    ExamplePrice(
-        gpu="mi355x", usd_per_gpu_hour=6.03, date="-",
-        source="assumption: no public per-GPU price found; B200's above (the part it is "
-        "sold against: the same HBM bandwidth and FP8 peak)",
-    ),
-)  # fmt: skip
+# sourced examples, shardlab/problems/data/example_prices.yaml
+EXAMPLE_PRICES: tuple[ExamplePrice, ...] = tuple(
+    load_records("example_prices.yaml", ExamplePrice).values()
+)
 
 
 def example_prices(gpus: Sequence[str] | None = None) -> dict[str, float]:
     """$/GPU-hour of ``gpus`` (all the catalog's: None) at the example prices."""
-    prices = {p.gpu: p.usd_per_gpu_hour for p in EXAMPLE_PRICES}
+    prices = {p.name: p.usd_per_gpu_hour for p in EXAMPLE_PRICES}
     return prices if gpus is None else {g: prices[g] for g in gpus}
 
 
@@ -238,11 +175,11 @@ def prices_markdown(gpus: Sequence[str]) -> list[str]:
         "cloud with `shardlab size --price`.",
         "",
     ]
-    chosen = [p for p in EXAMPLE_PRICES if p.gpu in gpus]
+    chosen = [p for p in EXAMPLE_PRICES if p.name in gpus]
     lines += markdown_table(
         ["GPU", "$/GPU-hour", "date", "source"],
         "lrll",
-        ([p.gpu, f"{p.usd_per_gpu_hour:.2f}", p.date, p.source] for p in chosen),
+        ([p.name, f"{p.usd_per_gpu_hour:.2f}", p.date, p.source] for p in chosen),
     )
     return [*lines, ""]
 

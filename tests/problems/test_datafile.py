@@ -10,7 +10,7 @@ import pytest
 from shardlab.errors import ShardlabError
 from shardlab.problems.datafile import load_records
 from shardlab.problems.families import FAMILIES, Family
-from shardlab.problems.suite import INSTANCES, Instance
+from shardlab.problems.suite import INSTANCES, SIZES, Instance
 from shardlab.problems.workload import PRESETS, Workload
 
 
@@ -98,15 +98,7 @@ def test_the_shipped_tables() -> None:
     )
     assert PRESETS["latency"].objective == "latency" and PRESETS["latency"].batch == 1
     assert len(INSTANCES) == len({i.name for i in INSTANCES}) == 32
-    assert {i.size for i in INSTANCES} == {
-        "small",
-        "medium",
-        "large",
-        "paper",
-        "transfer",
-        "slo",
-        "disagg",
-    }
+    assert {i.size for i in INSTANCES} == set(SIZES)  # every size has instances
     gemma3, gemma4 = FAMILIES["gemma3_text"], FAMILIES["gemma4_text"]
     assert gemma3.defaults["vocab_size"] == 262208 and gemma4.defaults["vocab_size"] == 262144
     assert gemma4.norms_per_layer == gemma3.norms_per_layer == 4

@@ -28,7 +28,7 @@ GPUS = ("h100", "l4")
 
 @pytest.mark.parametrize("gpu", sorted(catalog_gpus()))
 def test_every_catalog_gpu_has_one_sourced_example_price(gpu: str) -> None:
-    listed = [p for p in EXAMPLE_PRICES if p.gpu == gpu]
+    listed = [p for p in EXAMPLE_PRICES if p.name == gpu]
     assert len(listed) == 1
     assert listed[0].usd_per_gpu_hour > 0 and listed[0].source and listed[0].date
     assert example_prices([gpu]) == {gpu: listed[0].usd_per_gpu_hour}
@@ -37,7 +37,7 @@ def test_every_catalog_gpu_has_one_sourced_example_price(gpu: str) -> None:
 def test_the_catalog_is_every_builtin_gpu_its_engine_runs_on() -> None:
     accs = builtin_accelerators()
     assert catalog_gpus() == tuple(k for k in accs if k != "b60")  # B60: vLLM only
-    assert {p.gpu for p in EXAMPLE_PRICES} == set(catalog_gpus())
+    assert {p.name for p in EXAMPLE_PRICES} == set(catalog_gpus())
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_the_report_names_its_command_prices_and_each_curve(written: tuple[Path,
     assert "Produced by `shardlab compare --suite catalog`" in text
     assert size_command(SMALL, GPUS) in text
     for p in EXAMPLE_PRICES:
-        if p.gpu in GPUS:
+        if p.name in GPUS:
             assert p.source in text
     answers = json.loads((out / "catalog.json").read_text())
     assert [a["answer"]["model"] for a in answers] == [SMALL.model]

@@ -122,23 +122,6 @@ class RLConfig:
     """edit: initial shift of every class's "keep" logit in a proposal whose degree tuple
     changed (negative: such a proposal also re-chooses whole classes, whose best
     values differ between tuples; learned from there)."""
-    decoupled_stay: bool = False
-    """Edit (off: not better on the paper suite, results/rl-ablation): a decision's held
-    value scores its stay logit over the log-sum of the other valid values' logits, so
-    the stay logit alone sets how often it changes and the candidates' logits (pointer,
-    elite share, cost) only what it becomes; added to the held value's own logit
-    instead, a value every elite plan shares (+4 from the elite share) rarely changes."""
-    stay_range: float = 0.0
-    """Edit (0, off: not better on the paper suite, results/rl-ablation): the learned part
-    of each stay and keep logit is bounded to ``±stay_range`` (3: a factor of 20 in the
-    odds of a change); unbounded, it can run to -11 within 30 iterations on the paper's
-    1,024 GPUs, and proposals then change hundreds of decisions."""
-    degree_follow: bool = False
-    """Edit (off: not better on the paper suite, results/rl-ablation): once one degree
-    axis of a proposal moved, the axes after it
-    choose without the pull towards the parent's values, so moving two axes together
-    (tensor parallel up and attention DP down, the replica's size kept) is as likely as
-    moving one."""
     rebase: bool = True
     """*Improvement*, edit: a proposal that moves to another degree tuple keeps the
     options of the best plan seen on that tuple (when one was seen) instead of its

@@ -69,6 +69,7 @@ class EditRollout:
     parents: torch.Tensor  # (B,) index into the elite (0 when the elite is empty)
     held: torch.Tensor  # (B, T) what each decision stays at: the parent's, or rebased
     rebased: torch.Tensor  # (B,) bool: options taken from the best plan of a new tuple
+    cost_feats: torch.Tensor  # (B, T, W, COST_DIM) the candidates' costs (zeros: unused)
     moves: torch.Tensor  # (B, C) class moves: a value slot, or W for "keep"
     move_masks: torch.Tensor  # (B, C, W + 1) bool
     masks: torch.Tensor  # (B, T, W + 1) bool
@@ -109,9 +110,7 @@ def static_of(pt: ProblemTensors, config: RLConfig) -> Static:
     p_deg = 1.0 - (1.0 - config.degree_edit) ** (1.0 / max(k, 1))
 
     def offset(n_values: int, p: float) -> float:
-        # decoupled, the stay logit is against the other values' log-sum: n plays no part
-        n = 2 if config.decoupled_stay else n_values
-        return math.log(max(n - 1, 1) * (1.0 - p) / p)
+        return math.log(max(n_values - 1, 1) * (1.0 - p) / p)
 
     offsets = [
         offset(len(step.values), p_deg if t < k else p_rest) for t, step in enumerate(dec.steps)
@@ -249,49 +248,21 @@ class EditPolicy(nn.Module):
         if self.logit_clip > 0:  # bounded logits keep every valid candidate reachable
             logits = self.logit_clip * torch.tanh(logits / self.logit_clip)
         base = torch.cat([logits + self.elite_gain * share, torch.zeros(n_steps, 1)], 1)
-        stay = self._bounded(self.stay_head(h)[:, 0]) + st.offsets
+        stay = self.stay_head(h)[:, 0] + st.offsets
         # a class moves all its decisions to one value, scored by its members' means
-        keep = self._bounded(self.keep_head(st.members @ h)[:, 0]) + st.keep_offsets
+        keep = self.keep_head(st.members @ h)[:, 0] + st.keep_offsets
         move = torch.cat([st.members @ base[:, :width], keep[:, None]], 1)
         return Scores(parent=parent, base=base, stay=stay, move=move, regroup=self.regroup)
 
+    @staticmethod
     def _decisions(
-        self,
-        s: Scores,
-        held: torch.Tensor,
-        t: slice,
-        mask: torch.Tensor,
-        cost: torch.Tensor | float,
+        s: Scores, held: torch.Tensor, t: slice, mask: torch.Tensor, cost: torch.Tensor | float
     ) -> torch.Tensor:
         """Logits of steps ``t`` given the values ``held`` there (the stay targets) and
-        the candidates' ``cost`` logits there. ``decoupled_stay``: the held value's logit
-        is the stay logit over the log-sum of the other valid values', so the stay logit
-        alone sets the chance of a change and the candidates' logits only which value a
-        change takes (added to them, a held value that every elite plan shares, +4 from
-        the elite share, made a quarter of the proposals copy their parent)."""
-        base, stay = s.base[t] + cost, s.stay[t]
-        onehot = torch.nn.functional.one_hot(held, base.shape[-1]).bool()
-        if not self.config.decoupled_stay:
-            return (base + stay[:, None] * onehot).masked_fill(~mask, NEG)
-        others = base.masked_fill(~mask | onehot, NEG)
-        any_other = (mask & ~onehot).any(-1)
-        at_held = torch.where(any_other, torch.logsumexp(others, -1) + stay, 0.0)
-        return torch.where(onehot, at_held[..., None], base).masked_fill(~mask, NEG)
-
-    def _bounded(self, learned: torch.Tensor) -> torch.Tensor:
-        """A learned stay or keep logit within ``stay_range`` of its offset: unbounded, PPO
-        on normalized advantages keeps pushing it one way batch after batch, until a
-        proposal changes hundreds of decisions (or none)."""
-        r = self.config.stay_range
-        return r * torch.tanh(learned / r) if r > 0 else learned
-
-    def _stay_at(self, held: torch.Tensor, moved: torch.Tensor, none: int) -> torch.Tensor:
-        """The degree axes' stay targets: the parent's values, or (``degree_follow``)
-        none after an earlier axis moved, so the later axes re-choose freely and a move
-        can keep the replica's size (tensor parallel up, attention DP down)."""
-        if not self.config.degree_follow:
-            return held
-        return torch.where(moved, torch.full_like(held, none), held)
+        the candidates' ``cost`` logits there."""
+        base, stay = s.base[t], s.stay[t]
+        onehot = torch.nn.functional.one_hot(held, base.shape[-1]).float()
+        return (base + stay[:, None] * onehot + cost).masked_fill(~mask, NEG)
 
     @staticmethod
     def _moves(
@@ -324,16 +295,9 @@ class EditPolicy(nn.Module):
                 rebased[i] = True
         return out, rebased
 
-    def _costs(
-        self, pt: ProblemTensors, degree_index: np.ndarray, held: torch.Tensor
-    ) -> torch.Tensor:
-        """``(n, T, W + 1)`` each candidate's cost logit under its row's degree tuple,
-        the rest of the plan ``held`` (0 for the "none" slot, and everywhere without
-        ``cost_features``)."""
-        n, (n_steps, width) = len(degree_index), pt.cands.shape[:2]
-        if not self.use_costs:
-            return torch.zeros(n, n_steps, width + 1)
-        feats = pt.cost_features(degree_index, held)  # (n, T, W, COST_DIM)
+    def _costs(self, pt: ProblemTensors, feats: torch.Tensor) -> torch.Tensor:
+        """``(n, T, W + 1)`` each candidate's cost logit from its cost features ``(n, T,
+        W, COST_DIM)`` (0 for the "none" slot)."""
         term = (feats * self.cost_gain[pt.ops][None, :, None, :]).sum(-1)
         return torch.nn.functional.pad(term, (0, 1))
 
@@ -363,10 +327,8 @@ class EditPolicy(nn.Module):
         k = dec.n_degree_steps
         for t in range(k):
             masks[:, t, :width] = dec.degree_mask(t, actions[:, :t])
-            moved = (actions[:, :t] != held[:, :t].numpy()).any(1)
-            stay_at = self._stay_at(held[:, t : t + 1], torch.from_numpy(moved)[:, None], width)
             logits = self._decisions(
-                s, stay_at, slice(t, t + 1), torch.from_numpy(masks[:, t : t + 1]), 0.0
+                s, held[:, t : t + 1], slice(t, t + 1), torch.from_numpy(masks[:, t : t + 1]), 0.0
             )
             a = _draw(logits, temperature, gen)
             logp += _logp(logits, a).sum(1)
@@ -375,7 +337,13 @@ class EditPolicy(nn.Module):
         masks[:, k:, :width] = dec.rest_masks(tuples)
         changed = (actions[:, :k] != held[:, :k].numpy()).any(1)
         held, rebased = self._rebase(elite, held, tuples, changed, k)
-        cost = self._costs(pt, tuples, held)
+        # what each candidate costs under the child's tuple, the rest of its plan held:
+        # kept with the rollout, the learning step reads them again
+        if self.use_costs:
+            cost_feats = pt.cost_features(tuples, held)
+        else:
+            cost_feats = torch.zeros(n, n_steps, width, COST_DIM)
+        cost = self._costs(pt, cost_feats)
         regrouped = torch.from_numpy(changed & ~rebased)
         move_masks = torch.from_numpy(_class_masks(st, masks))
         move_logits = self._moves(s, st, regrouped, move_masks, cost)
@@ -393,6 +361,7 @@ class EditPolicy(nn.Module):
             parents=parents,
             held=based,
             rebased=torch.from_numpy(rebased),
+            cost_feats=cost_feats,
             moves=moves,
             move_masks=move_masks,
             masks=torch.from_numpy(masks),
@@ -417,14 +386,10 @@ class EditPolicy(nn.Module):
             logp = logp + lp[roll.parents]
             entropy = entropy - (lp.exp() * lp).sum()
         held = roll.held
-        diff = (roll.actions[:, :k] != held[:, :k]).long()
-        before = (torch.cumsum(diff, 1) - diff) > 0  # an earlier axis moved
-        deg = self._decisions(
-            s, self._stay_at(held[:, :k], before, w1 - 1), slice(0, k), roll.masks[:, :k], 0.0
-        )
+        deg = self._decisions(s, held[:, :k], slice(0, k), roll.masks[:, :k], 0.0)
         changed = (roll.actions[:, :k] != held[:, :k]).any(1)
         regrouped = changed & ~roll.rebased
-        cost = self._costs(pt, pt.dec.degree_index(roll.actions[:, :k].numpy()), held)
+        cost = self._costs(pt, roll.cost_feats)
         move_logits = self._moves(s, st, regrouped, roll.move_masks, cost)
         moved = _moved(st, held, roll.moves, w1 - 1)
         rest = self._decisions(

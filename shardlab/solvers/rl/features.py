@@ -60,8 +60,13 @@ ELITE_DIM = 3  # dynamic candidate features from the elite history
 CONTEXT_DIM = 12 + len(PHASES) + len(OBJECTIVES)
 
 
+def _slot(vocab: tuple[str, ...], name: str) -> int:
+    """``name``'s index in ``vocab``; a name outside it takes the last, "other"."""
+    return vocab.index(name) if name in vocab else len(vocab) - 1
+
+
 def _one_hot(vocab: tuple[str, ...], name: str) -> list[float]:
-    i = vocab.index(name) if name in vocab else len(vocab) - 1
+    i = _slot(vocab, name)
     return [1.0 if j == i else 0.0 for j in range(len(vocab))]
 
 
@@ -127,8 +132,7 @@ def step_ops(dec: Decisions) -> np.ndarray:
     out = np.full(dec.n_steps, len(OP_VOCAB) - 1, dtype=np.int64)
     for t, step in enumerate(dec.steps):
         if step.kind == "option":
-            op = dec.space.variables[step.var].op
-            out[t] = OP_VOCAB.index(op) if op in OP_VOCAB else len(OP_VOCAB) - 1
+            out[t] = _slot(OP_VOCAB, dec.space.variables[step.var].op)
     return out
 
 
