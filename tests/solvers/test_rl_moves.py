@@ -1,5 +1,6 @@
 """The edit policy's moves between degree tuples: the recipe start, rebasing on a tuple's
-best plan, the parent reward and the candidates' cost features."""
+best plan, retuning on a new tuple, the parent reward and the candidates' cost
+features."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from shardlab import Problem  # noqa: E402
+from shardlab import Problem, ShardlabError  # noqa: E402
 from shardlab.problems.suite import get_instance  # noqa: E402
 from shardlab.solvers.evaluator import INFEASIBLE, Evaluator  # noqa: E402
 from shardlab.solvers.recipe import recipe_plans  # noqa: E402
@@ -45,9 +46,14 @@ def test_the_elite_starts_with_the_recipe_plans(start_recipes: bool) -> None:
     problem = deepseek()
     search = _search(problem, RLConfig(start_recipes=start_recipes))
     search.start()
-    recipes = {problem.space.encode(p).tobytes() for p in recipe_plans(problem)}
+    recipes = np.array([problem.space.encode(p) for p in recipe_plans(problem)])
     seen = {row.tobytes() for row in search.codes}
-    assert recipes and (recipes <= seen) == start_recipes
+    assert len(recipes) and ({r.tobytes() for r in recipes} <= seen) == start_recipes
+    # each recipe retuned too: its options re-chosen for its tuple by the cost tables
+    dec = search.dec
+    fresh = dec.to_codes(search.pt.costs.fastest(recipes[:, 0], dec.to_actions(recipes), 3))
+    assert not np.array_equal(fresh, recipes)
+    assert ({r.tobytes() for r in fresh} <= seen) == start_recipes
 
 
 def test_a_move_to_a_seen_tuple_holds_that_tuples_best_options() -> None:
@@ -82,6 +88,66 @@ def test_a_move_to_a_seen_tuple_holds_that_tuples_best_options() -> None:
         )
         assert np.array_equal(held[:, k:], expected[:, k:])
         assert np.array_equal(roll.rebased.numpy(), rebase & moved)
+
+
+@pytest.mark.parametrize("retune", [3, 0])
+def test_a_move_to_an_unseen_tuple_retunes_its_parents_options(retune: int) -> None:
+    """A child on a tuple no plan was seen on starts from its parent's options re-chosen
+    by the cost tables (``retune`` rounds); with ``retune=0`` from its parent's own."""
+    problem = mixtral_layers()
+    dec = Decisions(problem.space)
+    pt = ProblemTensors.build(problem, dec)
+    k = dec.n_degree_steps
+    codes = problem.space.sample(4, seed=3)
+    actions = dec.to_actions(codes)
+    elite = Elite(
+        actions=actions,
+        rewards=np.linspace(1.0, 0.0, len(actions)),
+        tuples=np.unique(codes[:, 0]),
+        bests=dec.to_actions(codes[np.unique(codes[:, 0], return_index=True)[1]]),
+        best_fit=np.zeros(len(np.unique(codes[:, 0]))),
+    )
+    policy = new_policy(RLConfig(degree_edit=0.9, retune=retune), 0)
+    roll = policy.sample(pt, elite, 128, torch.Generator().manual_seed(0))
+    parents = actions[roll.parents.numpy()]
+    child = dec.degree_index(roll.actions.numpy()[:, :k])
+    unseen = ~np.isin(child, elite.tuples)
+    assert unseen.sum() > 10
+    assert np.array_equal(roll.retuned.numpy(), unseen & (retune > 0))
+    held = roll.held.numpy()
+    expected = pt.costs.fastest(child[unseen], parents[unseen], retune)
+    assert np.array_equal(held[unseen], expected if retune else parents[unseen])
+    assert np.array_equal(held[unseen], parents[unseen]) == (retune == 0)
+
+
+def test_fastest_puts_each_option_at_its_fastest_valid_value() -> None:
+    """One round: every option decision at a value of time feature 0 under the held
+    plan (the fastest), valid under its tuple; a held value as fast stays; cut and
+    degree decisions untouched."""
+    problem = mixtral_layers()
+    dec = Decisions(problem.space)
+    costs = OptionCosts(problem, dec)
+    codes = problem.space.sample(32, seed=6)
+    actions = dec.to_actions(codes)
+    tuples = codes[:, 0]
+    k = dec.n_degree_steps
+    out = costs.fastest(tuples, actions, 1)
+    option = np.array([s.kind == "option" for s in dec.steps])
+    assert np.array_equal(out[:, ~option], actions[:, ~option])
+    before = costs.features(tuples, actions)[..., 0]
+    rows = np.arange(len(out))[:, None]
+    steps = np.flatnonzero(option)
+    assert np.all(before[rows, steps[None], out[:, steps]] == 0)
+    valid = dec.rest_masks(tuples)[:, steps - k]
+    assert np.all(valid[rows, np.arange(len(steps))[None], out[:, steps]])
+    at_fastest = before[rows, steps[None], actions[:, steps]] == 0
+    assert np.array_equal(out[:, steps][at_fastest], actions[:, steps][at_fastest])
+    assert np.array_equal(costs.fastest(tuples, actions, 0), actions)
+
+
+def test_retune_must_not_be_negative() -> None:
+    with pytest.raises(ShardlabError, match="retune"):
+        RLConfig(retune=-1)
 
 
 def test_the_parent_reward_pays_for_beating_the_parent() -> None:

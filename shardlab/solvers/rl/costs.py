@@ -107,6 +107,29 @@ class OptionCosts:
             out[rows[:, None], self.option_steps[None, :], :, 1] = tc.memory
         return out
 
+    def fastest(self, degree_index: np.ndarray, held: np.ndarray, rounds: int) -> np.ndarray:
+        """``held`` (``(n, n_steps)`` action slots) with each option decision at its
+        fastest valid option under its row's tuple, the options around it held; over
+        ``rounds`` rounds, each pricing the edges at the previous round's choices (all
+        decisions move at once, so one round prices a neighbour at its old option). A
+        held option as fast as the fastest stays. Cut decisions are left as they are."""
+        out = held.copy()
+        steps = self.option_steps
+        if not len(steps):
+            return out
+        valid = self.dec.rest_masks(degree_index)[:, steps - self.dec.n_degree_steps]
+        rows = np.arange(len(out))[:, None]
+        for _ in range(rounds):
+            time = self.features(degree_index, out)[..., 0][:, steps]  # (n, S, W)
+            kept = out[:, steps]
+            score = np.where(valid, time, np.inf)
+            # ties go to the held option: it was chosen for a reason the table does not see
+            held_ok = kept < score.shape[2]
+            at = np.minimum(kept, score.shape[2] - 1)
+            score[rows, np.arange(len(steps))[None], at] -= np.where(held_ok, 1e-6, 0.0)
+            out[:, steps] = score.argmin(axis=2)
+        return out
+
     def _build(self, d: int) -> TupleCosts:
         problem, dec = self.problem, self.dec
         degrees = problem.space.degree_tuples[d]

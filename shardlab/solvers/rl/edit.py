@@ -69,6 +69,7 @@ class EditRollout:
     parents: torch.Tensor  # (B,) index into the elite (0 when the elite is empty)
     held: torch.Tensor  # (B, T) what each decision stays at: the parent's, or rebased
     rebased: torch.Tensor  # (B,) bool: options taken from the best plan of a new tuple
+    retuned: torch.Tensor  # (B,) bool: options re-chosen for a tuple never seen
     cost_feats: torch.Tensor  # (B, T, W, COST_DIM) the candidates' costs (zeros: unused)
     moves: torch.Tensor  # (B, C) class moves: a value slot, or W for "keep"
     move_masks: torch.Tensor  # (B, C, W + 1) bool
@@ -277,23 +278,34 @@ class EditPolicy(nn.Module):
         return (move + shift).masked_fill(~mask, NEG)
 
     def _rebase(
-        self, elite: Elite, held: torch.Tensor, tuples: np.ndarray, changed: np.ndarray, k: int
-    ) -> tuple[torch.Tensor, np.ndarray]:
+        self,
+        pt: ProblemTensors,
+        elite: Elite,
+        held: torch.Tensor,
+        tuples: np.ndarray,
+        changed: np.ndarray,
+        k: int,
+    ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """``held`` with the option and cut decisions of each child that moved to another
-        degree tuple taken from the best plan seen on that tuple, where there is one
-        (``rebase``): options tuned for the parent's tuple misprice the new one. Which
-        children were rebased."""
+        degree tuple taken from the best plan seen on that tuple (``rebase``), or, on a
+        tuple no plan was seen on, its parent's options re-chosen by the cost tables
+        (``retune``): options tuned for the parent's tuple misprice the new one. Which
+        children were rebased, and which retuned."""
         rebased = np.zeros(len(held), dtype=bool)
-        if not self.config.rebase or not len(elite.tuples):
-            return held, rebased
+        retuned = np.zeros(len(held), dtype=bool)
         row = {int(d): i for i, d in enumerate(elite.tuples)}
         out = held.clone()
         for i in np.flatnonzero(changed):
             j = row.get(int(tuples[i]))
-            if j is not None:
+            if j is None:
+                retuned[i] = self.config.retune > 0
+            elif self.config.rebase:
                 out[i, k:] = torch.from_numpy(elite.bests[j, k:])
                 rebased[i] = True
-        return out, rebased
+        if retuned.any():
+            fresh = pt.costs.fastest(tuples[retuned], out[retuned].numpy(), self.config.retune)
+            out[torch.from_numpy(retuned)] = torch.from_numpy(fresh)
+        return out, rebased, retuned
 
     def _costs(self, pt: ProblemTensors, feats: torch.Tensor) -> torch.Tensor:
         """``(n, T, W + 1)`` each candidate's cost logit from its cost features ``(n, T,
@@ -336,7 +348,7 @@ class EditPolicy(nn.Module):
         tuples = dec.degree_index(actions[:, :k])
         masks[:, k:, :width] = dec.rest_masks(tuples)
         changed = (actions[:, :k] != held[:, :k].numpy()).any(1)
-        held, rebased = self._rebase(elite, held, tuples, changed, k)
+        held, rebased, retuned = self._rebase(pt, elite, held, tuples, changed, k)
         # what each candidate costs under the child's tuple, the rest of its plan held:
         # kept with the rollout, the learning step reads them again
         if self.use_costs:
@@ -344,7 +356,7 @@ class EditPolicy(nn.Module):
         else:
             cost_feats = torch.zeros(n, n_steps, width, COST_DIM)
         cost = self._costs(pt, cost_feats)
-        regrouped = torch.from_numpy(changed & ~rebased)
+        regrouped = torch.from_numpy(changed & ~rebased & ~retuned)
         move_masks = torch.from_numpy(_class_masks(st, masks))
         move_logits = self._moves(s, st, regrouped, move_masks, cost)
         moves = _draw(move_logits, temperature, gen)
@@ -361,6 +373,7 @@ class EditPolicy(nn.Module):
             parents=parents,
             held=based,
             rebased=torch.from_numpy(rebased),
+            retuned=torch.from_numpy(retuned),
             cost_feats=cost_feats,
             moves=moves,
             move_masks=move_masks,
@@ -388,7 +401,7 @@ class EditPolicy(nn.Module):
         held = roll.held
         deg = self._decisions(s, held[:, :k], slice(0, k), roll.masks[:, :k], 0.0)
         changed = (roll.actions[:, :k] != held[:, :k]).any(1)
-        regrouped = changed & ~roll.rebased
+        regrouped = changed & ~roll.rebased & ~roll.retuned
         cost = self._costs(pt, roll.cost_feats)
         move_logits = self._moves(s, st, regrouped, roll.move_masks, cost)
         moved = _moved(st, held, roll.moves, w1 - 1)

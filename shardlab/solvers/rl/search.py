@@ -140,6 +140,12 @@ class Search:
             plans = recipe_plans(self.problem)
             if plans:
                 codes = np.array([space.encode(p) for p in plans], dtype=np.int64)
+                if self.config.retune and isinstance(self.policy, EditPolicy):
+                    # and each retuned: its options re-chosen by the cost tables, as a
+                    # proposal's on a new tuple (a recipe's options are one-size)
+                    acts = self.dec.to_actions(codes)
+                    fresh = self.pt.costs.fastest(codes[:, 0], acts, self.config.retune)
+                    codes = np.concatenate([codes, self.dec.to_codes(fresh)])
                 codes = codes[~self._repeats(codes)]
                 if len(codes):
                     self._record(codes, self.ev.evaluate(codes))
