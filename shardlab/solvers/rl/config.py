@@ -133,10 +133,10 @@ class RLConfig:
     each option decision at its fastest valid option with the options around it held,
     ``retune`` rounds (each round prices the edges at the previous round's choices,
     :meth:`~shardlab.solvers.rl.costs.OptionCosts.fastest`); 0 keeps the parent's
-    options. Options chosen for another tuple misprice a new one (the optimum's tuple on
-    1,024 H100 scores 0.59 of the optimum with the options of the tuple the search
-    settles on, 0.995 re-chosen), so without it the search judges a tuple by a plan
-    that was never meant for it."""
+    options. Options chosen for another tuple misprice a new one (on 1,024 H100 the
+    optimum's tuple with the best recipe plan's options is at 0.59 of the optimum,
+    0.995 re-chosen), so without it the search judges a tuple by a plan that was never
+    meant for it."""
     cost_features: bool = True
     """*Improvement*, edit: each option candidate's logit gains a learned per-operator
     weighting of what it costs under the proposal's degree tuple (its time and memory
