@@ -293,6 +293,8 @@ class EditPolicy(nn.Module):
         children were rebased, and which retuned."""
         rebased = np.zeros(len(held), dtype=bool)
         retuned = np.zeros(len(held), dtype=bool)
+        if not len(elite.actions):  # no parents: every decision is drawn, none moved
+            return held, rebased, retuned
         row = {int(d): i for i, d in enumerate(elite.tuples)}
         out = held.clone()
         for i in np.flatnonzero(changed):
