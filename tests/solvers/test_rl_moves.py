@@ -34,6 +34,27 @@ def mixtral_layers() -> Problem:
     return Problem.build("mixtral-8x7b", "h100x4", "chat", tie="layer")
 
 
+def _sampled(n: int, seed: int) -> tuple[Decisions, OptionCosts, np.ndarray, np.ndarray]:
+    """The Mixtral per-layer space's decisions and cost tables, and ``n`` sampled plans
+    as codes and as action slots."""
+    problem = mixtral_layers()
+    dec = Decisions(problem.space)
+    codes = problem.space.sample(n, seed=seed)
+    return dec, OptionCosts(problem, dec), codes, dec.to_actions(codes)
+
+
+def _elite(dec: Decisions, actions: np.ndarray, codes: np.ndarray) -> Elite:
+    """An elite of the plans ``actions``, ranked in order; ``codes`` the plans seen."""
+    tuples, first = np.unique(codes[:, 0], return_index=True)
+    return Elite(
+        actions=actions,
+        rewards=np.linspace(1.0, 0.0, len(actions)),
+        tuples=tuples,
+        bests=dec.to_actions(codes[first]),
+        best_fit=np.zeros(len(tuples)),
+    )
+
+
 def _search(problem: Problem, cfg: RLConfig) -> Search:
     ev = Evaluator(problem, None, None, None, time.perf_counter())
     policy = new_policy(cfg, 0)
@@ -67,14 +88,8 @@ def test_a_move_to_a_seen_tuple_holds_that_tuples_best_options() -> None:
     codes = problem.space.sample(400, seed=2)
     tuples, first = np.unique(codes[:, 0], return_index=True)
     bests = dec.to_actions(codes[first])
-    elite_actions = dec.to_actions(codes[first[:4]])
-    elite = Elite(
-        actions=elite_actions,
-        rewards=np.linspace(1.0, 0.0, len(elite_actions)),
-        tuples=tuples,
-        bests=bests,
-        best_fit=np.zeros(len(tuples)),
-    )
+    elite_actions = bests[:4]
+    elite = _elite(dec, elite_actions, codes)
     for rebase in (True, False):
         policy = new_policy(RLConfig(degree_edit=0.9, rebase=rebase), 0)
         roll = policy.sample(pt, elite, 128, torch.Generator().manual_seed(0))
@@ -100,13 +115,7 @@ def test_a_move_to_an_unseen_tuple_retunes_its_parents_options(retune: int) -> N
     k = dec.n_degree_steps
     codes = problem.space.sample(4, seed=3)
     actions = dec.to_actions(codes)
-    elite = Elite(
-        actions=actions,
-        rewards=np.linspace(1.0, 0.0, len(actions)),
-        tuples=np.unique(codes[:, 0]),
-        bests=dec.to_actions(codes[np.unique(codes[:, 0], return_index=True)[1]]),
-        best_fit=np.zeros(len(np.unique(codes[:, 0]))),
-    )
+    elite = _elite(dec, actions, codes)
     policy = new_policy(RLConfig(degree_edit=0.9, retune=retune), 0)
     roll = policy.sample(pt, elite, 128, torch.Generator().manual_seed(0))
     parents = actions[roll.parents.numpy()]
@@ -124,11 +133,7 @@ def test_fastest_puts_each_option_at_its_fastest_valid_value() -> None:
     """One round: every option decision at a value of time feature 0 under the held
     plan (the fastest), valid under its tuple; a held value as fast stays; cut and
     degree decisions untouched."""
-    problem = mixtral_layers()
-    dec = Decisions(problem.space)
-    costs = OptionCosts(problem, dec)
-    codes = problem.space.sample(32, seed=6)
-    actions = dec.to_actions(codes)
+    dec, costs, codes, actions = _sampled(32, seed=6)
     tuples = codes[:, 0]
     k = dec.n_degree_steps
     out = costs.fastest(tuples, actions, 1)
@@ -171,11 +176,7 @@ def test_the_parent_reward_pays_for_beating_the_parent() -> None:
 
 
 def test_cost_features_rank_the_valid_options_and_read_the_neighbours() -> None:
-    problem = mixtral_layers()
-    dec = Decisions(problem.space)
-    costs = OptionCosts(problem, dec)
-    codes = problem.space.sample(16, seed=4)
-    actions = dec.to_actions(codes)
+    dec, costs, codes, actions = _sampled(16, seed=4)
     tuples = codes[:, 0]
     f = costs.features(tuples, actions)
     k = dec.n_degree_steps

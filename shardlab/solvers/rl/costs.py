@@ -118,15 +118,12 @@ class OptionCosts:
         if not len(steps):
             return out
         valid = self.dec.rest_masks(degree_index)[:, steps - self.dec.n_degree_steps]
-        rows = np.arange(len(out))[:, None]
+        rows, cols = np.arange(len(out))[:, None], np.arange(len(steps))[None]
         for _ in range(rounds):
             time = self.features(degree_index, out)[..., 0][:, steps]  # (n, S, W)
-            kept = out[:, steps]
             score = np.where(valid, time, np.inf)
             # ties go to the held option: it was chosen for a reason the table does not see
-            held_ok = kept < score.shape[2]
-            at = np.minimum(kept, score.shape[2] - 1)
-            score[rows, np.arange(len(steps))[None], at] -= np.where(held_ok, 1e-6, 0.0)
+            score[rows, cols, out[:, steps]] -= 1e-6
             out[:, steps] = score.argmin(axis=2)
         return out
 
