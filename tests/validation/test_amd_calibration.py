@@ -126,8 +126,11 @@ def test_the_shipped_fits_are_what_calibrate_writes_from_the_committed_runs(
     measured = load_measurements(AMD, {"gpu": gpus}).rows
     report = calibrate(measured, "roofline", "sglang", hold_out=("row",), tie="shared")
     shipped = Calibration.load(CALIBRATIONS / f"{name}.yaml")
+    # to the fit's own accuracy: least_squares stops at its default tolerances, where
+    # another numpy or BLAS moves the factors by ~1e-6 (found by CI) and a stop at
+    # 1e-15 moves iteration_ms by 2e-4; a stale or hand-edited fit is further off
     for key in ("gemm", "attention", "moe", "communication", "request_ms", "iteration_ms"):
-        assert getattr(report.calibration, key) == pytest.approx(getattr(shipped, key), rel=1e-6)
+        assert getattr(report.calibration, key) == pytest.approx(getattr(shipped, key), rel=1e-3)
     assert f"{','.join(gpus)}: {rows} rows, roofline timing, sglang" in shipped.fitted_on
     assert "kernel factors tied shared" in shipped.fitted_on
 
