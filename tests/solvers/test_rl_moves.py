@@ -1,6 +1,6 @@
 """The edit policy's moves between degree tuples: the recipe start, rebasing on a tuple's
-best plan, retuning on a new tuple, the parent reward and the candidates' cost
-features."""
+best plan, retuning on a new tuple, re-choosing the axes after a moved one, redrawing
+repeats, the parent reward and the candidates' cost features."""
 
 from __future__ import annotations
 
@@ -150,9 +150,73 @@ def test_fastest_puts_each_option_at_its_fastest_valid_value() -> None:
     assert np.array_equal(costs.fastest(tuples, actions, 0), actions)
 
 
-def test_retune_must_not_be_negative() -> None:
-    with pytest.raises(ShardlabError, match="retune"):
-        RLConfig(retune=-1)
+@pytest.mark.parametrize("name", ["retune", "redraws"])
+def test_counts_must_not_be_negative(name: str) -> None:
+    with pytest.raises(ShardlabError, match=name):
+        RLConfig(**{name: -1})
+
+
+def _kept_after_a_move(follow: bool) -> float:
+    """Share of the degree axes after the first moved one that keep the parent's value,
+    over 256 children of an untrained policy (``degree_follow=follow``); the sampling
+    log-probabilities are checked against teacher forcing on the way."""
+    problem = deepseek()
+    dec = Decisions(problem.space)
+    pt = ProblemTensors.build(problem, dec)
+    k = dec.n_degree_steps
+    codes = np.array([problem.space.encode(p) for p in recipe_plans(problem)])
+    elite = _elite(dec, dec.to_actions(codes), codes)
+    policy = new_policy(RLConfig(degree_edit=0.5, degree_follow=follow), 0)
+    roll = policy.sample(pt, elite, 256, torch.Generator().manual_seed(0))
+    logp, _ = policy.evaluate(pt, elite, roll)
+    assert torch.allclose(logp, roll.logp, atol=1e-4)
+    moved = (roll.actions[:, :k] != roll.held[:, :k]).numpy()
+    after = np.cumsum(moved, 1) - moved > 0  # an earlier axis moved
+    # axes with one valid value after the move keep it either way: not counted
+    free = np.stack(
+        [dec.degree_mask(t, roll.actions.numpy()[:, :t]).sum(1) > 1 for t in range(k)], 1
+    )
+    counted = after & free
+    assert counted.sum() > 20
+    return float((~moved[counted]).mean())
+
+
+def test_degree_follow_redraws_the_axes_after_a_moved_one() -> None:
+    """Without ``degree_follow`` the axes after a moved one mostly keep the parent's
+    values (their stay logits); with it they are drawn from their candidate logits."""
+    assert _kept_after_a_move(False) > 0.6
+    assert _kept_after_a_move(True) < 0.5
+
+
+def _repeat_share(redraws: int) -> float:
+    """Share of 12 batches' proposals that repeat a plan seen before, on DeepSeek-V3
+    with ``redraws``; every learned row's log-probability is checked against teacher
+    forcing (a redrawn row must be one rollout, not a mix of two)."""
+    cfg = RLConfig(redraws=redraws)
+    search = _search(deepseek(), cfg)
+    learn = search.learn
+
+    def checked(elite: Elite, roll, r: np.ndarray) -> None:
+        logp, _ = search.policy.evaluate(search.pt, elite, roll)
+        assert torch.allclose(logp, roll.logp, atol=1e-4)
+        learn(elite, roll, r)
+
+    search.learn = checked  # type: ignore[method-assign]
+    search.start()
+    new = []
+    for _ in range(12):
+        before = search.ev.n_evals
+        search.step()
+        new.append(search.ev.n_evals - before)
+    return float(1 - np.mean(new) / cfg.batch_size)
+
+
+def test_repeated_proposals_are_drawn_again() -> None:
+    """Early on most of an edit policy's children repeat an elite plan (0.68 of them
+    here); drawn again up to 4 times, a third as many are left (0.22)."""
+    without = _repeat_share(0)
+    assert without > 0.5
+    assert _repeat_share(4) < without / 2
 
 
 def test_the_parent_reward_pays_for_beating_the_parent() -> None:

@@ -36,6 +36,7 @@ PROPOSAL_DEFAULTS: dict[str, dict[str, Any]] = {
         "reheat_on": "repeat",
         "max_temperature": 2.0,
         "ppo_epochs": 1,
+        "redraws": 4,
     },
     "decode": {
         "entropy_coef": 0.05,
@@ -44,6 +45,7 @@ PROPOSAL_DEFAULTS: dict[str, dict[str, Any]] = {
         "reheat_on": "repeat",
         "max_temperature": 8.0,
         "ppo_epochs": 4,
+        "redraws": 0,
     },
 }
 
@@ -164,6 +166,21 @@ class RLConfig:
     """Ceiling after an iteration that proposed no new plan at all: hot enough that a
     converged policy on a small space samples plans it has not tried (without it an
     edit policy whose neighbourhood is exhausted would repeat its elite forever)."""
+    degree_follow: bool = False
+    """edit: the degree axes drawn after one that moved lose their stay logit, so a
+    move re-chooses the rest of the tuple (TP 1 to 2 with attention DP 16 to 8, say)
+    instead of keeping the parent's values, which suit the parent's tuple. Off by
+    default: it finds GLM-4.5's optimum tuple on 32 H200 but loses the 1,024-GPU
+    paper instance's on some seeds (results/rl-ablation)."""
+    redraws: int | None = None
+    """*Improvement*: a proposal that repeats a plan already evaluated (or an earlier one
+    of its batch) is drawn again, up to this many times, before the batch is evaluated
+    (default by proposal: 4 for "edit", 0 for "decode"). Early on most of an edit
+    policy's children repeat an elite plan; with ``repeat_penalty`` alone the policy
+    learns from them that any move beats staying, and drifts to moving several degree
+    axes at once, away from the elite's region (on 1,024 H100 it never proposed the
+    optimum's tuple). Redrawn, the batch teaches about new plans, and an iteration
+    spends its learning step on 16 of them."""
     repeat_penalty: float = 1.0
     """*Improvement*: subtracted from the reward of a plan that was already evaluated
     (earlier, or earlier in the same batch): a re-proposal teaches nothing and costs an
@@ -224,8 +241,11 @@ class RLConfig:
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
         check_choices(self, "rl config")
-        if self.retune < 0:
-            raise ShardlabError(f"rl config: retune must be 0 or more, not {self.retune}")
+        for name in ("retune", "redraws"):
+            if getattr(self, name) < 0:
+                raise ShardlabError(
+                    f"rl config: {name} must be 0 or more, not {getattr(self, name)}"
+                )
         if self.edits <= 0 or self.class_edits <= 0 or not 0 < self.degree_edit < 1:
             raise ShardlabError(
                 "rl config: edits and class_edits must be positive, degree_edit between 0 and 1"

@@ -341,8 +341,12 @@ class EditPolicy(nn.Module):
         k = dec.n_degree_steps
         for t in range(k):
             masks[:, t, :width] = dec.degree_mask(t, actions[:, :t])
+            at = held[:, t : t + 1]
+            if self.config.degree_follow and t:
+                moved = torch.from_numpy((actions[:, :t] != held[:, :t].numpy()).any(1))
+                at = torch.where(moved[:, None], width, at)
             logits = self._decisions(
-                s, held[:, t : t + 1], slice(t, t + 1), torch.from_numpy(masks[:, t : t + 1]), 0.0
+                s, at, slice(t, t + 1), torch.from_numpy(masks[:, t : t + 1]), 0.0
             )
             a = _draw(logits, temperature, gen)
             logp += _logp(logits, a).sum(1)
@@ -401,7 +405,12 @@ class EditPolicy(nn.Module):
             logp = logp + lp[roll.parents]
             entropy = entropy - (lp.exp() * lp).sum()
         held = roll.held
-        deg = self._decisions(s, held[:, :k], slice(0, k), roll.masks[:, :k], 0.0)
+        at = held[:, :k]
+        if self.config.degree_follow:
+            diff = (roll.actions[:, :k] != held[:, :k]).int()
+            moved = (torch.cumsum(diff, 1) - diff) > 0  # an earlier axis moved
+            at = torch.where(moved, w1 - 1, at)
+        deg = self._decisions(s, at, slice(0, k), roll.masks[:, :k], 0.0)
         changed = (roll.actions[:, :k] != held[:, :k]).any(1)
         regrouped = changed & ~roll.rebased & ~roll.retuned
         cost = self._costs(pt, roll.cost_feats)

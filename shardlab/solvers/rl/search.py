@@ -8,6 +8,8 @@ so the best plan after ``n`` evaluations does not depend on the budget.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -159,6 +161,15 @@ class Search:
         roll = self.policy.sample(self.pt, elite, cfg.batch_size, self.gen, self.temperature)
         codes = self.dec.to_codes(roll.actions.numpy())
         repeat = self._repeats(codes)
+        for _ in range(cfg.redraws):  # repeats teach the policy to flee the elite
+            if not repeat.any():
+                break
+            again = torch.from_numpy(np.flatnonzero(repeat))
+            redrawn = self.policy.sample(self.pt, elite, len(again), self.gen, self.temperature)
+            for f in dataclasses.fields(roll):  # every field is per row
+                getattr(roll, f.name)[again] = getattr(redrawn, f.name)
+            codes = self.dec.to_codes(roll.actions.numpy())
+            repeat = self._repeats(codes)
         before, best = self.ev.n_evals, self.fit.max(initial=-np.inf)
         fit = self.ev.evaluate(codes)
         self._record(codes, fit)
