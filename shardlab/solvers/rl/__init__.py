@@ -14,7 +14,9 @@ Method (one iteration; nothing depends on the budget, so the run is anytime):
    :mod:`~shardlab.solvers.rl.costs`);
    **"decode"** (:mod:`~shardlab.solvers.rl.policy`, the paper's decoder) builds every
    plan decision by decision from scratch. Both mask every decision to the values
-   valid given the others, so every proposal is a valid plan;
+   valid given the others, so every proposal is a valid plan; an edit proposal that
+   repeats a plan already evaluated is drawn again (``redraws``), so the batch the
+   policy learns from is of new plans;
 3. the plans go to the shared evaluator; their **reward** is their rank in the elite
    history averaged with whether they beat their parent (edit) or ``log(objective /
    megatron objective)`` (decode; latency: the inverse ratio); infeasible plans get
