@@ -169,6 +169,14 @@ def _moved(st: Static, held: torch.Tensor, moves: torch.Tensor, keep: int) -> to
     return out
 
 
+def _followed(held: torch.Tensor, actions: torch.Tensor, none: int) -> torch.Tensor:
+    """The degree axes' stay targets under ``degree_follow``: ``held``, but ``none`` (no
+    stay logit) on each axis after one whose action left its held value. An axis reads
+    only the axes before it, so a partly drawn ``actions`` gives the drawn axes' next."""
+    diff = (actions != held).int()
+    return torch.where(torch.cumsum(diff, 1) - diff > 0, none, held)
+
+
 class EditPolicy(nn.Module):
     def __init__(self, config: RLConfig) -> None:
         super().__init__()
@@ -342,9 +350,8 @@ class EditPolicy(nn.Module):
         for t in range(k):
             masks[:, t, :width] = dec.degree_mask(t, actions[:, :t])
             at = held[:, t : t + 1]
-            if self.config.degree_follow and t:
-                moved = torch.from_numpy((actions[:, :t] != held[:, :t].numpy()).any(1))
-                at = torch.where(moved[:, None], width, at)
+            if self.config.degree_follow:
+                at = _followed(held[:, :k], torch.from_numpy(actions[:, :k]), width)[:, t : t + 1]
             logits = self._decisions(
                 s, at, slice(t, t + 1), torch.from_numpy(masks[:, t : t + 1]), 0.0
             )
@@ -407,9 +414,7 @@ class EditPolicy(nn.Module):
         held = roll.held
         at = held[:, :k]
         if self.config.degree_follow:
-            diff = (roll.actions[:, :k] != held[:, :k]).int()
-            moved = (torch.cumsum(diff, 1) - diff) > 0  # an earlier axis moved
-            at = torch.where(moved, w1 - 1, at)
+            at = _followed(at, roll.actions[:, :k], w1 - 1)
         deg = self._decisions(s, at, slice(0, k), roll.masks[:, :k], 0.0)
         changed = (roll.actions[:, :k] != held[:, :k]).any(1)
         regrouped = changed & ~roll.rebased & ~roll.retuned
