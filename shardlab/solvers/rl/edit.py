@@ -263,6 +263,8 @@ class EditPolicy(nn.Module):
         move = torch.cat([st.members @ base[:, :width], keep[:, None]], 1)
         return Scores(parent=parent, base=base, stay=stay, move=move, regroup=self.regroup)
 
+    read = scores  # what every sample of one elite history shares
+
     @staticmethod
     def _decisions(
         s: Scores, held: torch.Tensor, t: slice, mask: torch.Tensor, cost: torch.Tensor | float
@@ -331,11 +333,14 @@ class EditPolicy(nn.Module):
         n: int,
         gen: torch.Generator,
         temperature: float = 1.0,
+        reading: Scores | None = None,
     ) -> EditRollout:
+        """``n`` children of ``elite``; ``reading``: its :meth:`read` when already made
+        (a redraw of repeated rows reads the same elite with the same weights)."""
         dec = pt.dec
         st = self.static(pt)
         n_steps, width = dec.n_steps, dec.width
-        s = self.scores(pt, elite)
+        s = self.scores(pt, elite) if reading is None else reading
         logp = torch.zeros(n)
         if len(elite.actions):
             parents = _draw(s.parent[None].expand(n, -1), temperature, gen)

@@ -152,6 +152,8 @@ class Policy(nn.Module):
             logits = self.logit_clip * torch.tanh(logits / self.logit_clip)
         return logits.masked_fill(~mask, NEG)
 
+    read = context  # what every sample of one elite history shares
+
     # -- sampling --------------------------------------------------------------------
 
     @torch.no_grad()
@@ -162,11 +164,13 @@ class Policy(nn.Module):
         n: int,
         gen: torch.Generator,
         temperature: float = 1.0,
+        reading: torch.Tensor | None = None,
     ) -> Rollout:
-        """``n`` plans decided step by step, each step masked to its valid candidates."""
+        """``n`` plans decided step by step, each step masked to its valid candidates;
+        ``reading``: the elite's :meth:`read` when already made."""
         dec = pt.dec
         n_steps, width = dec.n_steps, dec.width
-        ctx = self.context(pt, elite)
+        ctx = self.context(pt, elite) if reading is None else reading
         h = torch.tanh(self.h0(ctx)).expand(n, self.d).contiguous()[None]
         step_emb = self.step_embed(pt.steps)
         actions = np.zeros((n, n_steps), dtype=np.int64)

@@ -158,14 +158,17 @@ class Search:
         self.ev.check_time()  # sampling long plans takes a good part of a second too
         rows = self._elite_rows()
         elite_fit, elite = self.fit[rows], self.elite(rows)
-        roll = self.policy.sample(self.pt, elite, cfg.batch_size, self.gen, self.temperature)
+        with torch.no_grad():  # one reading of the elite for the batch and its redraws
+            reading = self.policy.read(self.pt, elite)
+        draw = self.policy.sample
+        roll = draw(self.pt, elite, cfg.batch_size, self.gen, self.temperature, reading)
         codes = self.dec.to_codes(roll.actions.numpy())
         repeat = self._repeats(codes)
         for _ in range(cfg.redraws):  # repeats teach the policy to flee the elite
             if not repeat.any():
                 break
             again = torch.from_numpy(np.flatnonzero(repeat))
-            redrawn = self.policy.sample(self.pt, elite, len(again), self.gen, self.temperature)
+            redrawn = draw(self.pt, elite, len(again), self.gen, self.temperature, reading)
             for f in dataclasses.fields(roll):  # every field is per row
                 getattr(roll, f.name)[again] = getattr(redrawn, f.name)
             codes = self.dec.to_codes(roll.actions.numpy())
