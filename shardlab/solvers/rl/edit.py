@@ -51,6 +51,7 @@ from torch import nn
 
 from shardlab.solvers.rl.config import RLConfig
 from shardlab.solvers.rl.costs import COST_DIM
+from shardlab.solvers.rl.decisions import Decisions
 from shardlab.solvers.rl.features import (
     CAND_DIM,
     CONTEXT_DIM,
@@ -175,6 +176,35 @@ def _followed(held: torch.Tensor, actions: torch.Tensor, none: int) -> torch.Ten
     only the axes before it, so a partly drawn ``actions`` gives the drawn axes' next."""
     diff = (actions != held).int()
     return torch.where(torch.cumsum(diff, 1) - diff > 0, none, held)
+
+
+def _conserved(
+    dec: Decisions, held: torch.Tensor, actions: torch.Tensor, none: int
+) -> torch.Tensor:
+    """The degree axes' stay targets under ``conserve``: ``held``, but attention DP's is
+    the value that keeps pp * tp * dp_attn (the GPUs of one attention replica) the
+    parent's when pp or tp moved, or ``none`` when no candidate does. pp and tp are drawn
+    before attention DP, so a partly drawn ``actions`` gives its target in time."""
+    names = [step.name for step in dec.steps[: dec.n_degree_steps]]
+    if not {"pp", "tp", "dp_attn"} <= set(names):
+        return held
+    ip, it, ia = (names.index(a) for a in ("pp", "tp", "dp_attn"))
+
+    def value(i: int, slots: torch.Tensor) -> torch.Tensor:
+        # slot ``none`` (no parent yet) reads 0
+        vals = torch.zeros(none + 1, dtype=torch.int64)
+        vals[: len(dec.steps[i].values)] = torch.tensor(dec.steps[i].values)
+        return vals[slots]
+
+    before = value(ip, held[:, ip]) * value(it, held[:, it])
+    after = value(ip, actions[:, ip]) * value(it, actions[:, it])
+    gpus = value(ia, held[:, ia]) * before
+    target = torch.where(gpus % after.clamp(min=1) == 0, gpus // after.clamp(min=1), -1)
+    hit = target[:, None] == torch.tensor(dec.steps[ia].values)[None, :]
+    slot = torch.where(hit.any(1), hit.int().argmax(1), none)
+    out = held.clone()
+    out[:, ia] = torch.where((after != before) & (gpus > 0), slot, held[:, ia])
+    return out
 
 
 class EditPolicy(nn.Module):
@@ -325,6 +355,17 @@ class EditPolicy(nn.Module):
         term = (feats * self.cost_gain[pt.ops][None, :, None, :]).sum(-1)
         return torch.nn.functional.pad(term, (0, 1))
 
+    def _stays(
+        self, dec: Decisions, held: torch.Tensor, actions: torch.Tensor, none: int
+    ) -> torch.Tensor:
+        """The degree axes' stay targets (``none``: no stay logit) for children of
+        ``held`` whose degree actions are ``actions``, sampled and teacher-forced alike."""
+        if self.config.conserve:
+            held = _conserved(dec, held, actions, none)
+        if self.config.degree_follow:
+            held = _followed(held, actions, none)
+        return held
+
     @torch.no_grad()
     def sample(
         self,
@@ -354,11 +395,9 @@ class EditPolicy(nn.Module):
         k = dec.n_degree_steps
         for t in range(k):
             masks[:, t, :width] = dec.degree_mask(t, actions[:, :t])
-            at = held[:, t : t + 1]
-            if self.config.degree_follow:
-                at = _followed(held[:, :k], torch.from_numpy(actions[:, :k]), width)[:, t : t + 1]
+            at = self._stays(dec, held[:, :k], torch.from_numpy(actions[:, :k]), width)
             logits = self._decisions(
-                s, at, slice(t, t + 1), torch.from_numpy(masks[:, t : t + 1]), 0.0
+                s, at[:, t : t + 1], slice(t, t + 1), torch.from_numpy(masks[:, t : t + 1]), 0.0
             )
             a = _draw(logits, temperature, gen)
             logp += _logp(logits, a).sum(1)
@@ -417,9 +456,7 @@ class EditPolicy(nn.Module):
             logp = logp + lp[roll.parents]
             entropy = entropy - (lp.exp() * lp).sum()
         held = roll.held
-        at = held[:, :k]
-        if self.config.degree_follow:
-            at = _followed(at, roll.actions[:, :k], w1 - 1)
+        at = self._stays(pt.dec, held[:, :k], roll.actions[:, :k], w1 - 1)
         deg = self._decisions(s, at, slice(0, k), roll.masks[:, :k], 0.0)
         changed = (roll.actions[:, :k] != held[:, :k]).any(1)
         regrouped = changed & ~roll.rebased & ~roll.retuned
