@@ -228,11 +228,11 @@ def test_conserve_keeps_the_attention_replica_when_pp_or_tp_moves() -> None:
 
 def _repeat_share(redraws: int) -> float:
     """Share of 12 batches' proposals that repeat a plan seen before, on DeepSeek-V3
-    with ``redraws`` (``conserve`` off: measured before it; with it 0.65 and 0.36, its
-    children land more often on plans the elite holds); every learned row's
+    with ``redraws`` (``conserve`` and ``probe`` off: measured before them; with both
+    0.44 and 0.04); every learned row's
     log-probability is checked against teacher forcing (a redrawn row must be one
     rollout, not a mix of two)."""
-    cfg = RLConfig(redraws=redraws, conserve=False)
+    cfg = RLConfig(redraws=redraws, conserve=False, probe=False)
     search = _search(deepseek(), cfg)
     learn = search.learn
 
@@ -308,3 +308,37 @@ def test_rank_penalties_sit_just_below_the_feasible_rewards() -> None:
     assert rank.infeasible_base == 0.5 and log.infeasible_base == 5.0
     assert RLConfig(reward="rank", infeasible_base=2.0).infeasible_base == 2.0
     assert INFEASIBLE < 0
+
+
+@pytest.mark.parametrize("probe", [True, False])
+def test_the_best_tuples_neighbours_are_probed_once(probe: bool) -> None:
+    """After the start the best plan's tuple has its neighbours evaluated (pp or tp
+    times or over 2 with attention DP the other way, EP times or over 2), each a valid
+    plan with the best plan's options retuned for it; without ``probe``, none is."""
+    problem = deepseek()
+    search = _search(problem, RLConfig(probe=probe))
+    search.start()
+    tv = search.dec.tuple_values
+    names = problem.space.axes
+    d = int(search.codes[int(np.argmax(search.fit)), 0])
+
+    def one_step(t: np.ndarray) -> bool:
+        ratio = t / tv[d]
+        pp, tp, dp, ep = (ratio[names.index(a)] for a in ("pp", "tp", "dp_attn", "ep"))
+        attn = {pp, tp, dp} <= {0.5, 1.0, 2.0} and pp * tp * dp == 1 and dp != 1 and ep == 1
+        expert = pp == tp == dp == 1 and ep in (0.5, 2.0)
+        return bool((attn and (pp == 1) != (tp == 1)) or expert)
+
+    near = [j for j in range(len(tv)) if one_step(tv[j].astype(float))]
+    assert sorted(search._neighbours(d)) == near and len(near) >= 2
+    probed = np.isin(search.codes[:, 0], near)
+    assert probed.any() == probe
+    assert problem.space.is_valid(search.codes[probed]).all()
+    if probe:  # probed again, a better neighbour is probed in turn, until the best stays
+        for _ in range(50):
+            n = len(search.codes)
+            search._probe()
+            if len(search.codes) == n:
+                break
+        d = int(search.codes[int(np.argmax(search.fit)), 0])
+        assert len(search.codes) == n and np.isin(search._neighbours(d), search.codes[:, 0]).all()

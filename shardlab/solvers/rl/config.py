@@ -139,6 +139,15 @@ class RLConfig:
     optimum's tuple with the best recipe plan's options is at 0.59 of the optimum,
     0.995 re-chosen), so without it the search judges a tuple by a plan that was never
     meant for it."""
+    probe: bool = True
+    """*Improvement*, edit: each time the best plan lands on a degree tuple whose
+    neighbours were not probed, those neighbours are evaluated once, the best plan
+    retuned for each (``retune``): pp or tp doubled or halved with attention DP the
+    other way, and EP doubled or halved. A few evaluations per new best; they join the
+    elite as the recipe plans do. The policy's degree logits are learned from few
+    samples of each value: on 1,024 H100 two seeds in five never proposed TP 2 with
+    attention DP 32 (the optimum's tuple, 0.995 retuned from the best plan's options)
+    in 5,000 evaluations and stayed at 0.971."""
     cost_features: bool = True
     """*Improvement*, edit: each option candidate's logit gains a learned per-operator
     weighting of what it costs under the proposal's degree tuple (its time and memory

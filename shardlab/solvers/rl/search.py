@@ -62,6 +62,10 @@ class Search:
         self.temperature = 1.0
         self.baseline: float | None = None  # REINFORCE
         self.iterations = 0
+        self._probed: set[int] = set()  # degree tuples whose neighbours were probed
+        self._tuple_index = {
+            tuple(int(v) for v in row): i for i, row in enumerate(self.dec.tuple_values)
+        }
 
     # -- bookkeeping -------------------------------------------------------------------
 
@@ -151,6 +155,52 @@ class Search:
                 codes = codes[~self._repeats(codes)]
                 if len(codes):
                     self._record(codes, self.ev.evaluate(codes))
+        self._probe()
+
+    def _neighbours(self, d: int) -> list[int]:
+        """The degree tuples one step from tuple ``d``: pp or tp doubled or halved with
+        attention DP the other way (the GPUs of an attention replica kept), EP doubled
+        or halved; those that exist in the space."""
+        names = self.problem.space.axes
+        values = [int(v) for v in self.dec.tuple_values[d]]
+        moves: list[dict[str, float]] = []
+        if "dp_attn" in names:
+            moves += [{a: f, "dp_attn": 1 / f} for a in ("pp", "tp") for f in (2, 0.5)]
+        if "ep" in names:
+            moves += [{"ep": 2}, {"ep": 0.5}]
+        out = []
+        for move in moves:
+            new = list(values)
+            for a, f in move.items():
+                new[names.index(a)] = int(values[names.index(a)] * f)
+            j = self._tuple_index.get(tuple(new))
+            if j is not None and j != d:
+                out.append(j)
+        return out
+
+    def _probe(self) -> None:
+        """``probe``: the best plan retuned on each neighbour of its tuple, once per tuple."""
+        cfg = self.config
+        if not (cfg.probe and cfg.retune and isinstance(self.policy, EditPolicy)):
+            return
+        if not len(self.fit) or self.fit.max() <= INFEASIBLE:
+            return
+        best = self.codes[int(np.argmax(self.fit))]
+        d = int(best[0])
+        if d in self._probed:
+            return
+        self._probed.add(d)
+        near = self._neighbours(d)
+        if not near:
+            return
+        codes = np.repeat(best[None], len(near), axis=0)
+        codes[:, 0] = near
+        codes = self.problem.space.repair(codes)
+        retuned = self.pt.costs.fastest(codes[:, 0], self.dec.to_actions(codes), cfg.retune)
+        codes = self.dec.to_codes(retuned)
+        codes = codes[~self._repeats(codes)]
+        if len(codes):
+            self._record(codes, self.ev.evaluate(codes))
 
     def step(self) -> None:
         """One iteration: sample a batch, evaluate it, learn from it."""
@@ -203,6 +253,7 @@ class Search:
         r = r - cfg.repeat_penalty * repeat
         self.learn(elite, roll, r)
         self.iterations += 1
+        self._probe()
 
     def run(self) -> None:
         """Search until the evaluator stops it (BudgetExhausted) or Ctrl-C."""
