@@ -144,7 +144,8 @@ class RLConfig:
     neighbours were not probed, those neighbours are evaluated once, the best plan
     retuned for each (``retune``): pp or tp doubled or halved with attention DP the
     other way, and EP doubled or halved. A few evaluations per new best; they join the
-    elite as the recipe plans do. The policy's degree logits are learned from few
+    elite as the recipe plans do. Off with ``retune=0``: the best plan's own options on
+    another tuple say little about it. The policy's degree logits are learned from few
     samples of each value: on 1,024 H100 two seeds in five never proposed TP 2 with
     attention DP 32 (the optimum's tuple, 0.995 retuned from the best plan's options)
     in 5,000 evaluations and stayed at 0.971."""
@@ -179,8 +180,9 @@ class RLConfig:
     """edit: when a child's pipeline or tensor degree moves, its attention DP's stay
     logit sits on the value that keeps pp * tp * dp_attn the parent's (TP 1 to 2 with
     attention DP 16 to 8) rather than on the parent's value, which would double or halve
-    the GPUs of each attention replica. On GLM-4.5 (32 H200) 4 of 5 seeds reach 0.99 at
-    2,000 with it, 2 of 5 without (results/rl-ablation)."""
+    the GPUs of each attention replica. Measured before ``probe``, over five seeds: GLM-4.5
+    (32 H200) at 2,000 0.991 on average with it, 0.986 without; with the probes on,
+    results/rl-ablation shows no difference."""
     degree_follow: bool = False
     """edit: the degree axes drawn after one that moved lose their stay logit, so a
     move re-chooses the rest of the tuple (TP 1 to 2 with attention DP 16 to 8, say)
