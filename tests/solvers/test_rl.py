@@ -85,6 +85,13 @@ def test_degree_decisions_reach_exactly_the_valid_tuples() -> None:
         mask = dec.degree_mask(t, actions[:, :t])
         assert mask[np.arange(len(actions)), actions[:, t]].all()
     assert np.array_equal(dec.degree_index(actions[:, : dec.n_degree_steps]), codes[:, 0])
+    # values that name no tuple: a half degree, a degree one too large
+    off = dec.tuple_values[:2].astype(float)
+    off[0, 0] = 0.5
+    off[1, 0] = 2 * dec.tuple_values[:, 0].max()
+    assert dec.tuple_index(off).tolist() == [-1, -1]
+    with pytest.raises(ValueError, match="valid degree tuple"):
+        dec.degree_index(np.full((1, dec.n_degree_steps), dec.width))
 
 
 @pytest.mark.parametrize("proposal", choices(Proposal))

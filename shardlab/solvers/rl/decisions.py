@@ -90,20 +90,32 @@ class Decisions:
             out[:, slot] = (agree & (tv[None, :, k] == value)).any(axis=1)
         return out
 
-    def degree_index(self, degree_actions: np.ndarray) -> np.ndarray:
-        """Index into ``space.degree_tuples`` of each row of degree-axis slots."""
+    def degree_values(self, degree_actions: np.ndarray) -> np.ndarray:
+        """``(n, n_degree_steps)`` the values named by rows of degree-axis slots; a slot
+        past an axis's values (an edit policy's "none", no parent yet) reads 0."""
         degree_actions = np.atleast_2d(np.asarray(degree_actions, dtype=np.int64))
-        chosen = np.stack(
+        return np.stack(
             [
-                np.asarray(self.steps[k].values)[degree_actions[:, k]]
+                np.append(self.steps[k].values, 0)[
+                    np.minimum(degree_actions[:, k], len(self.steps[k].values))
+                ]
                 for k in range(self.n_degree_steps)
             ],
             axis=1,
         )
-        match = (self.tuple_values[None, :, :] == chosen[:, None, :]).all(axis=2)
-        if not match.any(axis=1).all():
+
+    def tuple_index(self, values: np.ndarray) -> np.ndarray:
+        """Index into ``space.degree_tuples`` of each row of degree-axis values, -1 where
+        the row is no valid tuple."""
+        match = (self.tuple_values[None, :, :] == np.atleast_2d(values)[:, None, :]).all(axis=2)
+        return np.where(match.any(axis=1), match.argmax(axis=1), -1)
+
+    def degree_index(self, degree_actions: np.ndarray) -> np.ndarray:
+        """Index into ``space.degree_tuples`` of each row of degree-axis slots."""
+        index = self.tuple_index(self.degree_values(degree_actions))
+        if (index < 0).any():
             raise ValueError("degree actions do not name a valid degree tuple")
-        return match.argmax(axis=1)
+        return index
 
     def rest_masks(self, degree_index: np.ndarray) -> np.ndarray:
         """``(n, n_steps - n_degree_steps, width)`` valid slots of the option and cut steps."""

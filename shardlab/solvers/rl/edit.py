@@ -189,21 +189,16 @@ def _conserved(
     if not {"pp", "tp", "dp_attn"} <= set(names):
         return held
     ip, it, ia = (names.index(a) for a in ("pp", "tp", "dp_attn"))
-
-    def value(i: int, slots: torch.Tensor) -> torch.Tensor:
-        # slot ``none`` (no parent yet) reads 0
-        vals = torch.zeros(none + 1, dtype=torch.int64)
-        vals[: len(dec.steps[i].values)] = torch.tensor(dec.steps[i].values)
-        return vals[slots]
-
-    before = value(ip, held[:, ip]) * value(it, held[:, it])
-    after = value(ip, actions[:, ip]) * value(it, actions[:, it])
-    gpus = value(ia, held[:, ia]) * before
-    target = torch.where(gpus % after.clamp(min=1) == 0, gpus // after.clamp(min=1), -1)
-    hit = target[:, None] == torch.tensor(dec.steps[ia].values)[None, :]
-    slot = torch.where(hit.any(1), hit.int().argmax(1), none)
+    h, a = dec.degree_values(held.numpy()), dec.degree_values(actions.numpy())
+    before, after = h[:, ip] * h[:, it], a[:, ip] * a[:, it]
+    gpus = h[:, ia] * before  # 0 without a parent
+    per = np.maximum(after, 1)
+    target = np.where(gpus % per == 0, gpus // per, 0)
+    hit = target[:, None] == np.asarray(dec.steps[ia].values)[None, :]
+    slot = np.where(hit.any(1), hit.argmax(1), none)
     out = held.clone()
-    out[:, ia] = torch.where((after != before) & (gpus > 0), slot, held[:, ia])
+    moved = (after != before) & (gpus > 0)
+    out[:, ia] = torch.from_numpy(np.where(moved, slot, held[:, ia].numpy()))
     return out
 
 

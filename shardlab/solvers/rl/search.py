@@ -63,9 +63,6 @@ class Search:
         self.baseline: float | None = None  # REINFORCE
         self.iterations = 0
         self._probed: set[int] = set()  # degree tuples whose neighbours were probed
-        self._tuple_index = {
-            tuple(int(v) for v in row): i for i, row in enumerate(self.dec.tuple_values)
-        }
 
     # -- bookkeeping -------------------------------------------------------------------
 
@@ -149,34 +146,36 @@ class Search:
                 if self.config.retune and isinstance(self.policy, EditPolicy):
                     # and each retuned: its options re-chosen by the cost tables, as a
                     # proposal's on a new tuple (a recipe's options are one-size)
-                    acts = self.dec.to_actions(codes)
-                    fresh = self.pt.costs.fastest(codes[:, 0], acts, self.config.retune)
-                    codes = np.concatenate([codes, self.dec.to_codes(fresh)])
-                codes = codes[~self._repeats(codes)]
-                if len(codes):
-                    self._record(codes, self.ev.evaluate(codes))
+                    codes = np.concatenate([codes, self._retuned(codes)])
+                self._add(codes)
         self._probe()
+
+    def _retuned(self, codes: np.ndarray) -> np.ndarray:
+        """``codes`` with their options re-chosen for their tuples by the cost tables."""
+        acts = self.dec.to_actions(codes)
+        return self.dec.to_codes(self.pt.costs.fastest(codes[:, 0], acts, self.config.retune))
+
+    def _add(self, codes: np.ndarray) -> None:
+        """Evaluate and record the plans of ``codes`` not seen before."""
+        codes = codes[~self._repeats(codes)]
+        if len(codes):
+            self._record(codes, self.ev.evaluate(codes))
 
     def _neighbours(self, d: int) -> list[int]:
         """The degree tuples one step from tuple ``d``: pp or tp doubled or halved with
         attention DP the other way (the GPUs of an attention replica kept), EP doubled
         or halved; those that exist in the space."""
         names = self.problem.space.axes
-        values = [int(v) for v in self.dec.tuple_values[d]]
         moves: list[dict[str, float]] = []
         if "dp_attn" in names:
             moves += [{a: f, "dp_attn": 1 / f} for a in ("pp", "tp") for f in (2, 0.5)]
         if "ep" in names:
             moves += [{"ep": 2}, {"ep": 0.5}]
-        out = []
-        for move in moves:
-            new = list(values)
+        rows = np.repeat(self.dec.tuple_values[d][None].astype(float), len(moves), axis=0)
+        for row, move in zip(rows, moves, strict=True):
             for a, f in move.items():
-                new[names.index(a)] = int(values[names.index(a)] * f)
-            j = self._tuple_index.get(tuple(new))
-            if j is not None and j != d:
-                out.append(j)
-        return out
+                row[names.index(a)] *= f
+        return [int(j) for j in self.dec.tuple_index(rows) if j not in (-1, d)]
 
     def _probe(self) -> None:
         """``probe``: the best plan retuned on each neighbour of its tuple, once per tuple."""
@@ -195,12 +194,7 @@ class Search:
             return
         codes = np.repeat(best[None], len(near), axis=0)
         codes[:, 0] = near
-        codes = self.problem.space.repair(codes)
-        retuned = self.pt.costs.fastest(codes[:, 0], self.dec.to_actions(codes), cfg.retune)
-        codes = self.dec.to_codes(retuned)
-        codes = codes[~self._repeats(codes)]
-        if len(codes):
-            self._record(codes, self.ev.evaluate(codes))
+        self._add(self._retuned(self.problem.space.repair(codes)))
 
     def step(self) -> None:
         """One iteration: sample a batch, evaluate it, learn from it."""
