@@ -20,6 +20,7 @@ from shardlab.solvers.rl.config import RLConfig  # noqa: E402
 from shardlab.solvers.rl.costs import OptionCosts  # noqa: E402
 from shardlab.solvers.rl.decisions import Decisions  # noqa: E402
 from shardlab.solvers.rl.edit import EditRollout  # noqa: E402
+from shardlab.solvers.rl.features import class_edges, decision_classes  # noqa: E402
 from shardlab.solvers.rl.policy import Elite, ProblemTensors  # noqa: E402
 from shardlab.solvers.rl.search import Search, new_policy  # noqa: E402
 
@@ -342,3 +343,71 @@ def test_the_best_tuples_neighbours_are_probed_once(probe: bool) -> None:
                 break
         d = int(search.codes[int(np.argmax(search.fit)), 0])
         assert len(search.codes) == n and np.isin(search._neighbours(d), search.codes[:, 0]).all()
+
+
+def _changed_classes(search: Search, best: np.ndarray, row: np.ndarray) -> list[int]:
+    """The classes whose decisions differ between ``best`` and ``row``, each of them
+    set to one value in ``row``."""
+    k = search.dec.n_degree_steps
+    classes = decision_classes(search.dec)[k:]
+    assert (row[0] == best[0]) and (row[1:][classes < 0] == best[1:][classes < 0]).all()
+    out = []
+    for c in range(int(classes.max()) + 1):
+        now = row[1:][classes == c]
+        if (now != best[1:][classes == c]).any():
+            assert len(set(now.tolist())) == 1  # the whole class moved to one option
+            out.append(c)
+    return out
+
+
+def test_class_moves_move_one_class_or_the_two_of_an_edge() -> None:
+    """Every single move of a per-layer plan sets one class to one valid option (each
+    valid option that changes the plan, once); every edge move sets the two classes of
+    one edge, consecutive operators of one layer kind."""
+    problem = mixtral_layers()
+    search = _search(problem, RLConfig())
+    # the sampled plan with the most valid options (on TP 1 most operators have one)
+    best = max(problem.space.sample(32, seed=3), key=lambda r: len(search._class_moves(r, False)))
+    k = search.dec.n_degree_steps
+    classes = decision_classes(search.dec)[k:]
+    valid = search.dec.rest_masks(best[:1])[0]
+    expected = 0
+    for c in range(int(classes.max()) + 1):
+        for v in np.flatnonzero(valid[classes == c].all(axis=0)):
+            expected += bool((best[1:][classes == c] != v).any())
+    singles = search._class_moves(best, edges=False)
+    assert len(singles) == expected > 0
+    assert [len(_changed_classes(search, best, r)) for r in singles] == [1] * expected
+    assert problem.space.is_valid(singles).all()
+    edges = class_edges(search.dec)
+    # Mixtral's eight MoE-layer operators, then the head's four: no edge between them
+    assert edges == [(c, c + 1) for c in (*range(7), 8, 9, 10)]
+    pairs = search._class_moves(best, edges=True)
+    changed = [tuple(_changed_classes(search, best, r)) for r in pairs]
+    assert set(changed) <= set(edges) and len(set(changed)) > 1
+    assert problem.space.is_valid(pairs).all()
+    assert len({r.tobytes() for r in pairs}) == len(pairs)
+
+
+@pytest.mark.parametrize("polish", [2, 0])
+def test_polish_waits_for_a_stall_then_descends_until_no_move_is_better(polish: int) -> None:
+    """``polish`` iterations without a better plan, then the best plan's class moves and
+    edge moves, and each better plan's, until every move of the best is evaluated and
+    none is better; with 0, no move is evaluated."""
+    problem = mixtral_layers()
+    search = _search(problem, RLConfig(polish=polish, probe=False))
+    search.start()
+    n = len(search.codes)
+    search._polish()  # the first reading of the best: no stall yet
+    search._polish()
+    assert len(search.codes) == n  # one stalled iteration
+    search._polish()
+    assert (len(search.codes) > n) == bool(polish)
+    best = search.codes[int(np.argmax(search.fit))]
+    moves = np.concatenate([search._class_moves(best, edges=e) for e in (False, True)])
+    seen = {r.tobytes() for r in search.codes}
+    assert all(r.tobytes() in seen for r in moves) == bool(polish)
+    if polish:
+        n = len(search.codes)
+        search._polish()  # the best's moves are done: nothing more until it improves
+        assert len(search.codes) == n

@@ -149,6 +149,16 @@ class RLConfig:
     samples of each value: on 1,024 H100 two seeds in five never proposed TP 2 with
     attention DP 32 (the optimum's tuple, 0.995 retuned from the best plan's options)
     in 5,000 evaluations and stayed at 0.971."""
+    polish: int = 4
+    """*Improvement*, edit: after ``polish`` iterations without a better plan, every
+    class move of the best plan (one operator in one layer kind set to one of its valid
+    options, :mod:`~shardlab.solvers.rl.edit`) is evaluated once, and again from each
+    better plan that finds, until none is better: a coordinate descent over the classes
+    that certifies the best plan before the policy spends more of the budget near it;
+    0 disables. At most a few dozen evaluations (one per class and option). The
+    policy's option logits are learned from its samples, so an option preferred
+    elsewhere (a pretrained policy's, learned on other models) can outlast a search
+    that has settled on the right degree tuple."""
     cost_features: bool = True
     """*Improvement*, edit: each option candidate's logit gains a learned per-operator
     weighting of what it costs under the proposal's degree tuple (its time and memory

@@ -203,3 +203,16 @@ def decision_classes(dec: Decisions) -> np.ndarray:
             var = space.variables[step.var]
             out[t] = ids.setdefault((groups[var.group].kind, var.op), len(ids))
     return out
+
+
+def class_edges(dec: Decisions) -> list[tuple[int, int]]:
+    """Pairs of classes (:func:`decision_classes`) that are consecutive operators of one
+    layer kind (``qkv_proj`` and ``attention``, ``shared_up`` and ``shared_down``): the
+    decisions a resharding edge of the cost model couples."""
+    space = dec.space
+    groups = {g.key: g for g in space.groups}
+    classes = decision_classes(dec)
+    kind: dict[int, str] = {}
+    for t in np.flatnonzero(classes >= 0):
+        kind.setdefault(int(classes[t]), groups[space.variables[dec.steps[t].var].group].kind)
+    return [(c, c + 1) for c in range(len(kind) - 1) if kind[c] == kind[c + 1]]
