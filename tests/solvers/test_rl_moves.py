@@ -152,7 +152,7 @@ def test_fastest_puts_each_option_at_its_fastest_valid_value() -> None:
     assert np.array_equal(costs.fastest(tuples, actions, 0), actions)
 
 
-@pytest.mark.parametrize("name", ["retune", "redraws"])
+@pytest.mark.parametrize("name", ["retune", "redraws", "polish"])
 def test_counts_must_not_be_negative(name: str) -> None:
     with pytest.raises(ShardlabError, match=name):
         RLConfig(**{name: -1})
