@@ -360,6 +360,11 @@ def _changed_classes(search: Search, best: np.ndarray, row: np.ndarray) -> list[
     return out
 
 
+def _class_moves(search: Search, best: np.ndarray, edges: bool) -> np.ndarray:
+    """The plans polish's single (or edge) class moves make of ``best``."""
+    return search.policy.class_moves(search.pt, best, search._move_sets[edges])
+
+
 def test_class_moves_move_one_class_or_the_two_of_an_edge() -> None:
     """Every single move of a per-layer plan sets one class to one valid option (each
     valid option that changes the plan, once); every edge move sets the two classes of
@@ -367,7 +372,7 @@ def test_class_moves_move_one_class_or_the_two_of_an_edge() -> None:
     problem = mixtral_layers()
     search = _search(problem, RLConfig())
     # the sampled plan with the most valid options (on TP 1 most operators have one)
-    best = max(problem.space.sample(32, seed=3), key=lambda r: len(search._class_moves(r, False)))
+    best = max(problem.space.sample(32, seed=3), key=lambda r: len(_class_moves(search, r, False)))
     k = search.dec.n_degree_steps
     classes = decision_classes(search.dec)[k:]
     valid = search.dec.rest_masks(best[:1])[0]
@@ -375,14 +380,14 @@ def test_class_moves_move_one_class_or_the_two_of_an_edge() -> None:
     for c in range(int(classes.max()) + 1):
         for v in np.flatnonzero(valid[classes == c].all(axis=0)):
             expected += bool((best[1:][classes == c] != v).any())
-    singles = search._class_moves(best, edges=False)
+    singles = _class_moves(search, best, edges=False)
     assert len(singles) == expected > 0
     assert [len(_changed_classes(search, best, r)) for r in singles] == [1] * expected
     assert problem.space.is_valid(singles).all()
     edges = class_edges(search.dec)
     # Mixtral's eight MoE-layer operators, then the head's four: no edge between them
-    assert edges == [(c, c + 1) for c in (*range(7), 8, 9, 10)]
-    pairs = search._class_moves(best, edges=True)
+    assert edges == [(c, c + 1) for c in (*range(7), 8, 9, 10)] == search._move_sets[True]
+    pairs = _class_moves(search, best, edges=True)
     changed = [tuple(_changed_classes(search, best, r)) for r in pairs]
     assert set(changed) <= set(edges) and len(set(changed)) > 1
     assert problem.space.is_valid(pairs).all()
@@ -404,7 +409,7 @@ def test_polish_waits_for_a_stall_then_descends_until_no_move_is_better(polish: 
     search._polish()
     assert (len(search.codes) > n) == bool(polish)
     best = search.codes[int(np.argmax(search.fit))]
-    moves = np.concatenate([search._class_moves(best, edges=e) for e in (False, True)])
+    moves = np.concatenate([_class_moves(search, best, edges=e) for e in (False, True)])
     seen = {r.tobytes() for r in search.codes}
     assert all(r.tobytes() in seen for r in moves) == bool(polish)
     if polish:

@@ -42,6 +42,7 @@ probability in every MoE layer: the learned form of a move by layer kind.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -432,6 +433,30 @@ class EditPolicy(nn.Module):
             masks=torch.from_numpy(masks),
             logp=logp,
         )
+
+    def class_moves(
+        self, pt: ProblemTensors, code: np.ndarray, sets: list[tuple[int, ...]]
+    ) -> np.ndarray:
+        """Codes of the plans that a proposal's class moves make of the plan ``code``
+        with the classes of one set in ``sets`` moved together: every combination of
+        values valid for them on the plan's tuple that moves each of them."""
+        st, dec = self.static(pt), pt.dec
+        k, width = dec.n_degree_steps, dec.width
+        masks = np.zeros((1, dec.n_steps, width + 1), dtype=bool)
+        masks[:, k:, :width] = dec.rest_masks(code[:1])
+        valid = [np.flatnonzero(m[:width]) for m in _class_masks(st, masks)[0]]
+        rows = []
+        for classes in sets:
+            for values in itertools.product(*(valid[c] for c in classes)):
+                row = np.full(len(valid), width)  # "keep" for every other class
+                row[list(classes)] = values
+                rows.append(row)
+        moves = np.array(rows, dtype=np.int64).reshape(-1, len(valid))
+        parent = np.repeat(dec.to_actions(code[None]), len(moves), axis=0)
+        child = _moved(st, torch.from_numpy(parent), torch.from_numpy(moves), width).numpy()
+        # a move must change its class: one already at that value would repeat the plan
+        changed = (child != parent).astype(np.float32) @ (st.members.numpy() > 0).T > 0
+        return dec.to_codes(child[(changed | (moves == width)).all(axis=1)])
 
     def evaluate(
         self, pt: ProblemTensors, elite: Elite, roll: EditRollout

@@ -9,7 +9,6 @@ so the best plan after ``n`` evaluations does not depend on the budget.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import numpy as np
 import torch
@@ -65,8 +64,10 @@ class Search:
         self.baseline: float | None = None  # REINFORCE
         self.iterations = 0
         self._probed: set[int] = set()  # degree tuples whose neighbours were probed
-        self._polished: set[bytes] = set()  # best plans whose class moves were evaluated
-        self._paired: set[bytes] = set()  # and whose edges' pairs of moves were
+        # polish's two neighbourhoods: each class alone, then the two classes of each edge
+        n_classes = int(decision_classes(self.dec).max(initial=-1)) + 1
+        self._move_sets = ([(c,) for c in range(n_classes)], class_edges(self.dec))
+        self._polished: set[tuple[bytes, bool]] = set()  # (best plan, edges) evaluated
         self._stalled = 0  # iterations since the best plan last improved
         self._best = -np.inf
 
@@ -202,31 +203,10 @@ class Search:
         codes[:, 0] = near
         self._add(self._retuned(self.problem.space.repair(codes)))
 
-    def _class_moves(self, best: np.ndarray, edges: bool) -> np.ndarray:
-        """Codes of the plans one class move from ``best`` (a class's decisions all set
-        to one option valid for every member on ``best``'s tuple), or with ``edges`` two
-        moves, of the two classes of each edge (:func:`class_edges`)."""
-        k = self.dec.n_degree_steps
-        classes = decision_classes(self.dec)[k:]
-        valid = self.dec.rest_masks(best[:1])[0]
-        # an option step's code column follows the tuple's
-        cols = [1 + np.flatnonzero(classes == c) for c in range(int(classes.max(initial=-1)) + 1)]
-        values = [np.flatnonzero(valid[c - 1].all(axis=0)) for c in cols]
-        sets = class_edges(self.dec) if edges else [(c,) for c in range(len(cols))]
-        rows = []
-        for members in sets:
-            for choice in itertools.product(*(values[c] for c in members)):
-                row = best.copy()
-                for c, v in zip(members, choice, strict=True):
-                    row[cols[c]] = v
-                if all((row[cols[c]] != best[cols[c]]).any() for c in members):
-                    rows.append(row)
-        return np.array(rows, dtype=np.int64).reshape(-1, len(best))
-
     def _polish(self) -> None:
         """``polish``: after that many iterations without a better plan, the best plan's
-        class moves, then (none better) its edges' pairs of moves; from each better plan
-        found, again, until none is better."""
+        class moves (:meth:`EditPolicy.class_moves`), then (none better) its edges'
+        pairs of moves; from each better plan found, again, until none is better."""
         cfg = self.config
         if not (cfg.polish and isinstance(self.policy, EditPolicy)):
             return
@@ -235,12 +215,11 @@ class Search:
         self._best = top
         while self._stalled >= cfg.polish and top > INFEASIBLE:
             best = self.codes[int(np.argmax(self.fit))]
-            key = best.tobytes()
-            edges = key in self._polished
-            if edges and key in self._paired:
+            edges = (best.tobytes(), False) in self._polished
+            if (best.tobytes(), edges) in self._polished:
                 return
-            (self._paired if edges else self._polished).add(key)
-            self._add(self._class_moves(best, edges))
+            self._polished.add((best.tobytes(), edges))
+            self._add(self.policy.class_moves(self.pt, best, self._move_sets[edges]))
             top = self.fit.max()
             if top > self._best:
                 self._best = top
